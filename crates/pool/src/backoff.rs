@@ -1,0 +1,1 @@
+//! Exponential back-off with a 1 ms floor, and jitter. (Being written.)

@@ -1,0 +1,331 @@
+//! What one send's outcome means: whether the call succeeds, retries, redials, replays
+//! or ends, and what the outcome tells the circuit breaker.
+//!
+//! The breaker measures reachability, not correctness: an answer a retry cannot fix
+//! still proves the API is up. Retrying depends on whether the request may already
+//! have been processed: "not processed for sure" outcomes are retried for any
+//! method, "maybe processed" ones only for idempotent calls.
+//!
+//! | outcome | verdict | breaker |
+//! |---|---|---|
+//! | 2xx | success | success |
+//! | 1xx, 3xx (not followed by the transport) | success: returned to the caller | reachable |
+//! | 401, refresher present, first 401 of the call | replay after refreshing the token | reachable |
+//! | 408 | retry if idempotent, else final | untouched |
+//! | 429 | retry, any method | untouched |
+//! | other 4xx (a second 401 included) | final | reachable |
+//! | 503 with a valid server delay | retry, any method | failure |
+//! | other 5xx | retry if idempotent, else final | failure |
+//! | `NotSent`, fewer than 2 redials so far | redial at once, free | untouched |
+//! | `NotSent` after 2 redials | as `Interrupted` | failure |
+//! | `Connect` | retry, any method | failure |
+//! | `Interrupted`, `TimedOut` | retry if idempotent, else final | failure |
+//! | `Tls` | final | failure |
+//! | `TooLarge`, `Config` | final | untouched |
+//!
+//! Whether a retry actually happens also depends on the policy's retry budget and the
+//! call's time budget; that is the attempt loop's decision, not this module's.
+
+use http::{HeaderName, Method, StatusCode};
+
+use crate::transport::TransportErrorKind;
+
+/// Redials allowed per call; a `NotSent` beyond them counts as `Interrupted`.
+pub const MAX_REDIALS: u32 = 2;
+
+/// The `Idempotency-Key` request header.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// How one send ended.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A response head arrived with this status.
+    Status(StatusCode),
+    /// The send failed in the transport, or a time limit cut it (`TimedOut`).
+    Transport(TransportErrorKind),
+}
+
+impl Outcome {
+    /// Whether the request may have reached the server (and been acted on).
+    ///
+    /// False only for failures that happen before a request can leave: `NotSent`,
+    /// `Connect`, `Tls` and `Config`.
+    #[must_use]
+    pub fn may_have_reached(self) -> bool {
+        match self {
+            Outcome::Status(_) => true,
+            Outcome::Transport(k) => !matches!(
+                k,
+                TransportErrorKind::NotSent
+                    | TransportErrorKind::Connect
+                    | TransportErrorKind::Tls
+                    | TransportErrorKind::Config
+            ),
+        }
+    }
+}
+
+/// What the call knows when it classifies an outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CallFacts {
+    /// The request may be repeated safely (see [`is_idempotent`]).
+    pub idempotent: bool,
+    /// The client has a token refresher and this call has not replayed after a 401 yet.
+    pub can_replay_401: bool,
+    /// Redials this call has made so far.
+    pub redials_used: u32,
+    /// The response carries a valid server delay (`retry-after-ms` or `Retry-After`).
+    pub has_server_delay: bool,
+}
+
+/// What the attempt loop does next.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Return the response to the caller.
+    Success,
+    /// Retry after a back-off, if the policy and the budget allow.
+    Retry,
+    /// Send the same attempt again at once on a fresh connection; not an attempt.
+    Redial,
+    /// Refresh the token and send again at once; an attempt, but no retry budget spent.
+    Replay,
+    /// Return the error to the caller.
+    Final,
+}
+
+/// What the outcome tells the circuit breaker.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BreakerEffect {
+    /// The API works: close if open, reset the cooldown and the failure run.
+    Success,
+    /// The API failed: counts toward the threshold; a failed probe doubles the cooldown.
+    Failure,
+    /// The API answered: close if open, but keep the failure run.
+    Reachable,
+    /// Says nothing about the API's health.
+    Untouched,
+}
+
+/// An [`Action`] and a [`BreakerEffect`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Verdict {
+    /// What the loop does next.
+    pub action: Action,
+    /// What the breaker is told.
+    pub breaker: BreakerEffect,
+}
+
+const fn verdict(action: Action, breaker: BreakerEffect) -> Verdict {
+    Verdict { action, breaker }
+}
+
+/// Whether a request may be sent more than once: an RFC 9110 idempotent method (GET,
+/// HEAD, OPTIONS, TRACE, PUT, DELETE), an `Idempotency-Key` header, or a policy that
+/// says so. A request without a method is idempotent only if the policy says so.
+///
+/// ```
+/// use http::Method;
+/// use vantage_api_pool::classify::is_idempotent;
+/// assert!(is_idempotent(Some(&Method::PUT), false, false));
+/// assert!(!is_idempotent(Some(&Method::POST), false, false));
+/// assert!(is_idempotent(Some(&Method::POST), true, false));
+/// assert!(!is_idempotent(None, false, false));
+/// ```
+#[must_use]
+pub fn is_idempotent(
+    method: Option<&Method>,
+    has_idempotency_key: bool,
+    policy_says: bool,
+) -> bool {
+    policy_says
+        || has_idempotency_key
+        || method.is_some_and(|m| {
+            matches!(
+                *m,
+                Method::GET
+                    | Method::HEAD
+                    | Method::OPTIONS
+                    | Method::TRACE
+                    | Method::PUT
+                    | Method::DELETE
+            )
+        })
+}
+
+/// Classifies one send's outcome. See the module docs for the table.
+///
+/// ```
+/// use http::StatusCode;
+/// use vantage_api_pool::classify::{classify, Action, BreakerEffect, CallFacts, Outcome};
+///
+/// let post = CallFacts { idempotent: false, ..CallFacts::default() };
+/// let v = classify(Outcome::Status(StatusCode::INTERNAL_SERVER_ERROR), &post);
+/// assert_eq!((v.action, v.breaker), (Action::Final, BreakerEffect::Failure));
+/// ```
+#[must_use]
+pub fn classify(outcome: Outcome, facts: &CallFacts) -> Verdict {
+    use Action::*;
+    use BreakerEffect as B;
+    let maybe_processed = if facts.idempotent { Retry } else { Final };
+    match outcome {
+        Outcome::Status(s) if s.is_success() => verdict(Success, B::Success),
+        Outcome::Status(s) if s.is_informational() || s.is_redirection() => {
+            verdict(Success, B::Reachable)
+        }
+        Outcome::Status(StatusCode::UNAUTHORIZED) if facts.can_replay_401 => {
+            verdict(Replay, B::Reachable)
+        }
+        Outcome::Status(StatusCode::REQUEST_TIMEOUT) => verdict(maybe_processed, B::Untouched),
+        Outcome::Status(StatusCode::TOO_MANY_REQUESTS) => verdict(Retry, B::Untouched),
+        Outcome::Status(StatusCode::SERVICE_UNAVAILABLE) if facts.has_server_delay => {
+            verdict(Retry, B::Failure)
+        }
+        Outcome::Status(s) if s.is_server_error() => verdict(maybe_processed, B::Failure),
+        // Every other status: 4xx, and codes outside 100..=599 that `http` accepts.
+        Outcome::Status(_) => verdict(Final, B::Reachable),
+        Outcome::Transport(kind) => match kind {
+            TransportErrorKind::NotSent if facts.redials_used < MAX_REDIALS => {
+                verdict(Redial, B::Untouched)
+            }
+            TransportErrorKind::NotSent
+            | TransportErrorKind::Interrupted
+            | TransportErrorKind::TimedOut => verdict(maybe_processed, B::Failure),
+            TransportErrorKind::Connect => verdict(Retry, B::Failure),
+            TransportErrorKind::Tls => verdict(Final, B::Failure),
+            TransportErrorKind::TooLarge | TransportErrorKind::Config => {
+                verdict(Final, B::Untouched)
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Action::*;
+    use BreakerEffect as B;
+    use TransportErrorKind as T;
+
+    fn facts(
+        idempotent: bool,
+        can_replay_401: bool,
+        redials_used: u32,
+        has_server_delay: bool,
+    ) -> CallFacts {
+        CallFacts {
+            idempotent,
+            can_replay_401,
+            redials_used,
+            has_server_delay,
+        }
+    }
+
+    fn st(code: u16) -> Outcome {
+        Outcome::Status(StatusCode::from_u16(code).unwrap())
+    }
+
+    #[test]
+    fn status_rows() {
+        // (outcome, idempotent, refresher, server delay) -> (action, breaker)
+        let rows: &[(u16, bool, bool, bool, Action, BreakerEffect)] = &[
+            (200, false, false, false, Success, B::Success),
+            (204, false, false, false, Success, B::Success),
+            (101, false, false, false, Success, B::Reachable),
+            (304, true, false, false, Success, B::Reachable),
+            (401, false, true, false, Replay, B::Reachable),
+            (401, true, false, false, Final, B::Reachable),
+            (408, true, false, false, Retry, B::Untouched),
+            (408, false, false, false, Final, B::Untouched),
+            (429, false, false, false, Retry, B::Untouched),
+            (429, true, false, true, Retry, B::Untouched),
+            (400, true, true, false, Final, B::Reachable),
+            (403, true, false, false, Final, B::Reachable),
+            (404, true, false, true, Final, B::Reachable),
+            (409, true, false, false, Final, B::Reachable),
+            (503, false, false, true, Retry, B::Failure),
+            (503, false, false, false, Final, B::Failure),
+            (503, true, false, false, Retry, B::Failure),
+            (500, false, false, true, Final, B::Failure),
+            (500, true, false, false, Retry, B::Failure),
+            (502, true, false, false, Retry, B::Failure),
+            (504, false, false, false, Final, B::Failure),
+            (599, true, false, false, Retry, B::Failure),
+            (999, true, false, false, Final, B::Reachable),
+        ];
+        for &(code, idem, refresh, delay, action, breaker) in rows {
+            let v = classify(st(code), &facts(idem, refresh, 0, delay));
+            assert_eq!(
+                v,
+                Verdict { action, breaker },
+                "status {code} idempotent={idem} refresh={refresh} delay={delay}"
+            );
+        }
+    }
+
+    #[test]
+    fn transport_rows() {
+        let rows: &[(T, bool, u32, Action, BreakerEffect)] = &[
+            (T::NotSent, false, 0, Redial, B::Untouched),
+            (T::NotSent, false, 1, Redial, B::Untouched),
+            (T::NotSent, false, 2, Final, B::Failure),
+            (T::NotSent, true, 2, Retry, B::Failure),
+            (T::Connect, false, 0, Retry, B::Failure),
+            (T::Connect, true, 0, Retry, B::Failure),
+            (T::Interrupted, false, 0, Final, B::Failure),
+            (T::Interrupted, true, 0, Retry, B::Failure),
+            (T::TimedOut, false, 0, Final, B::Failure),
+            (T::TimedOut, true, 0, Retry, B::Failure),
+            (T::Tls, true, 0, Final, B::Failure),
+            (T::TooLarge, true, 0, Final, B::Untouched),
+            (T::Config, true, 0, Final, B::Untouched),
+        ];
+        for &(kind, idem, redials, action, breaker) in rows {
+            let v = classify(Outcome::Transport(kind), &facts(idem, true, redials, false));
+            assert_eq!(
+                v,
+                Verdict { action, breaker },
+                "{kind} idempotent={idem} redials={redials}"
+            );
+        }
+    }
+
+    #[test]
+    fn reach() {
+        assert!(st(500).may_have_reached());
+        for (k, want) in [
+            (T::NotSent, false),
+            (T::Connect, false),
+            (T::Tls, false),
+            (T::Config, false),
+            (T::Interrupted, true),
+            (T::TimedOut, true),
+            (T::TooLarge, true),
+        ] {
+            assert_eq!(Outcome::Transport(k).may_have_reached(), want, "{k}");
+        }
+    }
+
+    #[test]
+    fn idempotency() {
+        for m in [
+            Method::GET,
+            Method::HEAD,
+            Method::OPTIONS,
+            Method::TRACE,
+            Method::PUT,
+            Method::DELETE,
+        ] {
+            assert!(is_idempotent(Some(&m), false, false), "{m}");
+        }
+        for m in [Method::POST, Method::PATCH, Method::CONNECT] {
+            assert!(!is_idempotent(Some(&m), false, false), "{m}");
+            assert!(is_idempotent(Some(&m), true, false), "{m} with key");
+            assert!(is_idempotent(Some(&m), false, true), "{m} by policy");
+        }
+        assert!(!is_idempotent(None, false, false));
+        assert!(is_idempotent(None, false, true));
+    }
+}

@@ -1,0 +1,461 @@
+//! Errors: [`ClientError`] for a call that failed, [`ConfigError`] for a setting that
+//! was refused.
+//!
+//! Neither `Display` nor `Debug` of these types ever contains a URL, a body or a
+//! header value: bodies and request ids are reachable only through accessors.
+
+use std::borrow::Cow;
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+
+use crate::transport::{TransportError, TransportErrorKind};
+
+/// The most bytes of an error response's body a [`ClientError`] keeps.
+pub const MAX_ERROR_BODY: usize = 2048;
+
+/// A setting refused by a builder or a [`CallPolicy`](crate::CallPolicy) constructor.
+///
+/// ```
+/// use vantage_api_pool::{CallPolicy, ConfigError};
+/// let err: ConfigError = CallPolicy::background()
+///     .with_attempt_timeout(std::time::Duration::ZERO)
+///     .unwrap_err();
+/// assert_eq!(err.setting(), "attempt_timeout");
+/// assert_eq!(err.to_string(), "invalid attempt_timeout: must be greater than zero");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {setting}: {reason}")]
+pub struct ConfigError {
+    setting: &'static str,
+    reason: &'static str,
+}
+
+impl ConfigError {
+    pub(crate) const fn new(setting: &'static str, reason: &'static str) -> Self {
+        ConfigError { setting, reason }
+    }
+
+    /// The name of the refused setting, as the builder method or constructor names it.
+    #[must_use]
+    pub fn setting(&self) -> &'static str {
+        self.setting
+    }
+
+    /// Why it was refused.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+/// What went wrong with a call. Switch on it through [`ClientError::kind`].
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The API answered with a status that is final, or kept answering with a
+    /// retryable one until the policy gave up. The body is kept (up to 2048 bytes).
+    Status(StatusCode),
+    /// The transport failed and the failure was final or retries ran out.
+    /// `Transport(Config)` means the request could not be built: nothing was sent.
+    Transport(TransportErrorKind),
+    /// An attempt timeout or the call's budget ended the call.
+    TimedOut,
+    /// The circuit breaker was open and the policy fails fast. Nothing was sent.
+    BreakerOpen,
+    /// The auth token source failed. Not retried by the client.
+    Auth,
+    /// The client was shut down. Reserved: nothing produces it yet.
+    Closed,
+}
+
+impl ErrorKind {
+    /// A stable snake_case name: `status`, `transport`, `timed_out`, `breaker_open`,
+    /// `auth` or `closed`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Status(_) => "status",
+            ErrorKind::Transport(_) => "transport",
+            ErrorKind::TimedOut => "timed_out",
+            ErrorKind::BreakerOpen => "breaker_open",
+            ErrorKind::Auth => "auth",
+            ErrorKind::Closed => "closed",
+        }
+    }
+}
+
+/// Why a call failed, after how many attempts, and what the API said.
+///
+/// Cheap to clone (the body is reference-counted). `Display` reads like
+/// `HTTP 503 after 3 attempts` and never contains a URL, a body or a header value;
+/// `Debug` shows only lengths for the body and whether a request id is present.
+#[derive(Clone)]
+pub struct ClientError {
+    kind: ErrorKind,
+    attempts: u32,
+    body: Option<Bytes>,
+    request_id: Option<Arc<str>>,
+    retry_after: Option<Duration>,
+    reached: bool,
+    source: Option<Arc<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl ClientError {
+    /// A bare error of `kind` after `attempts` attempts (nothing else known).
+    pub(crate) fn new(kind: ErrorKind, attempts: u32) -> Self {
+        ClientError {
+            kind,
+            attempts,
+            body: None,
+            request_id: None,
+            retry_after: None,
+            reached: false,
+            source: None,
+        }
+    }
+
+    /// A transport failure; the transport error becomes the source.
+    pub(crate) fn transport(err: TransportError, attempts: u32) -> Self {
+        let mut e = ClientError::new(ErrorKind::Transport(err.kind()), attempts);
+        e.source = Some(Arc::new(err));
+        e
+    }
+
+    /// Keeps at most [`MAX_ERROR_BODY`] bytes of `body`, cut on a char boundary.
+    pub(crate) fn with_body(mut self, body: Bytes) -> Self {
+        self.body = Some(truncate_body(body));
+        self
+    }
+
+    pub(crate) fn with_request_id(mut self, id: Option<Arc<str>>) -> Self {
+        self.request_id = id;
+        self
+    }
+
+    pub(crate) fn with_retry_after(mut self, after: Option<Duration>) -> Self {
+        self.retry_after = after;
+        self
+    }
+
+    /// Records that some attempt of the call may have reached the server.
+    pub(crate) fn with_reached(mut self, reached: bool) -> Self {
+        self.reached = reached;
+        self
+    }
+
+    pub(crate) fn with_source(mut self, source: Arc<dyn StdError + Send + Sync + 'static>) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    pub(crate) fn set_attempts(&mut self, attempts: u32) {
+        self.attempts = attempts;
+    }
+
+    /// What went wrong.
+    #[must_use]
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// [`ErrorKind::name`] of the kind: the string consumers switch on.
+    #[must_use]
+    pub fn kind_name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// The final status code, for [`ErrorKind::Status`].
+    #[must_use]
+    pub fn status(&self) -> Option<StatusCode> {
+        match self.kind {
+            ErrorKind::Status(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Attempts that sent a request, the first included. Redials are not attempts; a
+    /// 401 replay is. A fail-fast rejection or an auth failure before any send has 0.
+    #[must_use]
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Up to 2048 bytes of the last error response's body, cut on a char boundary when
+    /// the body is UTF-8. `None` for every kind but [`ErrorKind::Status`].
+    #[must_use]
+    pub fn body(&self) -> Option<&[u8]> {
+        self.body.as_deref()
+    }
+
+    /// [`ClientError::body`] as text, with invalid UTF-8 replaced.
+    #[must_use]
+    pub fn body_text(&self) -> Option<Cow<'_, str>> {
+        self.body.as_deref().map(String::from_utf8_lossy)
+    }
+
+    /// The request id the server sent with the last response (header configurable on
+    /// the client, `x-request-id` by default): the handle for a support or billing
+    /// question.
+    #[must_use]
+    pub fn request_id(&self) -> Option<&str> {
+        self.request_id.as_deref()
+    }
+
+    /// The delay the server asked for on the last response (`retry-after-ms` or
+    /// `Retry-After`), as parsed, before any clamping to a policy's ceiling.
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// True only when no attempt of the call can have reached the server: nothing was
+    /// sent (fail-fast, auth failure, a request that could not be built), or every
+    /// send was refused before the request left (`Connect`, `NotSent`, `Tls`).
+    #[must_use]
+    pub fn nothing_sent(&self) -> bool {
+        !self.reached
+    }
+
+    /// Whether the same call, tried again later, might succeed: 408, 429 and 5xx
+    /// statuses, `NotSent`, `Connect`, `Interrupted` and `TimedOut` transport failures,
+    /// time limits and an open breaker. Other 4xx, `Tls`, `TooLarge`, `Config`,
+    /// auth failures and a closed client are not.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        match self.kind {
+            ErrorKind::Status(s) => {
+                s == StatusCode::REQUEST_TIMEOUT
+                    || s == StatusCode::TOO_MANY_REQUESTS
+                    || s.is_server_error()
+            }
+            ErrorKind::Transport(k) => matches!(
+                k,
+                TransportErrorKind::NotSent
+                    | TransportErrorKind::Connect
+                    | TransportErrorKind::Interrupted
+                    | TransportErrorKind::TimedOut
+            ),
+            ErrorKind::TimedOut | ErrorKind::BreakerOpen => true,
+            ErrorKind::Auth | ErrorKind::Closed => false,
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            ErrorKind::Status(s) => write!(f, "HTTP {}", s.as_u16())?,
+            ErrorKind::Transport(k) => write!(f, "transport error ({k})")?,
+            ErrorKind::TimedOut => f.write_str("timed out")?,
+            ErrorKind::BreakerOpen => f.write_str("circuit breaker open")?,
+            ErrorKind::Auth => f.write_str("auth token source failed")?,
+            ErrorKind::Closed => f.write_str("client closed")?,
+        }
+        match self.attempts {
+            0 => f.write_str(", nothing sent"),
+            1 => f.write_str(" after 1 attempt"),
+            n => write!(f, " after {n} attempts"),
+        }
+    }
+}
+
+impl fmt::Debug for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientError")
+            .field("kind", &self.kind)
+            .field("attempts", &self.attempts)
+            .field("body_len", &self.body.as_ref().map(Bytes::len))
+            .field("has_request_id", &self.request_id.is_some())
+            .field("retry_after", &self.retry_after)
+            .field("nothing_sent", &!self.reached)
+            .finish()
+    }
+}
+
+impl StdError for ClientError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
+    }
+}
+
+/// Cuts `body` to at most [`MAX_ERROR_BODY`] bytes.
+///
+/// When the kept prefix ends inside a UTF-8 sequence of an otherwise valid text, the
+/// partial character is dropped too; a body that is not UTF-8 is cut at exactly
+/// [`MAX_ERROR_BODY`] bytes. Never copies: the result shares `body`'s storage.
+#[must_use]
+pub fn truncate_body(body: Bytes) -> Bytes {
+    if body.len() <= MAX_ERROR_BODY {
+        return body;
+    }
+    let prefix = &body[..MAX_ERROR_BODY];
+    let cut = match std::str::from_utf8(prefix) {
+        Ok(_) => MAX_ERROR_BODY,
+        // The prefix is valid text up to a character the cut split in two.
+        Err(e) if e.error_len().is_none() && e.valid_up_to() + 4 > MAX_ERROR_BODY => {
+            e.valid_up_to()
+        }
+        Err(_) => MAX_ERROR_BODY,
+    };
+    body.slice(..cut)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, attempts: u32) -> ClientError {
+        ClientError::new(
+            ErrorKind::Status(StatusCode::from_u16(code).unwrap()),
+            attempts,
+        )
+    }
+
+    #[test]
+    fn display_names_kind_and_attempts_only() {
+        let e = status(503, 3)
+            .with_body(Bytes::from_static(b"secret body https://api.example/x"))
+            .with_request_id(Some("req-123".into()))
+            .with_reached(true);
+        assert_eq!(e.to_string(), "HTTP 503 after 3 attempts");
+        assert_eq!(status(404, 1).to_string(), "HTTP 404 after 1 attempt");
+        assert_eq!(
+            ClientError::new(ErrorKind::BreakerOpen, 0).to_string(),
+            "circuit breaker open, nothing sent"
+        );
+        assert_eq!(
+            ClientError::new(ErrorKind::TimedOut, 3).to_string(),
+            "timed out after 3 attempts"
+        );
+        let t = ClientError::transport(
+            TransportError::new(TransportErrorKind::Connect, "refused"),
+            2,
+        );
+        assert_eq!(t.to_string(), "transport error (connect) after 2 attempts");
+        assert_eq!(
+            ClientError::new(ErrorKind::Auth, 0).to_string(),
+            "auth token source failed, nothing sent"
+        );
+        let debug = format!("{e:?}");
+        assert!(
+            !debug.contains("secret") && !debug.contains("req-123") && !debug.contains("https"),
+            "{debug}"
+        );
+        assert!(debug.contains("body_len: Some(33)"), "{debug}");
+    }
+
+    #[test]
+    fn accessors() {
+        let e = status(429, 2)
+            .with_request_id(Some("abc".into()))
+            .with_retry_after(Some(Duration::from_secs(3)))
+            .with_reached(true);
+        assert_eq!(e.status(), Some(StatusCode::TOO_MANY_REQUESTS));
+        assert_eq!(e.kind_name(), "status");
+        assert_eq!(e.request_id(), Some("abc"));
+        assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
+        assert_eq!(e.attempts(), 2);
+        assert!(!e.nothing_sent());
+        assert!(ClientError::new(ErrorKind::BreakerOpen, 0).nothing_sent());
+        assert_eq!(ClientError::new(ErrorKind::TimedOut, 1).status(), None);
+        let t = ClientError::transport(TransportError::new(TransportErrorKind::Tls, "bad cert"), 1);
+        assert_eq!(t.source().unwrap().to_string(), "tls: bad cert");
+        assert_eq!(t.body(), None);
+    }
+
+    #[test]
+    fn retryable_kinds() {
+        for (code, want) in [
+            (408, true),
+            (429, true),
+            (500, true),
+            (503, true),
+            (400, false),
+            (401, false),
+            (404, false),
+        ] {
+            assert_eq!(status(code, 1).is_retryable(), want, "{code}");
+        }
+        use TransportErrorKind::*;
+        for (k, want) in [
+            (NotSent, true),
+            (Connect, true),
+            (Interrupted, true),
+            (TimedOut, true),
+            (Tls, false),
+            (TooLarge, false),
+            (Config, false),
+        ] {
+            assert_eq!(
+                ClientError::new(ErrorKind::Transport(k), 1).is_retryable(),
+                want,
+                "{k}"
+            );
+        }
+        assert!(ClientError::new(ErrorKind::TimedOut, 1).is_retryable());
+        assert!(ClientError::new(ErrorKind::BreakerOpen, 0).is_retryable());
+        assert!(!ClientError::new(ErrorKind::Auth, 0).is_retryable());
+        assert!(!ClientError::new(ErrorKind::Closed, 0).is_retryable());
+    }
+
+    #[test]
+    fn kind_names() {
+        let names: Vec<_> = [
+            ErrorKind::Status(StatusCode::OK),
+            ErrorKind::Transport(TransportErrorKind::Config),
+            ErrorKind::TimedOut,
+            ErrorKind::BreakerOpen,
+            ErrorKind::Auth,
+            ErrorKind::Closed,
+        ]
+        .iter()
+        .map(|k| k.name())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "status",
+                "transport",
+                "timed_out",
+                "breaker_open",
+                "auth",
+                "closed"
+            ]
+        );
+    }
+
+    #[test]
+    fn body_is_cut_at_2048_bytes_on_a_char_boundary() {
+        // Short bodies are kept whole.
+        assert_eq!(truncate_body(Bytes::from_static(b"short")).len(), 5);
+        // Exactly 2048 ASCII bytes: kept whole; 2049: cut to 2048.
+        assert_eq!(truncate_body(Bytes::from(vec![b'a'; 2048])).len(), 2048);
+        assert_eq!(truncate_body(Bytes::from(vec![b'a'; 2049])).len(), 2048);
+        // A 3-byte char straddling byte 2048 is dropped whole.
+        let mut text = "a".repeat(2047);
+        text.push('€'); // bytes 2047..2050
+        text.push_str("tail");
+        let cut = truncate_body(Bytes::from(text));
+        assert_eq!(cut.len(), 2047);
+        assert!(std::str::from_utf8(&cut).is_ok());
+        // A 4-byte char ending exactly at 2048 is kept.
+        let mut text = "a".repeat(2044);
+        text.push('😀');
+        text.push('z');
+        assert_eq!(truncate_body(Bytes::from(text)).len(), 2048);
+        // A body that is not UTF-8 is cut at exactly 2048 bytes.
+        let binary: Vec<u8> = (0..5000u32).map(|i| (i % 256) as u8 | 0x80).collect();
+        assert_eq!(truncate_body(Bytes::from(binary)).len(), 2048);
+        // Through the error: the body is kept, cut, and readable as text.
+        let e = status(500, 1).with_body(Bytes::from("é".repeat(2000)));
+        assert_eq!(e.body().unwrap().len(), 2048);
+        assert_eq!(e.body_text().unwrap().chars().count(), 1024);
+    }
+}

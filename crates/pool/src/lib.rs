@@ -1,0 +1,55 @@
+//! # vantage-api-pool
+//!
+//! One resilient HTTP client per remote API: how many requests may be in flight, how
+//! fast they may leave, when to stop trying because the API is down, how a failed
+//! attempt is retried, how long anything may take, and what the rest of the process
+//! is told about it.
+//!
+//! This crate is the core. It never touches an executor, a real clock or an HTTP
+//! library: it talks to the world through two ports, [`Transport`] (send one request)
+//! and [`Runtime`] (now, wall clock, sleep, randomness). Adapters live in sibling
+//! crates: `vantage-api-pool-reqwest`, `vantage-api-pool-tokio`,
+//! `vantage-api-pool-wasm`, and `vantage-api-pool-testkit` for virtual time.
+//!
+//! Modules, one per concept (see ARCHITECTURE.md):
+//!
+//! | module | concept |
+//! |---|---|
+//! | [`time`] | the crate's own monotonic [`Instant`] |
+//! | [`runtime`] | the [`Runtime`] port and [`timeout_at`] |
+//! | [`transport`] | the [`Transport`] port, [`PreparedRequest`], [`TransportResponse`], [`TransportError`] |
+//! | [`policy`] | [`CallPolicy`], [`RetryMode`], [`RetryPolicy`], [`BreakerMode`], [`Jitter`] |
+//! | [`backoff`] | exponential back-off with a 1 ms floor, and jitter |
+//! | [`server_delay`] | `retry-after-ms` and `Retry-After` parsing |
+//! | [`classify`] | what an outcome means: the verdict and the breaker effect |
+//! | [`error`] | [`ClientError`], [`ErrorKind`], [`ConfigError`] |
+//! | [`observer`] | [`TransportObserver`], [`TransportEvent`], [`EventKind`] |
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod backoff;
+pub mod classify;
+pub mod error;
+pub mod observer;
+pub mod policy;
+pub mod runtime;
+pub mod server_delay;
+pub mod time;
+pub mod transport;
+
+pub use classify::{Action, BreakerEffect, CallFacts, Outcome, Verdict, classify};
+pub use error::{ClientError, ConfigError, ErrorKind, MAX_ERROR_BODY};
+pub use observer::{
+    CallId, EventKind, MaybeSendSync, NullObserver, TransportEvent, TransportObserver,
+};
+pub use policy::{BreakerMode, CallPolicy, Jitter, RetryMode, RetryPolicy};
+pub use runtime::{Elapsed, Runtime, timeout_at};
+pub use time::Instant;
+pub use transport::{
+    PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse,
+};
+
+/// Re-exported so adapters and users name the same `Bytes` the ports use.
+pub use bytes;
+/// Re-exported so adapters and users name the same `http` types the ports use.
+pub use http;

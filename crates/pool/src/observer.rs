@@ -1,0 +1,254 @@
+//! The observer: what the rest of the process is told about a client's traffic.
+//!
+//! A [`TransportObserver`] is a synchronous callback that receives every
+//! [`TransportEvent`] of a client, keyed by the API name the builder was given. The
+//! contract it may rely on is in ARCHITECTURE.md ("Observer contract"); in short:
+//! every `Started` is followed by exactly one `Succeeded`, `Failed` or `Cancelled`
+//! for the same (call, send), the last `Failed` of a call carries the error the call
+//! returns, and no lock is held while the callback runs.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::error::ClientError;
+use crate::time::Instant;
+
+/// `Send + Sync` on native targets, nothing on `wasm32`.
+///
+/// Observers are held as `Arc<dyn TransportObserver>`; this bound makes that `Arc`
+/// shareable across threads on native targets, while a browser observer may hold a
+/// `JsValue`. Blanket-implemented: there is nothing to implement by hand.
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSendSync: Send + Sync {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Send + Sync + ?Sized> MaybeSendSync for T {}
+
+/// `Send + Sync` on native targets, nothing on `wasm32`.
+///
+/// Observers are held as `Arc<dyn TransportObserver>`; this bound makes that `Arc`
+/// shareable across threads on native targets, while a browser observer may hold a
+/// `JsValue`. Blanket-implemented: there is nothing to implement by hand.
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSendSync {}
+#[cfg(target_arch = "wasm32")]
+impl<T: ?Sized> MaybeSendSync for T {}
+
+/// Receives a client's events, synchronously, on the calling task.
+///
+/// Return quickly, never block or `.await`, and never call back into the client.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use vantage_api_pool::{EventKind, TransportEvent, TransportObserver};
+///
+/// #[derive(Default)]
+/// struct CountFailures(AtomicU32);
+///
+/// impl TransportObserver for CountFailures {
+///     fn on_event(&self, _api: &str, event: &TransportEvent) {
+///         if let EventKind::Failed { sent: true, .. } = event.kind {
+///             self.0.fetch_add(1, Ordering::Relaxed);
+///         }
+///     }
+/// }
+/// ```
+pub trait TransportObserver: MaybeSendSync {
+    /// Called once per event. `api` is the key the client's builder was given.
+    fn on_event(&self, api: &str, event: &TransportEvent);
+}
+
+/// Identifies one call of one client (`execute` / `execute_with`), numbered from 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CallId(pub u64);
+
+/// One thing that happened, when it happened, and which call it belongs to.
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct TransportEvent {
+    /// The runtime's `now` when the event was emitted.
+    pub at: Instant,
+    /// The call the event is about; `None` for events reported through
+    /// `ResilientClient::report`.
+    pub call: Option<CallId>,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+impl TransportEvent {
+    /// An event of `kind` at `at` for `call`.
+    #[must_use]
+    pub fn new(at: Instant, call: Option<CallId>, kind: EventKind) -> Self {
+        TransportEvent { at, call, kind }
+    }
+}
+
+/// What happened.
+///
+/// `send` numbers every trip through the transport of a call (1, 2, …, redials and
+/// 401 replays included); `attempt` numbers attempts (a redial repeats the number of
+/// the attempt it redials).
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub enum EventKind {
+    /// A send is about to leave (or a synthetic one stands for a call refused before
+    /// sending: see [`EventKind::Failed::sent`]).
+    Started {
+        /// Send number within the call.
+        send: u32,
+        /// Attempt number within the call.
+        attempt: u32,
+    },
+    /// The send got a response the call returns to its caller.
+    Succeeded {
+        /// Send number within the call.
+        send: u32,
+        /// Attempt number within the call.
+        attempt: u32,
+        /// The response status.
+        status: StatusCode,
+        /// Milliseconds from just before the send to the response head.
+        ms: u64,
+        /// The response's `Content-Length`, when known.
+        bytes: Option<u64>,
+    },
+    /// The send failed; the call may still retry.
+    Failed {
+        /// Send number within the call.
+        send: u32,
+        /// Attempt number within the call.
+        attempt: u32,
+        /// What went wrong, with the attempts made so far. On a call's last `Failed`,
+        /// the same error the call returns.
+        error: ClientError,
+        /// Milliseconds from just before the send to the response head or failure;
+        /// 0 for a synthetic failure.
+        ms: u64,
+        /// `false` for a synthetic pair (fail-fast rejection, auth failure, budget
+        /// ending at the gate, a request that could not be built): filter these out
+        /// of request-rate figures.
+        sent: bool,
+    },
+    /// The caller dropped the call's future while this send was in flight.
+    Cancelled {
+        /// Send number within the call.
+        send: u32,
+        /// Attempt number within the call.
+        attempt: u32,
+    },
+    /// The send failed with `NotSent` and is sent again at once on a fresh connection.
+    /// Sits between that send's `Failed` and the next `Started`.
+    Redialing {
+        /// The number the redial will have.
+        send: u32,
+        /// The attempt being redialed.
+        attempt: u32,
+    },
+    /// The call will sleep `after` and then make attempt `attempt`.
+    RetryScheduled {
+        /// The attempt number the retry will have.
+        attempt: u32,
+        /// The sleep before it, jitter included.
+        after: Duration,
+    },
+    /// The breaker opened, or a probe failed and it stays open for a longer cooldown.
+    BreakerOpened {
+        /// How long it stays open.
+        cooldown: Duration,
+    },
+    /// A success or a reachable answer closed the breaker.
+    BreakerClosed,
+    /// Reported by a caller through `ResilientClient::report`: rows parsed from a
+    /// response.
+    RowsPulled {
+        /// How many rows.
+        n: u64,
+    },
+    /// Reported by a caller through `ResilientClient::report`: a write was acknowledged.
+    WritePushed,
+}
+
+impl EventKind {
+    /// A stable snake_case name of the variant, for logs and metrics.
+    #[must_use]
+    pub const fn name(&self) -> &'static str {
+        match self {
+            EventKind::Started { .. } => "started",
+            EventKind::Succeeded { .. } => "succeeded",
+            EventKind::Failed { .. } => "failed",
+            EventKind::Cancelled { .. } => "cancelled",
+            EventKind::Redialing { .. } => "redialing",
+            EventKind::RetryScheduled { .. } => "retry_scheduled",
+            EventKind::BreakerOpened { .. } => "breaker_opened",
+            EventKind::BreakerClosed => "breaker_closed",
+            EventKind::RowsPulled { .. } => "rows_pulled",
+            EventKind::WritePushed => "write_pushed",
+        }
+    }
+
+    /// `(send, attempt)` for the per-send variants.
+    #[must_use]
+    pub const fn send_and_attempt(&self) -> Option<(u32, u32)> {
+        match *self {
+            EventKind::Started { send, attempt }
+            | EventKind::Succeeded { send, attempt, .. }
+            | EventKind::Failed { send, attempt, .. }
+            | EventKind::Cancelled { send, attempt }
+            | EventKind::Redialing { send, attempt } => Some((send, attempt)),
+            _ => None,
+        }
+    }
+
+    /// Whether this event ends a send (`Succeeded`, `Failed` or `Cancelled`).
+    #[must_use]
+    pub const fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            EventKind::Succeeded { .. } | EventKind::Failed { .. } | EventKind::Cancelled { .. }
+        )
+    }
+}
+
+/// An observer that ignores every event.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NullObserver;
+
+impl TransportObserver for NullObserver {
+    fn on_event(&self, _api: &str, _event: &TransportEvent) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn observer_objects_are_shareable_on_native() {
+        fn assert_send_sync<T: Send + Sync>(_: &T) {}
+        let obs: Arc<dyn TransportObserver> = Arc::new(NullObserver);
+        assert_send_sync(&obs);
+        obs.on_event(
+            "api",
+            &TransportEvent::new(Instant::ORIGIN, None, EventKind::WritePushed),
+        );
+    }
+
+    #[test]
+    fn names_and_send_numbers() {
+        let k = EventKind::Redialing {
+            send: 2,
+            attempt: 1,
+        };
+        assert_eq!(k.name(), "redialing");
+        assert_eq!(k.send_and_attempt(), Some((2, 1)));
+        assert!(!k.is_terminal());
+        assert!(
+            EventKind::Cancelled {
+                send: 1,
+                attempt: 1
+            }
+            .is_terminal()
+        );
+        assert_eq!(EventKind::BreakerClosed.send_and_attempt(), None);
+    }
+}

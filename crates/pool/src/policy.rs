@@ -1,0 +1,453 @@
+//! Per-call policies: how a call is retried, what it does while the breaker is open,
+//! how its delays are jittered and how long it may take.
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// The default per-attempt time limit of every preset: 10 s.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default budget of [`CallPolicy::bounded`]: 30 s for the whole call.
+pub const DEFAULT_BOUNDED_BUDGET: Duration = Duration::from_secs(30);
+
+/// How retry delays are randomised, so that many clients that failed together do not
+/// retry together.
+///
+/// The random source is the [`Runtime`](crate::Runtime), so a test runtime can seed it.
+/// A server's delay (`Retry-After`, `retry-after-ms`) is never shortened by jitter.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Jitter {
+    /// No randomness: every delay is exactly the policy's back-off or the server's delay.
+    None,
+    /// Adds up to `f` × the delay, never subtracts. `Proportional(0.25)` is the default.
+    Proportional(f64),
+    /// Draws the policy's back-off uniformly in `[1 ms, back-off]`; on a server's
+    /// delay `d` it waits `d` plus up to `0.25 × d`.
+    Full,
+}
+
+impl Default for Jitter {
+    fn default() -> Self {
+        Jitter::Proportional(0.25)
+    }
+}
+
+impl Jitter {
+    /// Checks that a `Proportional` factor is finite and not negative.
+    pub(crate) fn validate(self) -> Result<Self, ConfigError> {
+        match self {
+            Jitter::Proportional(f) if !f.is_finite() || f < 0.0 => Err(ConfigError::new(
+                "jitter",
+                "the proportional factor must be finite and not negative",
+            )),
+            other => Ok(other),
+        }
+    }
+}
+
+/// The classic bounded retry schedule: at most `max_retries` retries after the first
+/// attempt, exponential from `base`, capped at `max`.
+///
+/// The fields are public plain data (this struct is deliberately exhaustive) so that
+/// any schedule can be written down, including a zero `base`: the attempt loop treats
+/// any back-off under 1 ms as 1 ms, so a misconfigured policy cannot spin. Use
+/// [`RetryPolicy::new`] to have values checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt: `3` means at most 4 attempts.
+    pub max_retries: u32,
+    /// The first back-off.
+    pub base: Duration,
+    /// The ceiling of the back-off, and of a server's requested delay.
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 3 retries, from 250 ms, capped at 10 s.
+    fn default() -> Self {
+        RetryPolicy {
+            max_retries: 3,
+            base: Duration::from_millis(250),
+            max: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A checked schedule: `max` must not be below `base`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool::RetryPolicy;
+    ///
+    /// let p = RetryPolicy::new(2, Duration::from_millis(500), Duration::from_secs(4)).unwrap();
+    /// assert_eq!(p.max_retries, 2);
+    /// let err = RetryPolicy::new(2, Duration::from_secs(5), Duration::from_secs(1)).unwrap_err();
+    /// assert_eq!(err.setting(), "retry.max");
+    /// ```
+    pub fn new(max_retries: u32, base: Duration, max: Duration) -> Result<Self, ConfigError> {
+        if max < base {
+            return Err(ConfigError::new(
+                "retry.max",
+                "must not be below retry.base",
+            ));
+        }
+        Ok(RetryPolicy {
+            max_retries,
+            base,
+            max,
+        })
+    }
+}
+
+/// How often a call is tried.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetryMode {
+    /// One attempt (a 401 replay after a token refresh still happens).
+    None,
+    /// Retry until the caller drops the future, exponential from `base` capped at `max`.
+    UntilCancelled {
+        /// The first back-off.
+        base: Duration,
+        /// The ceiling of the back-off and of a server's requested delay.
+        max: Duration,
+    },
+    /// A bounded schedule.
+    Bounded(RetryPolicy),
+}
+
+impl RetryMode {
+    /// The ceiling of back-offs and server delays, if the mode retries at all.
+    #[must_use]
+    pub fn ceiling(&self) -> Option<Duration> {
+        match self {
+            RetryMode::None => None,
+            RetryMode::UntilCancelled { max, .. } => Some(*max),
+            RetryMode::Bounded(p) => Some(p.max),
+        }
+    }
+
+    /// `(base, max)` of the exponential schedule, if the mode retries at all.
+    #[must_use]
+    pub fn schedule(&self) -> Option<(Duration, Duration)> {
+        match self {
+            RetryMode::None => None,
+            RetryMode::UntilCancelled { base, max } => Some((*base, *max)),
+            RetryMode::Bounded(p) => Some((p.base, p.max)),
+        }
+    }
+
+    /// Whether another retry is allowed after `retries_done` retries.
+    #[must_use]
+    pub fn allows_retry(&self, retries_done: u32) -> bool {
+        match self {
+            RetryMode::None => false,
+            RetryMode::UntilCancelled { .. } => true,
+            RetryMode::Bounded(p) => retries_done < p.max_retries,
+        }
+    }
+
+    fn validate(self) -> Result<Self, ConfigError> {
+        if let Some((base, max)) = self.schedule()
+            && max < base
+        {
+            return Err(ConfigError::new(
+                "retry.max",
+                "must not be below retry.base",
+            ));
+        }
+        Ok(self)
+    }
+}
+
+/// What a call does while the circuit breaker is open.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BreakerMode {
+    /// Fail at once with `ErrorKind::BreakerOpen`, nothing sent.
+    FailFast,
+    /// Sleep until the breaker lets a probe through, and ask again.
+    WaitForProbe,
+}
+
+/// Everything decided per call: retries, breaker behaviour, jitter, time limits and
+/// idempotency.
+///
+/// Start from a preset and adjust with the `with_*` methods; those that take custom
+/// values check them and return a [`ConfigError`] naming the setting.
+///
+/// | preset | retry | breaker | attempt timeout | budget |
+/// |---|---|---|---|---|
+/// | [`bounded(p)`](CallPolicy::bounded) | `Bounded(p)` | `FailFast` | 10 s | 30 s |
+/// | [`essential()`](CallPolicy::essential) | `UntilCancelled { 250 ms, 10 s }` | `WaitForProbe` | 10 s | none |
+/// | [`background()`](CallPolicy::background) | `None` | `FailFast` | 10 s | none |
+///
+/// All presets use [`Jitter::Proportional(0.25)`](Jitter::Proportional) and are not
+/// marked idempotent (idempotency then comes from the method or an
+/// `Idempotency-Key` header).
+///
+/// ```
+/// use std::time::Duration;
+/// use vantage_api_pool::{CallPolicy, Jitter, RetryPolicy};
+///
+/// let policy = CallPolicy::bounded(RetryPolicy::default())
+///     .with_jitter(Jitter::None)?
+///     .with_attempt_timeout(Duration::from_secs(2))?
+///     .idempotent(true);
+/// assert_eq!(policy.attempt_timeout(), Duration::from_secs(2));
+/// assert!(CallPolicy::background().with_attempt_timeout(Duration::ZERO).is_err());
+/// # Ok::<(), vantage_api_pool::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallPolicy {
+    retry: RetryMode,
+    breaker: BreakerMode,
+    jitter: Jitter,
+    attempt_timeout: Duration,
+    budget: Option<Duration>,
+    idempotent: bool,
+}
+
+impl CallPolicy {
+    fn preset(retry: RetryMode, breaker: BreakerMode, budget: Option<Duration>) -> Self {
+        CallPolicy {
+            retry,
+            breaker,
+            jitter: Jitter::default(),
+            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
+            budget,
+            idempotent: false,
+        }
+    }
+
+    /// The classic bounded retry with `FailFast`, a 10 s attempt timeout and a 30 s budget.
+    #[must_use]
+    pub fn bounded(retry: RetryPolicy) -> Self {
+        Self::preset(
+            RetryMode::Bounded(retry),
+            BreakerMode::FailFast,
+            Some(DEFAULT_BOUNDED_BUDGET),
+        )
+    }
+
+    /// Someone is waiting: retry until the future is dropped (250 ms → 10 s), wait for
+    /// the breaker's probe, no overall budget.
+    #[must_use]
+    pub fn essential() -> Self {
+        Self::preset(
+            RetryMode::UntilCancelled {
+                base: Duration::from_millis(250),
+                max: Duration::from_secs(10),
+            },
+            BreakerMode::WaitForProbe,
+            None,
+        )
+    }
+
+    /// Nobody is waiting: one attempt, fail fast while the breaker is open.
+    #[must_use]
+    pub fn background() -> Self {
+        Self::preset(RetryMode::None, BreakerMode::FailFast, None)
+    }
+
+    /// Replaces the retry mode. Fails if its `max` is below its `base`.
+    pub fn with_retry(mut self, retry: RetryMode) -> Result<Self, ConfigError> {
+        self.retry = retry.validate()?;
+        Ok(self)
+    }
+
+    /// Replaces the breaker mode.
+    #[must_use]
+    pub fn with_breaker_mode(mut self, breaker: BreakerMode) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// Replaces the jitter. Fails on a negative or non-finite proportional factor.
+    pub fn with_jitter(mut self, jitter: Jitter) -> Result<Self, ConfigError> {
+        self.jitter = jitter.validate()?;
+        Ok(self)
+    }
+
+    /// Sets the per-attempt time limit. Fails if it is zero or longer than the budget.
+    pub fn with_attempt_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
+        if timeout.is_zero() {
+            return Err(ConfigError::new(
+                "attempt_timeout",
+                "must be greater than zero",
+            ));
+        }
+        if self.budget.is_some_and(|b| timeout > b) {
+            return Err(ConfigError::new(
+                "attempt_timeout",
+                "must not exceed the budget",
+            ));
+        }
+        self.attempt_timeout = timeout;
+        Ok(self)
+    }
+
+    /// Sets the whole call's time budget (`None`: no budget). Fails if it is zero or
+    /// shorter than the attempt timeout.
+    pub fn with_budget(mut self, budget: Option<Duration>) -> Result<Self, ConfigError> {
+        if let Some(b) = budget {
+            if b.is_zero() {
+                return Err(ConfigError::new("budget", "must be greater than zero"));
+            }
+            if b < self.attempt_timeout {
+                return Err(ConfigError::new(
+                    "budget",
+                    "must not be shorter than the attempt timeout",
+                ));
+            }
+        }
+        self.budget = budget;
+        Ok(self)
+    }
+
+    /// Marks every request of the call as safe to repeat, whatever its method.
+    #[must_use]
+    pub fn idempotent(mut self, idempotent: bool) -> Self {
+        self.idempotent = idempotent;
+        self
+    }
+
+    /// The retry mode.
+    #[must_use]
+    pub fn retry(&self) -> &RetryMode {
+        &self.retry
+    }
+
+    /// The breaker mode.
+    #[must_use]
+    pub fn breaker_mode(&self) -> BreakerMode {
+        self.breaker
+    }
+
+    /// The jitter.
+    #[must_use]
+    pub fn jitter(&self) -> Jitter {
+        self.jitter
+    }
+
+    /// The per-attempt time limit.
+    #[must_use]
+    pub fn attempt_timeout(&self) -> Duration {
+        self.attempt_timeout
+    }
+
+    /// The whole call's budget, if any.
+    #[must_use]
+    pub fn budget(&self) -> Option<Duration> {
+        self.budget
+    }
+
+    /// Whether the policy marks every request as idempotent.
+    #[must_use]
+    pub fn is_idempotent(&self) -> bool {
+        self.idempotent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_match_the_design() {
+        let b = CallPolicy::bounded(RetryPolicy::default());
+        assert_eq!(b.retry(), &RetryMode::Bounded(RetryPolicy::default()));
+        assert_eq!(b.breaker_mode(), BreakerMode::FailFast);
+        assert_eq!(b.budget(), Some(Duration::from_secs(30)));
+        assert_eq!(b.attempt_timeout(), Duration::from_secs(10));
+        assert_eq!(b.jitter(), Jitter::Proportional(0.25));
+
+        let e = CallPolicy::essential();
+        assert_eq!(
+            e.retry(),
+            &RetryMode::UntilCancelled {
+                base: Duration::from_millis(250),
+                max: Duration::from_secs(10)
+            }
+        );
+        assert_eq!(e.breaker_mode(), BreakerMode::WaitForProbe);
+        assert_eq!(e.budget(), None);
+
+        let g = CallPolicy::background();
+        assert_eq!(g.retry(), &RetryMode::None);
+        assert_eq!(g.breaker_mode(), BreakerMode::FailFast);
+        assert_eq!(g.budget(), None);
+        assert!(!g.is_idempotent());
+
+        let d = RetryPolicy::default();
+        assert_eq!(
+            (d.max_retries, d.base, d.max),
+            (3, Duration::from_millis(250), Duration::from_secs(10))
+        );
+    }
+
+    #[test]
+    fn custom_values_are_checked_and_named() {
+        let b = CallPolicy::bounded(RetryPolicy::default());
+        let name = |r: Result<CallPolicy, ConfigError>| r.unwrap_err().setting();
+        assert_eq!(
+            name(b.clone().with_attempt_timeout(Duration::ZERO)),
+            "attempt_timeout"
+        );
+        assert_eq!(
+            name(b.clone().with_attempt_timeout(Duration::from_secs(31))),
+            "attempt_timeout"
+        );
+        assert_eq!(name(b.clone().with_budget(Some(Duration::ZERO))), "budget");
+        assert_eq!(
+            name(b.clone().with_budget(Some(Duration::from_secs(9)))),
+            "budget"
+        );
+        assert_eq!(
+            name(b.clone().with_jitter(Jitter::Proportional(f64::NAN))),
+            "jitter"
+        );
+        assert_eq!(
+            name(b.clone().with_jitter(Jitter::Proportional(-0.1))),
+            "jitter"
+        );
+        assert_eq!(
+            name(b.clone().with_jitter(Jitter::Proportional(f64::INFINITY))),
+            "jitter"
+        );
+        assert_eq!(
+            name(b.clone().with_retry(RetryMode::UntilCancelled {
+                base: Duration::from_secs(2),
+                max: Duration::from_secs(1)
+            })),
+            "retry.max"
+        );
+        // Valid custom values pass through unchanged.
+        let ok = b
+            .with_budget(None)
+            .unwrap()
+            .with_attempt_timeout(Duration::from_secs(600))
+            .unwrap()
+            .with_jitter(Jitter::Full)
+            .unwrap();
+        assert_eq!(ok.attempt_timeout(), Duration::from_secs(600));
+        assert_eq!(ok.jitter(), Jitter::Full);
+    }
+
+    #[test]
+    fn retry_mode_counts_retries() {
+        let bounded =
+            RetryMode::Bounded(RetryPolicy::new(2, Duration::ZERO, Duration::ZERO).unwrap());
+        assert!(bounded.allows_retry(0) && bounded.allows_retry(1) && !bounded.allows_retry(2));
+        assert!(!RetryMode::None.allows_retry(0));
+        let forever = RetryMode::UntilCancelled {
+            base: Duration::ZERO,
+            max: Duration::ZERO,
+        };
+        assert!(forever.allows_retry(u32::MAX));
+        assert_eq!(RetryMode::None.ceiling(), None);
+        assert_eq!(forever.schedule(), Some((Duration::ZERO, Duration::ZERO)));
+    }
+}

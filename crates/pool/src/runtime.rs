@@ -1,0 +1,118 @@
+//! The `Runtime` port: monotonic time, wall-clock time, sleeping and randomness.
+//!
+//! The attempt loop never touches a real clock or an executor. Everything it needs
+//! from the outside world about time comes through this trait, so the same loop runs
+//! on tokio, in a browser, and on the testkit's virtual clock where minutes pass in
+//! microseconds.
+
+use std::future::Future;
+use std::pin::pin;
+use std::time::{Duration, SystemTime};
+
+use futures::future::{Either, select};
+
+use crate::time::Instant;
+
+/// What the attempt loop needs from an async runtime.
+///
+/// The trait deliberately has no `Send` bounds: the futures an implementation returns
+/// are `Send` when the implementation's are (auto-trait leakage through the concrete
+/// type), so a client over `TokioRuntime` can be `tokio::spawn`ed while one over a
+/// browser runtime holding `JsValue`s still compiles. The port never spawns.
+///
+/// # Implementing
+///
+/// ```
+/// use std::future::Future;
+/// use std::time::{Duration, SystemTime};
+/// use vantage_api_pool::{Instant, Runtime};
+///
+/// /// A runtime whose time never moves and whose sleeps end at once: only good for
+/// /// calls that never wait.
+/// struct Frozen;
+///
+/// impl Runtime for Frozen {
+///     fn now(&self) -> Instant { Instant::ORIGIN }
+///     fn wall_clock(&self) -> SystemTime { SystemTime::UNIX_EPOCH }
+///     fn sleep_until(&self, _deadline: Instant) -> impl Future<Output = ()> { async {} }
+///     fn random(&self) -> f64 { 0.5 }
+/// }
+///
+/// assert_eq!(Frozen.now(), Instant::ORIGIN);
+/// ```
+pub trait Runtime {
+    /// The current instant on this runtime's monotonic clock. Never goes backwards.
+    fn now(&self) -> Instant;
+
+    /// The current wall-clock time, used only to read HTTP-date `Retry-After` values.
+    fn wall_clock(&self) -> SystemTime;
+
+    /// A future that completes at or after `deadline` on this runtime's clock, and
+    /// never before it.
+    ///
+    /// The deadline is fixed when this method is called, not when the future is first
+    /// polled. Dropping the future cancels the timer and releases whatever the runtime
+    /// held for it; nothing else happens.
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()>;
+
+    /// A future that completes `duration` after now (as read when this is called).
+    ///
+    /// Dropping it cancels the timer, as for [`Runtime::sleep_until`].
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> {
+        self.sleep_until(self.now().saturating_add(duration))
+    }
+
+    /// A uniformly distributed number in `[0, 1)`, used for jitter.
+    ///
+    /// It need not be cryptographically strong; a test runtime returns a seeded
+    /// sequence so a run can be replayed.
+    fn random(&self) -> f64;
+}
+
+/// The error of [`timeout_at`]: the deadline came first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("deadline elapsed")]
+pub struct Elapsed;
+
+/// Runs `work` until it finishes or the runtime's clock reaches `deadline`,
+/// whichever comes first.
+///
+/// This is a select of the work against the runtime's own sleep, so virtual time
+/// covers it. When the deadline wins, `work` is dropped, which cancels it.
+///
+/// ```
+/// use std::time::Duration;
+/// # use std::future::Future;
+/// # use std::time::SystemTime;
+/// use vantage_api_pool::{Instant, Runtime, timeout_at};
+/// # struct Frozen;
+/// # impl Runtime for Frozen {
+/// #     fn now(&self) -> Instant { Instant::ORIGIN }
+/// #     fn wall_clock(&self) -> SystemTime { SystemTime::UNIX_EPOCH }
+/// #     fn sleep_until(&self, _d: Instant) -> impl Future<Output = ()> { async {} }
+/// #     fn random(&self) -> f64 { 0.5 }
+/// # }
+///
+/// // A sleep that ends at once cuts off work that never finishes.
+/// let result = futures::executor::block_on(timeout_at(
+///     &Frozen,
+///     Instant::ORIGIN + Duration::from_secs(1),
+///     std::future::pending::<()>(),
+/// ));
+/// assert!(result.is_err());
+/// ```
+pub async fn timeout_at<R, F>(runtime: &R, deadline: Instant, work: F) -> Result<F::Output, Elapsed>
+where
+    R: Runtime + ?Sized,
+    F: Future,
+{
+    if deadline == Instant::FAR_FUTURE {
+        return Ok(work.await);
+    }
+    let work = pin!(work);
+    let sleep = pin!(runtime.sleep_until(deadline));
+    match select(work, sleep).await {
+        Either::Left((output, _)) => Ok(output),
+        Either::Right(((), _)) => Err(Elapsed),
+    }
+}

@@ -1,0 +1,1 @@
+//! Server-requested delays. (Being written.)

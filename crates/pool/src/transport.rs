@@ -1,0 +1,210 @@
+//! The `Transport` port: turn a caller's draft into a request, send it, read the answer.
+//!
+//! A transport has three steps and four types:
+//!
+//! 1. the caller's closure receives [`Transport::handle`] (for reqwest, the shared
+//!    `reqwest::Client`) and returns a [`Transport::Draft`] (a `reqwest::RequestBuilder`);
+//! 2. [`Transport::prepare`] turns the draft into a [`Transport::Request`] that the
+//!    attempt loop can inspect and change through [`PreparedRequest`] (method, headers);
+//! 3. [`Transport::send`] sends it and returns the response head as a
+//!    [`Transport::Response`], whose body the caller reads, or a [`TransportError`].
+//!
+//! The closure runs again for every send, so every retry gets a fresh request.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+
+/// Sends one request. Implemented by `ReqwestTransport`, the testkit's
+/// `ScriptedTransport`, or anything of your own.
+///
+/// No method has a `Send` bound; see [`Runtime`](crate::Runtime) for why.
+pub trait Transport {
+    /// What the caller's request closure receives, for example `reqwest::Client`.
+    type Handle: ?Sized;
+    /// What the caller's request closure returns, for example `reqwest::RequestBuilder`.
+    type Draft;
+    /// A request ready to send, which the loop can inspect and change.
+    type Request: PreparedRequest;
+    /// A response head with a body still to be read, handed to the caller on success.
+    type Response: TransportResponse;
+
+    /// The handle passed to the caller's request closure on every send.
+    fn handle(&self) -> &Self::Handle;
+
+    /// Turns a draft into a request.
+    ///
+    /// A draft that cannot be prepared should fail with
+    /// [`TransportErrorKind::Config`]: the call then ends at once, nothing sent.
+    fn prepare(&self, draft: Self::Draft) -> Result<Self::Request, TransportError>;
+
+    /// Sends one request and resolves when the response head has arrived.
+    ///
+    /// Dropping the future abandons the request: a transport should close or
+    /// discard whatever connection was carrying it.
+    fn send(
+        &self,
+        request: Self::Request,
+    ) -> impl Future<Output = Result<Self::Response, TransportError>>;
+
+    /// Waits for a rate limit shared with other senders, before every send.
+    ///
+    /// The time spent here is not charged to a call's budget. The default admits at
+    /// once. Dropping the future gives up the wait and must not consume anything.
+    fn admit(&self) -> impl Future<Output = ()> {
+        std::future::ready(())
+    }
+
+    /// Called after a send was cut off by a time limit: the connection it used may be
+    /// stuck, so the next send should not reuse it. The default does nothing.
+    fn distrust_connection(&self) {}
+}
+
+/// A prepared request as the attempt loop sees it: enough to decide idempotency and
+/// to set the auth, idempotency and retry-count headers.
+pub trait PreparedRequest {
+    /// The request's method, if the transport has such a thing.
+    ///
+    /// A request without a method counts as not idempotent unless the policy says so.
+    fn method(&self) -> Option<&Method>;
+
+    /// The first value of header `name`, if present.
+    fn header(&self, name: &HeaderName) -> Option<&HeaderValue>;
+
+    /// Sets header `name`, replacing any value it had.
+    fn set_header(&mut self, name: HeaderName, value: HeaderValue);
+}
+
+/// A response head whose body has not been read yet.
+pub trait TransportResponse {
+    /// The status code.
+    fn status(&self) -> StatusCode;
+
+    /// The response headers.
+    fn headers(&self) -> &HeaderMap;
+
+    /// The body length when the transport knows it; by default the `Content-Length`
+    /// header.
+    fn content_length(&self) -> Option<u64> {
+        self.headers()
+            .get(http::header::CONTENT_LENGTH)?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()
+    }
+
+    /// The next chunk of the body, `Ok(None)` at its end.
+    ///
+    /// The loop calls this only for error responses, to keep up to 2048 bytes of the
+    /// body, and always inside the send's time limit. Dropping the future abandons the
+    /// read; the bytes already returned stay valid.
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>>;
+}
+
+/// How a send failed, which decides whether and how it is tried again.
+///
+/// | kind | reached the server? | retried | breaker |
+/// |---|---|---|---|
+/// | `NotSent` | no | redialed at once, free, twice per call; a third counts as `Interrupted` | untouched |
+/// | `Connect` | no | yes, any method | failure |
+/// | `Interrupted` | maybe | only if the call is idempotent | failure |
+/// | `TimedOut` | maybe | only if the call is idempotent | failure |
+/// | `Tls` | no | no | failure |
+/// | `TooLarge` | maybe | no | untouched |
+/// | `Config` | no | no | untouched |
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportErrorKind {
+    /// The request never left: for example a pooled connection the server had
+    /// already closed. Safe to send again on a fresh connection.
+    NotSent,
+    /// No connection could be made (refused, DNS, connect timeout). Nothing reached
+    /// the server.
+    Connect,
+    /// The exchange broke after the request may have been written: a reset, an
+    /// early close, or a body that broke mid-way. The server may have acted on it.
+    Interrupted,
+    /// The transport's own time limit cut the exchange. The server may have acted on it.
+    TimedOut,
+    /// The TLS handshake or certificate check failed. Retrying will not help.
+    Tls,
+    /// The request or the response was larger than a limit allows.
+    TooLarge,
+    /// The request could not be built (bad URL, bad header). Our side; nothing sent.
+    Config,
+}
+
+impl TransportErrorKind {
+    /// A stable snake_case name, for logs and metrics.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            TransportErrorKind::NotSent => "not_sent",
+            TransportErrorKind::Connect => "connect",
+            TransportErrorKind::Interrupted => "interrupted",
+            TransportErrorKind::TimedOut => "timed_out",
+            TransportErrorKind::Tls => "tls",
+            TransportErrorKind::TooLarge => "too_large",
+            TransportErrorKind::Config => "config",
+        }
+    }
+}
+
+impl fmt::Display for TransportErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed send: a [`TransportErrorKind`] and a short description.
+///
+/// The description must never hold a URL, a body or a header value; adapters strip
+/// them before building the error (the reqwest adapter uses `without_url`).
+#[derive(Clone, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct TransportError {
+    kind: TransportErrorKind,
+    message: Arc<str>,
+}
+
+impl TransportError {
+    /// A transport error of `kind` described by `message` (no URL, body or header value).
+    ///
+    /// ```
+    /// use vantage_api_pool::{TransportError, TransportErrorKind};
+    /// let e = TransportError::new(TransportErrorKind::Connect, "connection refused");
+    /// assert_eq!(e.to_string(), "connect: connection refused");
+    /// ```
+    #[must_use]
+    pub fn new(kind: TransportErrorKind, message: impl Into<Arc<str>>) -> Self {
+        TransportError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// What kind of failure this was.
+    #[must_use]
+    pub fn kind(&self) -> TransportErrorKind {
+        self.kind
+    }
+
+    /// The description given by the transport.
+    #[must_use]
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Debug for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransportError")
+            .field("kind", &self.kind)
+            .field("message", &self.message)
+            .finish()
+    }
+}
