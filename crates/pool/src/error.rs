@@ -153,10 +153,6 @@ impl ClientError {
         self
     }
 
-    pub(crate) fn set_attempts(&mut self, attempts: u32) {
-        self.attempts = attempts;
-    }
-
     /// What went wrong.
     #[must_use]
     pub fn kind(&self) -> ErrorKind {

@@ -21,23 +21,40 @@
 //! | [`policy`] | [`CallPolicy`], [`RetryMode`], [`RetryPolicy`], [`BreakerMode`], [`Jitter`] |
 //! | [`backoff`] | exponential back-off with a 1 ms floor, and jitter |
 //! | [`server_delay`] | `retry-after-ms` and `Retry-After` parsing |
-//! | [`classify`] | what an outcome means: the verdict and the breaker effect |
+//! | [`classify`](mod@classify) | what an outcome means: the verdict and the breaker effect |
+//! | [`client`] | [`ResilientClient`], [`Report`]; [`builder`]: [`ClientBuilder`] |
+//! | `attempt` (private) | the attempt loop: `wait_for_gate` → `send_once` → `record` |
+//! | [`breaker`] | [`CircuitBreaker`](breaker::CircuitBreaker) with probe epochs |
+//! | [`rate`] | the token bucket |
+//! | [`concurrency`] | the fair permit limiter behind `max_parallel` |
+//! | [`auth`] | [`TokenSource`], [`NoAuth`] |
 //! | [`error`] | [`ClientError`], [`ErrorKind`], [`ConfigError`] |
 //! | [`observer`] | [`TransportObserver`], [`TransportEvent`], [`EventKind`] |
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod attempt;
+pub mod auth;
 pub mod backoff;
+pub mod breaker;
+pub mod builder;
 pub mod classify;
+pub mod client;
+pub mod concurrency;
 pub mod error;
 pub mod observer;
 pub mod policy;
+pub mod rate;
 pub mod runtime;
 pub mod server_delay;
 pub mod time;
 pub mod transport;
 
+pub use auth::{AuthError, NoAuth, TokenSource};
+pub use breaker::BreakerState;
+pub use builder::ClientBuilder;
 pub use classify::{Action, BreakerEffect, CallFacts, Outcome, Verdict, classify};
+pub use client::{Report, ResilientClient};
 pub use error::{ClientError, ConfigError, ErrorKind, MAX_ERROR_BODY};
 pub use observer::{
     CallId, EventKind, MaybeSendSync, NullObserver, TransportEvent, TransportObserver,

@@ -1,1 +1,442 @@
-//! Server-requested delays. (Being written.)
+//! Server-requested delays: `retry-after-ms` and `Retry-After`.
+//!
+//! A response may ask the client to wait before the next attempt. [`server_delay`]
+//! reads `retry-after-ms` first; when that header is absent or unusable it reads
+//! `Retry-After`. Anything it does not accept is ignored (`None`), and the attempt
+//! loop then falls back to the policy's own back-off: an odd header never makes a
+//! client retry sooner, later or forever by accident. [`clamped_server_delay`] caps
+//! the result at the policy's ceiling.
+//!
+//! Rules shared by both headers:
+//!
+//! | input | result |
+//! |---|---|
+//! | spaces or tabs around the value (`" 15 "`) | trimmed (RFC 9110 optional whitespace) |
+//! | whitespace inside the value (`1 5`) | ignored |
+//! | empty value, or only whitespace | ignored |
+//! | non-ASCII or non-UTF-8 bytes | ignored |
+//! | the header occurs more than once (two header lines) | ignored as ambiguous |
+//! | a comma-joined list (`1, 2`) | ignored |
+//!
+//! `retry-after-ms` (milliseconds):
+//!
+//! | input | result |
+//! |---|---|
+//! | ASCII digits (`1500`) | that many milliseconds |
+//! | digits `.` digits (`1500.5`, `0.5`) | fractional milliseconds, digits past the nanosecond dropped (rounded down) |
+//! | a dot without digits on both sides (`1500.`, `.5`, `1.2.3`) | ignored |
+//! | a sign (`+1`, `-1`), an exponent (`1e3`), `inf`, `NaN` | ignored |
+//! | zero (`0`, `0.0`), or a value under 1 ns (`0.0000001`) | ignored |
+//! | more than [`Duration::MAX`] (`999…` with 30 digits) | ignored, not clamped |
+//! | ignored for any reason above | `Retry-After` is read instead |
+//!
+//! `Retry-After` (RFC 9110 §10.2.3):
+//!
+//! | input | result |
+//! |---|---|
+//! | ASCII digits (`120`) | that many seconds, up to `u64::MAX` seconds |
+//! | `0` | ignored |
+//! | a sign (`+1`, `-1`), a fraction (`1.5`), an exponent (`1e3`) | ignored |
+//! | more than `u64::MAX` seconds (`99999999999999999999999`) | ignored |
+//! | an HTTP-date (IMF-fixdate, RFC 850 or asctime) after `wall_now` | the date minus `wall_now` |
+//! | an HTTP-date at or before `wall_now` | ignored |
+//! | any other date format (`2026-11-29T10:00:00Z`) or text | ignored |
+//!
+//! A date far in the future (year 9999) is accepted as is; the clamp to the policy's
+//! ceiling keeps it sensible.
+
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use http::header::RETRY_AFTER;
+
+/// Header name constant for `retry-after-ms`.
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+
+const NANOS_PER_MILLI: u128 = 1_000_000;
+const NANOS_PER_SEC: u128 = 1_000_000_000;
+/// Fraction digits of a millisecond value that still count: 6 reach the nanosecond.
+const MS_FRACTION_DIGITS: u32 = 6;
+
+/// The delay a response asks for, or None when it asks for none or asks in a form we
+/// ignore.
+///
+/// `wall_now` is the runtime's wall clock, used only for an HTTP-date `Retry-After`.
+/// See the [module tables](self) for every accepted and ignored form.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use vantage_api_pool::http::{HeaderMap, HeaderValue};
+/// use vantage_api_pool::server_delay::server_delay;
+///
+/// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777); // 06 Nov 1994 08:49:37
+/// let mut headers = HeaderMap::new();
+/// headers.insert("retry-after", HeaderValue::from_static("Sun, 06 Nov 1994 08:50:37 GMT"));
+/// assert_eq!(server_delay(&headers, now), Some(Duration::from_secs(60)));
+/// headers.insert("retry-after-ms", HeaderValue::from_static("1500.5"));
+/// assert_eq!(server_delay(&headers, now), Some(Duration::from_micros(1_500_500)));
+/// ```
+#[must_use]
+pub fn server_delay(headers: &HeaderMap, wall_now: SystemTime) -> Option<Duration> {
+    single_value(headers, RETRY_AFTER_MS)
+        .and_then(parse_retry_after_ms)
+        .or_else(|| {
+            single_value(headers, RETRY_AFTER.as_str()).and_then(|v| parse_retry_after(v, wall_now))
+        })
+}
+
+/// `server_delay` clamped to `ceiling` (the policy's max): min(delay, ceiling).
+///
+/// Within the ceiling a retry never leaves earlier than the server asked. The result
+/// is not floored here: the attempt loop applies
+/// [`MIN_BACKOFF`](crate::backoff::MIN_BACKOFF) to every delay it sleeps.
+#[must_use]
+pub fn clamped_server_delay(
+    headers: &HeaderMap,
+    wall_now: SystemTime,
+    ceiling: Duration,
+) -> Option<Duration> {
+    server_delay(headers, wall_now).map(|d| d.min(ceiling))
+}
+
+/// The header's value with optional whitespace trimmed, if it occurs exactly once,
+/// is visible ASCII and is not empty.
+fn single_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let mut all = headers.get_all(name).iter();
+    let value = all.next()?;
+    if all.next().is_some() {
+        return None;
+    }
+    // `to_str` refuses anything but visible ASCII, space and tab.
+    let text = value.to_str().ok()?.trim_matches([' ', '\t']);
+    (!text.is_empty()).then_some(text)
+}
+
+/// `retry-after-ms`: digits, optionally `.` and more digits.
+fn parse_retry_after_ms(text: &str) -> Option<Duration> {
+    let (whole, fraction) = match text.split_once('.') {
+        Some((w, f)) => (w, Some(f)),
+        None => (text, None),
+    };
+    let mut nanos = digits_value(whole)?.checked_mul(NANOS_PER_MILLI)?;
+    if let Some(fraction) = fraction {
+        if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        // The first six digits are nanoseconds; later ones are dropped (round down).
+        let mut sub: u128 = 0;
+        let mut digits = fraction.bytes();
+        for _ in 0..MS_FRACTION_DIGITS {
+            let d = digits.next().map_or(0, |b| b - b'0');
+            sub = sub * 10 + u128::from(d);
+        }
+        nanos = nanos.checked_add(sub)?;
+    }
+    if nanos == 0 {
+        return None;
+    }
+    duration_from_nanos(nanos)
+}
+
+/// `Retry-After`: whole seconds or an HTTP-date.
+fn parse_retry_after(text: &str, wall_now: SystemTime) -> Option<Duration> {
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        let secs = u64::try_from(digits_value(text)?).ok()?;
+        return (secs > 0).then(|| Duration::from_secs(secs));
+    }
+    let date = httpdate::parse_http_date(text).ok()?;
+    let ahead = date.duration_since(wall_now).ok()?;
+    (!ahead.is_zero()).then_some(ahead)
+}
+
+/// A non-empty run of ASCII digits as a number; `None` on any other byte or overflow.
+fn digits_value(text: &str) -> Option<u128> {
+    if text.is_empty() {
+        return None;
+    }
+    text.bytes().try_fold(0u128, |acc, b| {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(u128::from(b - b'0'))
+    })
+}
+
+/// A `Duration` from nanoseconds, or `None` past [`Duration::MAX`].
+fn duration_from_nanos(nanos: u128) -> Option<Duration> {
+    let secs = u64::try_from(nanos / NANOS_PER_SEC).ok()?;
+    let sub = u32::try_from(nanos % NANOS_PER_SEC).ok()?;
+    Some(Duration::new(secs, sub))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    /// 2026-11-29T10:00:00Z, the wall clock of every test.
+    const NOW_SECS: u64 = 1_795_946_400;
+
+    fn now() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(NOW_SECS)
+    }
+
+    fn headers(lines: &[(&str, &[u8])]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in lines {
+            let name = http::HeaderName::from_bytes(name.as_bytes()).expect("test header name");
+            let value = HeaderValue::from_bytes(value).expect("test header value");
+            map.append(name, value);
+        }
+        map
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    /// Seconds from `NOW_SECS` to 31 Dec 9999 23:59:59 GMT.
+    const TO_9999: u64 = 253_402_300_799 - NOW_SECS;
+
+    type Case = (
+        &'static str,
+        &'static [(&'static str, &'static [u8])],
+        Option<Duration>,
+    );
+
+    const MS: &str = "retry-after-ms";
+    const RA: &str = "retry-after";
+
+    fn cases() -> Vec<Case> {
+        vec![
+            // retry-after-ms
+            ("ms integer", &[(MS, b"1500")], Some(ms(1500))),
+            (
+                "ms decimal",
+                &[(MS, b"1500.5")],
+                Some(Duration::from_micros(1_500_500)),
+            ),
+            (
+                "ms below one",
+                &[(MS, b"0.5")],
+                Some(Duration::from_micros(500)),
+            ),
+            (
+                "ms nanosecond",
+                &[(MS, b"0.000001")],
+                Some(Duration::from_nanos(1)),
+            ),
+            (
+                "ms sub-nanosecond rounds down",
+                &[(MS, b"1.0000019")],
+                Some(Duration::from_nanos(1_000_001)),
+            ),
+            ("ms rounds to zero", &[(MS, b"0.0000009")], None),
+            ("ms leading zeros", &[(MS, b"007")], Some(ms(7))),
+            ("ms zero", &[(MS, b"0")], None),
+            ("ms zero decimal", &[(MS, b"0.0")], None),
+            ("ms negative", &[(MS, b"-1")], None),
+            ("ms plus sign", &[(MS, b"+1")], None),
+            ("ms exponent", &[(MS, b"1e3")], None),
+            ("ms inf", &[(MS, b"inf")], None),
+            ("ms NaN", &[(MS, b"NaN")], None),
+            ("ms trailing dot", &[(MS, b"1500.")], None),
+            ("ms leading dot", &[(MS, b".5")], None),
+            ("ms two dots", &[(MS, b"1.2.3")], None),
+            (
+                "ms whitespace trimmed",
+                &[(MS, b" \t1500 \t")],
+                Some(ms(1500)),
+            ),
+            ("ms internal space", &[(MS, b"1 5")], None),
+            (
+                "ms overflow",
+                &[(MS, b"999999999999999999999999999999")],
+                None,
+            ),
+            (
+                "ms just past Duration::MAX",
+                &[(MS, b"18446744073709551616000")],
+                None,
+            ),
+            ("ms empty", &[(MS, b"")], None),
+            ("ms only whitespace", &[(MS, b"  ")], None),
+            ("ms non-ASCII digits", &[(MS, b"\xd9\xa1\xd9\xa5")], None), // "١٥" in UTF-8
+            ("ms non-UTF-8", &[(MS, b"\xff15")], None),
+            ("ms comma list", &[(MS, b"1, 2")], None),
+            ("two ms headers", &[(MS, b"1500"), (MS, b"1500")], None),
+            (
+                "ms wins over Retry-After",
+                &[(MS, b"250"), (RA, b"7")],
+                Some(ms(250)),
+            ),
+            (
+                "ms invalid falls through",
+                &[(MS, b"-1"), (RA, b"7")],
+                Some(secs(7)),
+            ),
+            (
+                "two ms fall through",
+                &[(MS, b"1"), (MS, b"2"), (RA, b"7")],
+                Some(secs(7)),
+            ),
+            (
+                "ms empty falls through",
+                &[(MS, b""), (RA, b"3")],
+                Some(secs(3)),
+            ),
+            // Retry-After: seconds
+            ("seconds", &[(RA, b"120")], Some(secs(120))),
+            ("seconds trimmed", &[(RA, b"\t 5 ")], Some(secs(5))),
+            ("seconds zero", &[(RA, b"0")], None),
+            ("seconds negative", &[(RA, b"-1")], None),
+            ("seconds plus sign", &[(RA, b"+1")], None),
+            ("seconds fraction", &[(RA, b"1.5")], None),
+            ("seconds exponent", &[(RA, b"1e3")], None),
+            ("seconds internal space", &[(RA, b"1 5")], None),
+            (
+                "seconds overflow",
+                &[(RA, b"99999999999999999999999")],
+                None,
+            ),
+            (
+                "seconds u64::MAX",
+                &[(RA, b"18446744073709551615")],
+                Some(secs(u64::MAX)),
+            ),
+            (
+                "seconds u64::MAX + 1",
+                &[(RA, b"18446744073709551616")],
+                None,
+            ),
+            ("seconds comma list", &[(RA, b"1, 2")], None),
+            ("two Retry-After", &[(RA, b"5"), (RA, b"5")], None),
+            ("seconds empty", &[(RA, b"")], None),
+            ("seconds non-UTF-8", &[(RA, b"\xe95")], None),
+            // Retry-After: HTTP-date (now is Sun, 29 Nov 2026 10:00:00 GMT)
+            (
+                "IMF-fixdate",
+                &[(RA, b"Sun, 29 Nov 2026 10:01:30 GMT")],
+                Some(secs(90)),
+            ),
+            (
+                "IMF-fixdate trimmed",
+                &[(RA, b"  Sun, 29 Nov 2026 10:01:30 GMT ")],
+                Some(secs(90)),
+            ),
+            (
+                "RFC 850",
+                &[(RA, b"Sunday, 29-Nov-26 10:00:10 GMT")],
+                Some(secs(10)),
+            ),
+            (
+                "asctime",
+                &[(RA, b"Sun Nov 29 10:00:20 2026")],
+                Some(secs(20)),
+            ),
+            ("past date", &[(RA, b"Sun, 06 Nov 1994 08:49:37 GMT")], None),
+            (
+                "date equal to now",
+                &[(RA, b"Sun, 29 Nov 2026 10:00:00 GMT")],
+                None,
+            ),
+            (
+                "one second past",
+                &[(RA, b"Sun, 29 Nov 2026 09:59:59 GMT")],
+                None,
+            ),
+            (
+                "year 9999",
+                &[(RA, b"Fri, 31 Dec 9999 23:59:59 GMT")],
+                Some(secs(TO_9999)),
+            ),
+            ("garbage date", &[(RA, b"soon, please")], None),
+            ("ISO 8601 date", &[(RA, b"2026-11-29T10:00:00Z")], None),
+            (
+                "wrong weekday",
+                &[(RA, b"Mon, 29 Nov 2026 10:01:30 GMT")],
+                None,
+            ),
+            (
+                "two dates joined",
+                &[(
+                    RA,
+                    b"Sun, 29 Nov 2026 10:01:30 GMT, Sun, 29 Nov 2026 10:01:30 GMT",
+                )],
+                None,
+            ),
+            ("no headers", &[], None),
+            ("unrelated header", &[("x-retry", b"5")], None),
+        ]
+    }
+
+    #[test]
+    fn header_table() {
+        let cases = cases();
+        assert!(cases.len() >= 30);
+        for (name, lines, want) in cases {
+            let got = server_delay(&headers(lines), now());
+            assert_eq!(got, want, "case {name:?}");
+        }
+    }
+
+    #[test]
+    fn header_names_are_case_insensitive() {
+        let map = headers(&[("Retry-After-Ms", b"40")]);
+        assert_eq!(server_delay(&map, now()), Some(ms(40)));
+        let map = headers(&[("RETRY-AFTER", b"4")]);
+        assert_eq!(server_delay(&map, now()), Some(secs(4)));
+    }
+
+    #[test]
+    fn date_is_measured_against_the_wall_clock_given() {
+        let map = headers(&[(RA, b"Sun, 06 Nov 1994 08:49:37 GMT")]);
+        let before = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777 - 30);
+        assert_eq!(server_delay(&map, before), Some(secs(30)));
+        let sub_second = SystemTime::UNIX_EPOCH + Duration::from_millis(784_111_776_500);
+        assert_eq!(server_delay(&map, sub_second), Some(ms(500)));
+        // A wall clock at the epoch works too.
+        assert!(server_delay(&map, SystemTime::UNIX_EPOCH).is_some());
+    }
+
+    #[test]
+    fn clamped_to_the_ceiling() {
+        let ceiling = secs(10);
+        let clamp = |lines: &[(&str, &[u8])]| clamped_server_delay(&headers(lines), now(), ceiling);
+        assert_eq!(clamp(&[(MS, b"1500")]), Some(ms(1500)));
+        assert_eq!(clamp(&[(RA, b"10")]), Some(secs(10)));
+        assert_eq!(clamp(&[(RA, b"11")]), Some(secs(10)));
+        assert_eq!(clamp(&[(RA, b"18446744073709551615")]), Some(secs(10)));
+        assert_eq!(
+            clamp(&[(RA, b"Fri, 31 Dec 9999 23:59:59 GMT")]),
+            Some(secs(10))
+        );
+        assert_eq!(clamp(&[(MS, b"10000.000001")]), Some(secs(10)));
+        assert_eq!(clamp(&[(RA, b"0")]), None);
+        assert_eq!(clamp(&[]), None);
+        assert_eq!(
+            clamped_server_delay(&headers(&[(RA, b"5")]), now(), Duration::ZERO),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            clamped_server_delay(&headers(&[(RA, b"5")]), now(), Duration::MAX),
+            Some(secs(5))
+        );
+    }
+
+    #[test]
+    fn retry_after_ms_upper_bound() {
+        // Duration::MAX is u64::MAX s + 999_999_999 ns; in milliseconds:
+        let max_ms = b"18446744073709551615999.999999";
+        assert_eq!(
+            server_delay(&headers(&[(MS, max_ms)]), now()),
+            Some(Duration::MAX)
+        );
+        let one_more = b"18446744073709551616000";
+        assert_eq!(server_delay(&headers(&[(MS, one_more)]), now()), None);
+    }
+}

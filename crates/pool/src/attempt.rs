@@ -1,0 +1,515 @@
+//! The attempt loop: `wait_for_gate` → `send_once` → `record`, until the call
+//! succeeds, ends, or its future is dropped.
+//!
+//! The loop owns every rule that needs time: time limits, back-off sleeps, redials
+//! and the budget. What an outcome means comes from [`classify`](crate::classify);
+//! how long to wait from [`backoff`](crate::backoff) and
+//! [`server_delay`](crate::server_delay).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue};
+
+use crate::auth::{SharedAuthError, Token, TokenSource};
+use crate::backoff::{DelaySource, apply_jitter, backoff};
+use crate::breaker::{Gate, ProbeGuard, Transition};
+use crate::classify::{
+    Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotent,
+};
+use crate::client::Shared;
+use crate::error::{ClientError, ErrorKind, MAX_ERROR_BODY};
+use crate::observer::{CallId, EventKind};
+use crate::policy::{BreakerMode, CallPolicy};
+use crate::runtime::{Runtime, timeout_at};
+use crate::server_delay::server_delay;
+use crate::time::Instant;
+use crate::transport::{
+    PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse,
+};
+
+/// One call's state, for the life of one `execute_with` future.
+pub(crate) struct Call<'c, T, R, A> {
+    client: &'c Shared<T, R, A>,
+    policy: &'c CallPolicy,
+    id: CallId,
+    /// Sends made so far (redials and replays included).
+    send: u32,
+    /// Attempts made so far (a redial does not start a new one).
+    attempt: u32,
+    /// Retries made so far (back-off sleeps taken).
+    retries: u32,
+    /// `NotSent` redials made so far.
+    redials: u32,
+    /// Whether some send may have reached the server.
+    reached: bool,
+    /// Whether the call already replayed after a 401.
+    replayed: bool,
+    /// The token generation of the last send's auth header.
+    token_generation: Option<u64>,
+    /// When the budget ends; pushed later by time spent in `admit()`.
+    deadline: Option<Instant>,
+}
+
+/// How one send ended, before classification.
+enum Sent<Resp> {
+    /// A 1xx, 2xx or 3xx response head: returned to the caller.
+    Response(Resp),
+    /// Any other status, with what the call keeps of it.
+    ErrorStatus {
+        status: http::StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    },
+    /// The transport failed, or a time limit cut the send (`TimedOut`).
+    Failed(TransportError),
+}
+
+/// Emits `Cancelled` for a send whose future is dropped before its terminal event.
+struct InFlight<'a, T, R: Runtime, A> {
+    client: &'a Shared<T, R, A>,
+    call: CallId,
+    send: u32,
+    attempt: u32,
+    armed: bool,
+}
+
+impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
+    /// Reports the send's terminal event; the guard then reports nothing on drop.
+    fn finish(mut self, kind: EventKind) {
+        self.armed = false;
+        let rt = &self.client.runtime;
+        self.client
+            .events
+            .emit(|| rt.now(), Some(self.call), || kind);
+    }
+}
+
+impl<T, R: Runtime, A> Drop for InFlight<'_, T, R, A> {
+    fn drop(&mut self) {
+        if self.armed {
+            let (send, attempt) = (self.send, self.attempt);
+            let rt = &self.client.runtime;
+            self.client.events.emit(
+                || rt.now(),
+                Some(self.call),
+                || EventKind::Cancelled { send, attempt },
+            );
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
+    pub(crate) fn new(client: &'c Shared<T, R, A>, policy: &'c CallPolicy, id: CallId) -> Self {
+        let deadline = policy
+            .budget()
+            .map(|b| client.runtime.now().saturating_add(b));
+        Call {
+            client,
+            policy,
+            id,
+            send: 0,
+            attempt: 0,
+            retries: 0,
+            redials: 0,
+            reached: false,
+            replayed: false,
+            token_generation: None,
+            deadline,
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.client.runtime.now()
+    }
+
+    fn emit(&self, kind: impl FnOnce() -> EventKind) {
+        let rt = &self.client.runtime;
+        self.client.events.emit(|| rt.now(), Some(self.id), kind);
+    }
+
+    /// Ends the call before a send: a synthetic `Started` + `Failed { sent: false }`
+    /// pair carrying `error`, which is returned.
+    fn refuse(&mut self, error: ClientError) -> ClientError {
+        let (send, attempt) = (self.send + 1, self.attempt + 1);
+        self.emit(|| EventKind::Started { send, attempt });
+        self.emit(|| EventKind::Failed {
+            send,
+            attempt,
+            error: error.clone(),
+            ms: 0,
+            sent: false,
+        });
+        error
+    }
+
+    fn budget_left(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(self.now()))
+    }
+
+    /// Sleeps `wait` at the gate, unless the budget would end first: then the call
+    /// ends at once with `TimedOut` (waiting for a deadline it cannot meet helps
+    /// nobody).
+    async fn gate_sleep(&self, wait: Duration) -> Result<(), ClientError> {
+        if let Some(deadline) = self.deadline
+            && self.now().saturating_add(wait) >= deadline
+        {
+            return Err(self.timed_out_at_gate());
+        }
+        self.client.runtime.sleep(wait).await;
+        Ok(())
+    }
+
+    fn timed_out_at_gate(&self) -> ClientError {
+        ClientError::new(ErrorKind::TimedOut, self.attempt).with_reached(self.reached)
+    }
+
+    /// Asks the breaker until it lets this send through: `FailFast` gives up at once,
+    /// `WaitForProbe` sleeps and asks again.
+    async fn pass_breaker(&self) -> Result<Option<ProbeGuard<'c>>, ClientError> {
+        let Some(breaker) = &self.client.breaker else {
+            return Ok(None);
+        };
+        loop {
+            match breaker.check(self.now()) {
+                Gate::Allow { probe } => {
+                    return Ok(probe.map(|epoch| ProbeGuard::new(breaker, epoch)));
+                }
+                Gate::OpenFor(wait) => match self.policy.breaker_mode() {
+                    BreakerMode::WaitForProbe => self.gate_sleep(wait).await?,
+                    _ => {
+                        return Err(ClientError::new(ErrorKind::BreakerOpen, self.attempt)
+                            .with_reached(self.reached));
+                    }
+                },
+            }
+        }
+    }
+
+    /// Takes a rate token, sleeping until one is due.
+    async fn take_token(&self) -> Result<(), ClientError> {
+        if let Some(bucket) = &self.client.bucket {
+            while let Err(wait) = bucket.try_take(self.now()) {
+                self.gate_sleep(wait).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `wait_for_gate`: the transport's shared limiter (not charged to the budget),
+    /// the breaker, then a rate token. Holds no permit.
+    async fn wait_for_gate(
+        &mut self,
+    ) -> Result<(Option<ProbeGuard<'c>>, Option<Token>), ClientError> {
+        let before_admit = self.now();
+        self.client.transport.admit().await;
+        let admitted = self.now().saturating_duration_since(before_admit);
+        if let Some(d) = self.deadline.as_mut() {
+            *d = d.saturating_add(admitted);
+        }
+        if self.budget_left().is_some_and(|left| left.is_zero()) {
+            return Err(self.timed_out_at_gate());
+        }
+        let probe = self.pass_breaker().await?;
+        self.take_token().await?;
+        let token = self.auth_token(None).await?;
+        Ok((probe, token))
+    }
+
+    /// The auth token to apply, if the client has a token source: fetched on first
+    /// use, or newer than `stale` after a 401. The wait counts toward the budget.
+    async fn auth_token(&self, stale: Option<u64>) -> Result<Option<Token>, ClientError> {
+        let client = self.client;
+        if !client.auth.is_configured() {
+            return Ok(None);
+        }
+        let fetch = client.auth_state.token(&client.auth, stale);
+        let result = match self.deadline {
+            Some(deadline) => match timeout_at(&client.runtime, deadline, fetch).await {
+                Ok(result) => result,
+                Err(_) => return Err(self.timed_out_at_gate()),
+            },
+            None => fetch.await,
+        };
+        match result {
+            Ok(token) => Ok(Some(token)),
+            Err(e) => Err(ClientError::new(ErrorKind::Auth, self.attempt)
+                .with_reached(self.reached)
+                .with_source(Arc::new(SharedAuthError(e)))),
+        }
+    }
+
+    /// Tells the breaker what a send proved, frees the probe slot, and returns the
+    /// transition to report after the send's terminal event.
+    fn tell_breaker(
+        &self,
+        effect: BreakerEffect,
+        probe: Option<ProbeGuard<'c>>,
+    ) -> Option<Transition> {
+        let breaker = self.client.breaker.as_ref()?;
+        let transition = breaker.record(effect, probe.as_ref().map(ProbeGuard::epoch), self.now());
+        drop(probe);
+        transition
+    }
+
+    fn report_transition(&self, transition: Option<Transition>) {
+        match transition {
+            Some(Transition::Opened { cooldown }) => {
+                self.emit(|| EventKind::BreakerOpened { cooldown })
+            }
+            Some(Transition::Closed) => self.emit(|| EventKind::BreakerClosed),
+            None => {}
+        }
+    }
+
+    pub(crate) async fn run<F>(mut self, mut build: F) -> Result<T::Response, ClientError>
+    where
+        F: FnMut(&T::Handle) -> T::Draft,
+    {
+        let client = self.client;
+        let mut redialing = false;
+        loop {
+            // ---- wait_for_gate.
+            let (probe, token) = match self.wait_for_gate().await {
+                Ok(ticket) => ticket,
+                Err(error) => return Err(self.refuse(error)),
+            };
+
+            // ---- prepare a fresh request.
+            let draft = build(client.transport.handle());
+            let mut request = match client.transport.prepare(draft) {
+                Ok(request) => request,
+                Err(e) => {
+                    let error = ClientError::transport(
+                        TransportError::new(TransportErrorKind::Config, e.message()),
+                        self.attempt,
+                    )
+                    .with_reached(self.reached);
+                    return Err(self.refuse(error));
+                }
+            };
+            let idempotent = is_idempotent(
+                request.method(),
+                request.header(&IDEMPOTENCY_KEY).is_some(),
+                self.policy.is_idempotent(),
+            );
+            self.token_generation = token.map(|t| {
+                request.set_header(t.name, t.value);
+                t.generation
+            });
+            if self.retries > 0
+                && let Some(name) = &client.retry_count_header
+            {
+                request.set_header(name.clone(), HeaderValue::from(self.retries));
+            }
+
+            // ---- send_once: the permit (its wait counts toward the budget), then
+            // Started, the send under its time limit, and the permit back at the head.
+            let permit = match self.deadline {
+                Some(deadline) => {
+                    match timeout_at(&client.runtime, deadline, client.limiter.acquire()).await {
+                        Ok(permit) => permit,
+                        Err(_) => return Err(self.refuse(self.timed_out_at_gate())),
+                    }
+                }
+                None => client.limiter.acquire().await,
+            };
+            if !redialing {
+                self.attempt += 1;
+            }
+            self.send += 1;
+            let (send, attempt) = (self.send, self.attempt);
+            self.emit(|| EventKind::Started { send, attempt });
+            let guard = InFlight {
+                client,
+                call: self.id,
+                send,
+                attempt,
+                armed: true,
+            };
+            let limit = match self.budget_left() {
+                Some(left) => left.min(self.policy.attempt_timeout()),
+                None => self.policy.attempt_timeout(),
+            };
+            let started = self.now();
+            let send_deadline = started.saturating_add(limit);
+            let head = timeout_at(
+                &client.runtime,
+                send_deadline,
+                client.transport.send(request),
+            )
+            .await;
+            drop(permit);
+            let sent = match head {
+                Ok(Ok(response)) => {
+                    let status = response.status();
+                    if status.is_success() || status.is_informational() || status.is_redirection() {
+                        Sent::Response(response)
+                    } else {
+                        let headers = response.headers().clone();
+                        let body = read_error_body(&client.runtime, send_deadline, response).await;
+                        Sent::ErrorStatus {
+                            status,
+                            headers,
+                            body,
+                        }
+                    }
+                }
+                Ok(Err(e)) => Sent::Failed(e),
+                Err(_elapsed) => {
+                    client.transport.distrust_connection();
+                    Sent::Failed(TransportError::new(
+                        TransportErrorKind::TimedOut,
+                        "time limit reached",
+                    ))
+                }
+            };
+            let ms = millis(self.now().saturating_duration_since(started));
+
+            // ---- record: tell the breaker, free the probe slot, report the terminal
+            // event and any breaker transition, then decide.
+            let (outcome, server_wait, error) = match sent {
+                Sent::Response(response) => {
+                    self.reached = true;
+                    let status = response.status();
+                    let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
+                    let transition = self.tell_breaker(effect, probe);
+                    let bytes = response.content_length();
+                    guard.finish(EventKind::Succeeded {
+                        send,
+                        attempt,
+                        status,
+                        ms,
+                        bytes,
+                    });
+                    self.report_transition(transition);
+                    return Ok(response);
+                }
+                Sent::ErrorStatus {
+                    status,
+                    headers,
+                    body,
+                } => {
+                    self.reached = true;
+                    let wait = server_delay(&headers, client.runtime.wall_clock());
+                    let request_id = headers
+                        .get(&client.request_id_header)
+                        .and_then(|v| v.to_str().ok())
+                        .map(Arc::<str>::from);
+                    let error = ClientError::new(ErrorKind::Status(status), self.attempt)
+                        .with_body(body)
+                        .with_request_id(request_id)
+                        .with_retry_after(wait)
+                        .with_reached(true);
+                    (Outcome::Status(status), wait, error)
+                }
+                Sent::Failed(e) => {
+                    let outcome = Outcome::Transport(e.kind());
+                    self.reached |= outcome.may_have_reached();
+                    let error = if e.kind() == TransportErrorKind::TimedOut {
+                        ClientError::new(ErrorKind::TimedOut, self.attempt).with_source(Arc::new(e))
+                    } else {
+                        ClientError::transport(e, self.attempt)
+                    };
+                    (outcome, None, error.with_reached(self.reached))
+                }
+            };
+            let verdict = classify(
+                outcome,
+                &CallFacts {
+                    idempotent,
+                    can_replay_401: client.auth.is_configured() && !self.replayed,
+                    redials_used: self.redials,
+                    has_server_delay: server_wait.is_some(),
+                },
+            );
+            let transition = self.tell_breaker(verdict.breaker, probe);
+            guard.finish(EventKind::Failed {
+                send,
+                attempt,
+                error: error.clone(),
+                ms,
+                sent: true,
+            });
+            self.report_transition(transition);
+
+            match verdict.action {
+                Action::Replay => {
+                    // A newer token than the one the 401 answered; no retry budget
+                    // spent, no RetryScheduled. The next gate applies it.
+                    self.replayed = true;
+                    redialing = false;
+                    if let Err(error) = self.auth_token(self.token_generation).await {
+                        return Err(self.refuse(error));
+                    }
+                }
+                Action::Redial => {
+                    self.redials += 1;
+                    redialing = true;
+                    let next = self.send + 1;
+                    self.emit(|| EventKind::Redialing {
+                        send: next,
+                        attempt,
+                    });
+                }
+                Action::Retry if self.policy.retry().allows_retry(self.retries) => {
+                    let delay = self.retry_delay(server_wait);
+                    if let Some(deadline) = self.deadline
+                        && self.now().saturating_add(delay) >= deadline
+                    {
+                        return Err(error);
+                    }
+                    let next = attempt + 1;
+                    self.emit(|| EventKind::RetryScheduled {
+                        attempt: next,
+                        after: delay,
+                    });
+                    client.runtime.sleep(delay).await;
+                    self.retries += 1;
+                    redialing = false;
+                }
+                _ => return Err(error),
+            }
+        }
+    }
+
+    /// The sleep before the next retry: the server's delay (clamped to the policy's
+    /// ceiling) or the policy's back-off, jittered, never under 1 ms.
+    fn retry_delay(&self, server_wait: Option<Duration>) -> Duration {
+        let retry = self.policy.retry();
+        let (base, max) = retry.schedule().unwrap_or((Duration::ZERO, Duration::ZERO));
+        let (delay, source) = match server_wait {
+            Some(wait) => (wait.min(max), DelaySource::Server),
+            None => (backoff(base, max, self.retries), DelaySource::Policy),
+        };
+        let random = self.client.runtime.random();
+        apply_jitter(self.policy.jitter(), delay, source, random).max(crate::backoff::MIN_BACKOFF)
+    }
+}
+
+/// Reads up to [`MAX_ERROR_BODY`] bytes of an error response's body, giving up at
+/// `deadline`, at the body's end, or at a read error; whatever was read is kept.
+async fn read_error_body<R: Runtime, Resp: TransportResponse>(
+    runtime: &R,
+    deadline: Instant,
+    mut response: Resp,
+) -> Bytes {
+    let mut body = BytesMut::new();
+    while body.len() <= MAX_ERROR_BODY {
+        match timeout_at(runtime, deadline, response.chunk()).await {
+            Ok(Ok(Some(chunk))) => {
+                let room = MAX_ERROR_BODY + 1 - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            _ => break,
+        }
+    }
+    // One byte past the limit tells truncation there was more; it cuts to 2048.
+    body.freeze()
+}

@@ -1,0 +1,312 @@
+//! Auth: where a client's token comes from.
+//!
+//! A [`TokenSource`] is a generic parameter of the client, like the ports, so the
+//! `Send`-ness of its future leaks through to the call's future. The default,
+//! [`NoAuth`], applies nothing and never refreshes.
+//!
+//! The token is fetched lazily on first use and applied to every send as a sensitive
+//! header. A 401 on a client with a configured source, the first in its call, fetches
+//! a newer token and replays at once. Fetches are single-flight by token generation:
+//! concurrent first callers cause one fetch; concurrent 401s answered with generation
+//! `g` cause one fetch of `g + 1`; a 401 for a generation already replaced replays with
+//! the current token without another fetch.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use http::{HeaderName, HeaderValue};
+
+/// The error a [`TokenSource`] returns; it becomes the source of an
+/// [`ErrorKind::Auth`](crate::ErrorKind::Auth) client error.
+pub type AuthError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Produces the auth header a client applies to every send.
+pub trait TokenSource {
+    /// Whether this source can produce a token at all. A client whose source cannot
+    /// (like [`NoAuth`]) never applies a header and treats a 401 as final.
+    fn is_configured(&self) -> bool {
+        true
+    }
+
+    /// Fetches a fresh token, as the header name and value to apply
+    /// (for example `authorization: Bearer …`). The value is marked sensitive before
+    /// use. Dropping the future abandons the fetch.
+    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>>;
+}
+
+/// No auth: nothing is applied and a 401 is final.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoAuth;
+
+impl TokenSource for NoAuth {
+    fn is_configured(&self) -> bool {
+        false
+    }
+
+    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+        std::future::ready(Err("no token source configured".into()))
+    }
+}
+
+/// A token source built from a closure returning a future.
+///
+/// ```
+/// use http::{HeaderName, HeaderValue, header::AUTHORIZATION};
+/// use vantage_api_pool::auth::{AuthError, token_fn};
+///
+/// let source = token_fn(|| async {
+///     Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer abc")))
+/// });
+/// # let _ = source;
+/// ```
+pub fn token_fn<F, Fut>(fetch: F) -> TokenFn<F>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(HeaderName, HeaderValue), AuthError>>,
+{
+    TokenFn(fetch)
+}
+
+/// The [`TokenSource`] made by [`token_fn`].
+#[derive(Clone, Copy)]
+pub struct TokenFn<F>(F);
+
+impl<F> std::fmt::Debug for TokenFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenFn")
+    }
+}
+
+impl<F, Fut> TokenSource for TokenFn<F>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(HeaderName, HeaderValue), AuthError>>,
+{
+    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+        (self.0)()
+    }
+}
+
+/// A token applied to sends, and the generation it belongs to.
+#[derive(Clone)]
+pub(crate) struct Token {
+    pub(crate) name: HeaderName,
+    pub(crate) value: HeaderValue,
+    pub(crate) generation: u64,
+}
+
+/// The shared auth state of one client: the current token and the single-flight
+/// fetch.
+///
+/// No lock is held across an `.await`: the caller that sets `fetching` runs the
+/// fetch itself; the others wait to be woken. If that caller is dropped, its guard
+/// clears the flag and wakes the waiters, one of which takes over.
+pub(crate) struct AuthState {
+    inner: Mutex<AuthInner>,
+}
+
+struct AuthInner {
+    token: Option<Token>,
+    /// Generation of the last token fetched (0: none yet).
+    generation: u64,
+    fetching: bool,
+    /// Fetches finished so far (successful or not).
+    fetches_done: u64,
+    /// The error of the last fetch, with the fetch number it belongs to.
+    last_error: Option<(u64, Arc<AuthError>)>,
+    waiters: Vec<Waker>,
+}
+
+impl std::fmt::Debug for AuthState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("AuthState")
+            .field("generation", &inner.generation)
+            .field("has_token", &inner.token.is_some())
+            .field("fetching", &inner.fetching)
+            .finish()
+    }
+}
+
+enum Step {
+    Ready(Token),
+    Failed(Arc<AuthError>),
+    Fetch,
+    Wait(u64),
+}
+
+impl AuthState {
+    pub(crate) fn new() -> Self {
+        AuthState {
+            inner: Mutex::new(AuthInner {
+                token: None,
+                generation: 0,
+                fetching: false,
+                fetches_done: 0,
+                last_error: None,
+                waiters: Vec::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, AuthInner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Fetches done so far (for tests and figures).
+    pub(crate) fn fetches(&self) -> u64 {
+        self.lock().fetches_done
+    }
+
+    /// The current token, fetching it first if there is none, or a newer one than
+    /// `stale` (the generation a 401 was answered with) when given. Concurrent
+    /// callers share one fetch.
+    pub(crate) async fn token<S: TokenSource>(
+        &self,
+        source: &S,
+        stale: Option<u64>,
+    ) -> Result<Token, Arc<AuthError>> {
+        let mut waited_for: Option<u64> = None;
+        loop {
+            let step = {
+                let mut inner = self.lock();
+                let shared_failure = waited_for.and_then(|seen| {
+                    inner
+                        .last_error
+                        .as_ref()
+                        .filter(|(n, _)| *n > seen)
+                        .map(|(_, e)| Arc::clone(e))
+                });
+                let ready = inner
+                    .token
+                    .as_ref()
+                    .filter(|t| stale.is_none_or(|g| t.generation > g))
+                    .cloned();
+                if let Some(token) = ready {
+                    Step::Ready(token)
+                } else if let Some(error) = shared_failure {
+                    // The fetch we waited for failed: share its error, do not fetch again.
+                    Step::Failed(error)
+                } else if inner.fetching {
+                    Step::Wait(inner.fetches_done)
+                } else {
+                    inner.fetching = true;
+                    Step::Fetch
+                }
+            };
+            match step {
+                Step::Ready(t) => return Ok(t),
+                Step::Failed(e) => return Err(e),
+                Step::Wait(seen) => {
+                    waited_for = Some(seen);
+                    WaitForFetch { state: self, seen }.await;
+                }
+                Step::Fetch => {
+                    let guard = FetchGuard {
+                        state: self,
+                        armed: true,
+                    };
+                    let result = source.fetch().await;
+                    return guard.complete(result);
+                }
+            }
+        }
+    }
+}
+
+/// Clears the `fetching` flag if the fetching caller is dropped, and wakes the
+/// waiters so one of them takes over.
+struct FetchGuard<'a> {
+    state: &'a AuthState,
+    armed: bool,
+}
+
+impl FetchGuard<'_> {
+    fn complete(
+        mut self,
+        result: Result<(HeaderName, HeaderValue), AuthError>,
+    ) -> Result<Token, Arc<AuthError>> {
+        self.armed = false;
+        let (outcome, waiters) = {
+            let mut inner = self.state.lock();
+            inner.fetching = false;
+            inner.fetches_done += 1;
+            let outcome = match result {
+                Ok((name, mut value)) => {
+                    value.set_sensitive(true);
+                    inner.generation += 1;
+                    let token = Token {
+                        name,
+                        value,
+                        generation: inner.generation,
+                    };
+                    inner.token = Some(token.clone());
+                    Ok(token)
+                }
+                Err(e) => {
+                    let e = Arc::new(e);
+                    inner.last_error = Some((inner.fetches_done, Arc::clone(&e)));
+                    Err(e)
+                }
+            };
+            (outcome, std::mem::take(&mut inner.waiters))
+        };
+        waiters.into_iter().for_each(Waker::wake);
+        outcome
+    }
+}
+
+impl Drop for FetchGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let waiters = {
+                let mut inner = self.state.lock();
+                inner.fetching = false;
+                std::mem::take(&mut inner.waiters)
+            };
+            waiters.into_iter().for_each(Waker::wake);
+        }
+    }
+}
+
+/// Waits until the fetch running when it was created ends (or is abandoned).
+struct WaitForFetch<'a> {
+    state: &'a AuthState,
+    seen: u64,
+}
+
+impl Future for WaitForFetch<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut inner = self.state.lock();
+        if !inner.fetching || inner.fetches_done != self.seen {
+            return Poll::Ready(());
+        }
+        if !inner.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            inner.waiters.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+/// A token source's error shared by every caller that waited on the same fetch; the
+/// source of an [`ErrorKind::Auth`](crate::ErrorKind::Auth) client error.
+#[derive(Debug, Clone)]
+pub struct SharedAuthError(pub(crate) Arc<AuthError>);
+
+impl std::fmt::Display for SharedAuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for SharedAuthError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}

@@ -1,0 +1,513 @@
+//! The circuit breaker: stop sending to an API that is down, and find out when it is
+//! back with a single probe.
+//!
+//! ```text
+//!            threshold consecutive failures
+//!   Closed ─────────────────────────────────▶ Open(cooldown)
+//!     ▲                                          │ cooldown elapses
+//!     │ success / reachable answer               ▼
+//!     │ (cooldown back to its base)           HalfOpen ── one caller granted the probe
+//!     │                                          │
+//!     └──────────────────────────────────────────┤ probe fails
+//!                                                ▼
+//!                                     Open(min(2 × cooldown, max))
+//! ```
+//!
+//! **Probe epochs.** Every grant of the probe slot carries a fresh epoch. A
+//! [`ProbeGuard`] frees the slot on drop only if its epoch is still the current one,
+//! and a failure doubles the cooldown only when it is reported with the current
+//! probe's epoch. So a cancelled prober cannot wedge the breaker, a stale guard
+//! cannot free a newer grant's slot, and a failure from a request that started
+//! before the breaker opened is not taken for a failed probe. A success or a
+//! reachable answer from any epoch closes an open breaker: it proves the API answers.
+//!
+//! The breaker is a synchronous state machine: it takes `now` and returns a decision.
+//! Its lock is held only inside its methods, never across an `.await` or a callback.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::classify::BreakerEffect;
+use crate::error::ConfigError;
+use crate::time::Instant;
+
+/// How long a caller that finds the probe slot taken waits before asking again.
+pub const PROBE_RECHECK: Duration = Duration::from_millis(5);
+
+/// The breaker's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerConfig {
+    threshold: u32,
+    cooldown: Duration,
+    max_cooldown: Duration,
+}
+
+impl BreakerConfig {
+    /// Opens after `threshold` consecutive failures for `cooldown`, doubling after each
+    /// failed probe up to `max_cooldown`.
+    ///
+    /// Refuses a threshold of 0, a zero cooldown, and a cooldown above its max.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool::breaker::BreakerConfig;
+    /// assert!(BreakerConfig::new(5, Duration::from_secs(5), Duration::from_secs(60)).is_ok());
+    /// let err = BreakerConfig::new(0, Duration::from_secs(5), Duration::from_secs(60)).unwrap_err();
+    /// assert_eq!(err.setting(), "breaker.threshold");
+    /// ```
+    pub fn new(
+        threshold: u32,
+        cooldown: Duration,
+        max_cooldown: Duration,
+    ) -> Result<Self, ConfigError> {
+        if threshold == 0 {
+            return Err(ConfigError::new("breaker.threshold", "must be at least 1"));
+        }
+        if cooldown.is_zero() {
+            return Err(ConfigError::new(
+                "breaker.cooldown",
+                "must be greater than zero",
+            ));
+        }
+        if cooldown > max_cooldown {
+            return Err(ConfigError::new(
+                "breaker.cooldown",
+                "must not exceed breaker.max_cooldown",
+            ));
+        }
+        Ok(BreakerConfig {
+            threshold,
+            cooldown,
+            max_cooldown,
+        })
+    }
+
+    /// Threshold 5, cooldown 5 s doubling to 60 s.
+    #[must_use]
+    pub fn default_breaker() -> Self {
+        BreakerConfig {
+            threshold: 5,
+            cooldown: Duration::from_secs(5),
+            max_cooldown: Duration::from_secs(60),
+        }
+    }
+
+    /// Consecutive failures that open the breaker.
+    #[must_use]
+    pub fn threshold(&self) -> u32 {
+        self.threshold
+    }
+
+    /// The first cooldown.
+    #[must_use]
+    pub fn cooldown(&self) -> Duration {
+        self.cooldown
+    }
+
+    /// The longest cooldown.
+    #[must_use]
+    pub fn max_cooldown(&self) -> Duration {
+        self.max_cooldown
+    }
+}
+
+/// What [`breaker_state`](crate::ResilientClient::breaker_state) reports.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Requests flow.
+    Closed,
+    /// Requests are refused until `until`.
+    Open {
+        /// When the cooldown ends and a probe may go.
+        until: Instant,
+    },
+    /// The cooldown ended: one probe may go, or is in flight.
+    HalfOpen,
+}
+
+/// The breaker's answer to "may I send?".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Send. `probe: Some(epoch)` makes this send the half-open probe.
+    Allow {
+        /// The probe's epoch, when this send is the probe.
+        probe: Option<u64>,
+    },
+    /// The breaker is open (or a probe is in flight): ask again after this long.
+    OpenFor(Duration),
+}
+
+/// A change of the breaker's state, to report after the send's terminal event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// Opened, or a probe failed and it stays open for a longer cooldown.
+    Opened {
+        /// How long it stays open.
+        cooldown: Duration,
+    },
+    /// Closed by a success or a reachable answer.
+    Closed,
+}
+
+#[derive(Debug)]
+enum Mode {
+    Closed,
+    Open { until: Instant },
+    HalfOpen,
+}
+
+#[derive(Debug)]
+struct State {
+    mode: Mode,
+    consecutive_failures: u32,
+    cooldown: Duration,
+    epoch: u64,
+    probe: Option<u64>,
+}
+
+/// A circuit breaker. See the module docs.
+#[derive(Debug)]
+pub struct CircuitBreaker {
+    config: BreakerConfig,
+    state: Mutex<State>,
+}
+
+impl CircuitBreaker {
+    /// A closed breaker with `config`.
+    #[must_use]
+    pub fn new(config: BreakerConfig) -> Self {
+        CircuitBreaker {
+            config,
+            state: Mutex::new(State {
+                mode: Mode::Closed,
+                consecutive_failures: 0,
+                cooldown: config.cooldown,
+                epoch: 0,
+                probe: None,
+            }),
+        }
+    }
+
+    /// The settings.
+    #[must_use]
+    pub fn config(&self) -> BreakerConfig {
+        self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state stays consistent even if a holder panicked: every method
+        // writes whole fields.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// May a send go at `now`? Grants the probe slot to exactly one caller once the
+    /// cooldown has elapsed.
+    pub fn check(&self, now: Instant) -> Gate {
+        let mut s = self.lock();
+        match s.mode {
+            Mode::Closed => Gate::Allow { probe: None },
+            Mode::Open { until } if now < until => {
+                Gate::OpenFor(until.saturating_duration_since(now))
+            }
+            Mode::Open { .. } | Mode::HalfOpen => {
+                if s.probe.is_some() {
+                    return Gate::OpenFor(PROBE_RECHECK);
+                }
+                s.mode = Mode::HalfOpen;
+                s.epoch += 1;
+                s.probe = Some(s.epoch);
+                Gate::Allow { probe: s.probe }
+            }
+        }
+    }
+
+    /// Records what a send proved. `probe` is the epoch it was granted, if it was the
+    /// probe. Returns the transition to report, if any. Frees the probe slot when the
+    /// epoch is current.
+    pub fn record(
+        &self,
+        effect: BreakerEffect,
+        probe: Option<u64>,
+        now: Instant,
+    ) -> Option<Transition> {
+        let mut s = self.lock();
+        let is_current_probe = probe.is_some() && probe == s.probe;
+        if is_current_probe {
+            s.probe = None;
+        }
+        let was_closed = matches!(s.mode, Mode::Closed);
+        match effect {
+            BreakerEffect::Success | BreakerEffect::Reachable => {
+                if effect == BreakerEffect::Success {
+                    s.consecutive_failures = 0;
+                }
+                if was_closed {
+                    return None;
+                }
+                s.mode = Mode::Closed;
+                s.cooldown = self.config.cooldown;
+                s.probe = None;
+                Some(Transition::Closed)
+            }
+            BreakerEffect::Failure => {
+                s.consecutive_failures = s.consecutive_failures.saturating_add(1);
+                if is_current_probe && matches!(s.mode, Mode::HalfOpen) {
+                    s.cooldown = s.cooldown.saturating_mul(2).min(self.config.max_cooldown);
+                } else if !(was_closed && s.consecutive_failures >= self.config.threshold) {
+                    return None;
+                }
+                let cooldown = s.cooldown;
+                s.mode = Mode::Open {
+                    until: now.saturating_add(cooldown),
+                };
+                Some(Transition::Opened { cooldown })
+            }
+            _ => None,
+        }
+    }
+
+    /// Frees the probe slot if `epoch` is still the current grant (a dropped prober).
+    pub fn release_probe(&self, epoch: u64) {
+        let mut s = self.lock();
+        if s.probe == Some(epoch) {
+            s.probe = None;
+        }
+    }
+
+    /// The state at `now`, for consumers that poll.
+    pub fn state(&self, now: Instant) -> BreakerState {
+        let s = self.lock();
+        match s.mode {
+            Mode::Closed => BreakerState::Closed,
+            Mode::Open { until } if now < until => BreakerState::Open { until },
+            Mode::Open { .. } | Mode::HalfOpen => BreakerState::HalfOpen,
+        }
+    }
+
+    /// The current run of consecutive failures.
+    pub fn consecutive_failures(&self) -> u32 {
+        self.lock().consecutive_failures
+    }
+
+    /// Whether a probe slot is currently granted.
+    pub fn probe_in_flight(&self) -> bool {
+        self.lock().probe.is_some()
+    }
+}
+
+/// Frees the probe slot of epoch `epoch` when dropped, if that epoch is still current.
+#[must_use = "dropping the guard frees the probe slot at once"]
+#[derive(Debug)]
+pub struct ProbeGuard<'a> {
+    breaker: &'a CircuitBreaker,
+    epoch: u64,
+}
+
+impl<'a> ProbeGuard<'a> {
+    /// Guards the probe slot of `epoch`.
+    pub fn new(breaker: &'a CircuitBreaker, epoch: u64) -> Self {
+        ProbeGuard { breaker, epoch }
+    }
+
+    /// The guarded epoch.
+    #[must_use]
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        self.breaker.release_probe(self.epoch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use BreakerEffect::*;
+
+    fn at(secs: u64) -> Instant {
+        Instant::from_origin(Duration::from_secs(secs))
+    }
+
+    fn breaker() -> CircuitBreaker {
+        CircuitBreaker::new(BreakerConfig::default_breaker())
+    }
+
+    fn open_it(b: &CircuitBreaker, now: Instant) {
+        for i in 0..5 {
+            assert_eq!(b.check(now), Gate::Allow { probe: None });
+            let t = b.record(Failure, None, now);
+            assert_eq!(t.is_some(), i == 4, "opens on the 5th failure");
+        }
+    }
+
+    #[test]
+    fn opens_after_threshold_and_doubles_on_failed_probes() {
+        let b = breaker();
+        open_it(&b, at(0));
+        assert_eq!(b.state(at(1)), BreakerState::Open { until: at(5) });
+        assert_eq!(b.check(at(4)), Gate::OpenFor(Duration::from_secs(1)));
+        let mut t = 5;
+        for want in [10, 20, 40, 60, 60] {
+            let Gate::Allow { probe: Some(epoch) } = b.check(at(t)) else {
+                panic!("probe at {t}")
+            };
+            assert_eq!(
+                b.check(at(t)),
+                Gate::OpenFor(PROBE_RECHECK),
+                "one probe at a time"
+            );
+            assert_eq!(
+                b.record(Failure, Some(epoch), at(t)),
+                Some(Transition::Opened {
+                    cooldown: Duration::from_secs(want)
+                })
+            );
+            t += want;
+        }
+        assert_eq!(t, 195);
+        let Gate::Allow { probe: Some(epoch) } = b.check(at(t)) else {
+            panic!()
+        };
+        assert_eq!(
+            b.record(Success, Some(epoch), at(t)),
+            Some(Transition::Closed)
+        );
+        assert_eq!(b.state(at(t)), BreakerState::Closed);
+        // The next opening starts again at the base cooldown.
+        open_it(&b, at(300));
+        assert_eq!(b.state(at(300)), BreakerState::Open { until: at(305) });
+    }
+
+    #[test]
+    fn reachable_closes_but_keeps_the_failure_run() {
+        let b = CircuitBreaker::new(
+            BreakerConfig::new(3, Duration::from_secs(5), Duration::from_secs(60)).unwrap(),
+        );
+        // 503, 404, 503, 404, 503 opens on the third 503.
+        assert_eq!(b.record(Failure, None, at(0)), None);
+        assert_eq!(b.record(Reachable, None, at(0)), None);
+        assert_eq!(b.record(Failure, None, at(0)), None);
+        assert_eq!(b.record(Reachable, None, at(0)), None);
+        assert_eq!(
+            b.record(Failure, None, at(0)),
+            Some(Transition::Opened {
+                cooldown: Duration::from_secs(5)
+            })
+        );
+        // A reachable answer closes an open breaker, once.
+        assert_eq!(b.record(Reachable, None, at(1)), Some(Transition::Closed));
+        assert_eq!(b.record(Reachable, None, at(1)), None);
+        assert_eq!(b.consecutive_failures(), 3);
+        // Untouched says nothing.
+        assert_eq!(b.record(Untouched, None, at(1)), None);
+        assert_eq!(b.consecutive_failures(), 3);
+    }
+
+    #[test]
+    fn stale_epochs_cannot_free_or_fail_a_newer_probe() {
+        let b = breaker();
+        open_it(&b, at(0));
+        let Gate::Allow { probe: Some(first) } = b.check(at(5)) else {
+            panic!()
+        };
+        // The first prober is dropped: its guard frees the slot.
+        drop(ProbeGuard::new(&b, first));
+        let Gate::Allow {
+            probe: Some(second),
+        } = b.check(at(5))
+        else {
+            panic!("next caller gets the probe")
+        };
+        assert_ne!(first, second);
+        // A stale guard cannot free the newer grant's slot.
+        drop(ProbeGuard::new(&b, first));
+        assert!(b.probe_in_flight());
+        assert_eq!(b.check(at(5)), Gate::OpenFor(PROBE_RECHECK));
+        // A failure reported with a stale epoch (or none) is not a failed probe.
+        assert_eq!(b.record(Failure, Some(first), at(5)), None);
+        assert_eq!(b.record(Failure, None, at(5)), None);
+        assert!(b.probe_in_flight());
+        // The current probe's failure doubles the cooldown.
+        assert_eq!(
+            b.record(Failure, Some(second), at(6)),
+            Some(Transition::Opened {
+                cooldown: Duration::from_secs(10)
+            })
+        );
+        // A late success from a stale epoch still closes.
+        assert_eq!(
+            b.record(Success, Some(first), at(7)),
+            Some(Transition::Closed)
+        );
+    }
+
+    #[test]
+    fn untouched_probe_outcome_frees_the_slot_without_transition() {
+        let b = breaker();
+        open_it(&b, at(0));
+        let Gate::Allow { probe: Some(epoch) } = b.check(at(5)) else {
+            panic!()
+        };
+        assert_eq!(b.record(Untouched, Some(epoch), at(5)), None);
+        assert!(!b.probe_in_flight());
+        assert!(matches!(b.check(at(5)), Gate::Allow { probe: Some(_) }));
+    }
+
+    #[test]
+    fn extreme_cooldowns_saturate() {
+        let b = CircuitBreaker::new(BreakerConfig::new(1, Duration::MAX, Duration::MAX).unwrap());
+        assert_eq!(
+            b.record(Failure, None, at(1)),
+            Some(Transition::Opened {
+                cooldown: Duration::MAX
+            })
+        );
+        assert_eq!(
+            b.state(at(1_000_000)),
+            BreakerState::Open {
+                until: Instant::FAR_FUTURE
+            }
+        );
+        let b = CircuitBreaker::new(
+            BreakerConfig::new(u32::MAX, Duration::from_nanos(1), Duration::MAX).unwrap(),
+        );
+        for _ in 0..10 {
+            assert_eq!(b.record(Failure, None, at(0)), None);
+        }
+    }
+
+    #[test]
+    fn config_is_checked() {
+        let s = |r: Result<BreakerConfig, ConfigError>| r.unwrap_err().setting();
+        assert_eq!(
+            s(BreakerConfig::new(
+                0,
+                Duration::from_secs(1),
+                Duration::from_secs(2)
+            )),
+            "breaker.threshold"
+        );
+        assert_eq!(
+            s(BreakerConfig::new(
+                1,
+                Duration::ZERO,
+                Duration::from_secs(2)
+            )),
+            "breaker.cooldown"
+        );
+        assert_eq!(
+            s(BreakerConfig::new(
+                1,
+                Duration::from_secs(3),
+                Duration::from_secs(2)
+            )),
+            "breaker.cooldown"
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! `ClientBuilder`: the settings of a [`ResilientClient`], checked by `build()`.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use http::HeaderName;
+
+use std::time::Duration;
+
+use crate::auth::{AuthState, NoAuth, TokenSource};
+use crate::breaker::{BreakerConfig, CircuitBreaker};
+use crate::client::{Events, ResilientClient, Shared};
+use crate::concurrency::Limiter;
+use crate::error::ConfigError;
+use crate::observer::TransportObserver;
+use crate::policy::RetryPolicy;
+use crate::rate::{RateLimit, TokenBucket};
+use crate::runtime::Runtime;
+use crate::transport::Transport;
+
+/// The default header read for [`ClientError::request_id`](crate::ClientError::request_id).
+pub const DEFAULT_REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Builds a [`ResilientClient`]. Every setting has a default; `build()` checks them
+/// and returns a [`ConfigError`] naming the first one refused.
+///
+/// ```
+/// use std::sync::Arc;
+/// use vantage_api_pool::{NullObserver, ResilientClient, RetryPolicy};
+/// use vantage_api_pool_testkit::{ScriptedTransport, VirtualRuntime};
+///
+/// let rt = VirtualRuntime::new();
+/// let client = ResilientClient::builder(ScriptedTransport::new(&rt), rt.clone())
+///     .default_retry(RetryPolicy::default())
+///     .observer("orders-api", Arc::new(NullObserver))
+///     .build()?;
+/// assert_eq!(client.api_key(), Some("orders-api"));
+/// # Ok::<(), vantage_api_pool::ConfigError>(())
+/// ```
+#[must_use = "a builder does nothing until build() is called"]
+pub struct ClientBuilder<T, R, A = NoAuth> {
+    transport: T,
+    runtime: R,
+    auth: A,
+    default_retry: RetryPolicy,
+    request_id_header: HeaderName,
+    retry_count_header: Option<HeaderName>,
+    observer: Option<(Arc<str>, Arc<dyn TransportObserver>)>,
+    max_parallel: usize,
+    rate: Option<(f64, Option<u32>)>,
+    breaker: Option<(u32, Duration, Duration)>,
+}
+
+/// The default of [`ClientBuilder::max_parallel`]: 8 sends in flight.
+pub const DEFAULT_MAX_PARALLEL: usize = 8;
+
+impl<T: Transport, R: Runtime> ClientBuilder<T, R, NoAuth> {
+    pub(crate) fn new(transport: T, runtime: R) -> Self {
+        ClientBuilder {
+            transport,
+            runtime,
+            auth: NoAuth,
+            default_retry: RetryPolicy::default(),
+            request_id_header: DEFAULT_REQUEST_ID_HEADER,
+            retry_count_header: None,
+            observer: None,
+            max_parallel: DEFAULT_MAX_PARALLEL,
+            rate: None,
+            breaker: None,
+        }
+    }
+}
+
+impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
+    /// The retry schedule of [`ResilientClient::execute`]; default 3 retries from
+    /// 250 ms capped at 10 s. `build()` refuses a `max` below `base`.
+    pub fn default_retry(mut self, retry: RetryPolicy) -> Self {
+        self.default_retry = retry;
+        self
+    }
+
+    /// Reports every event to `observer`, keyed by `api` (the API's name).
+    pub fn observer(
+        mut self,
+        api: impl Into<Arc<str>>,
+        observer: Arc<dyn TransportObserver>,
+    ) -> Self {
+        self.observer = Some((api.into(), observer));
+        self
+    }
+
+    /// The response header whose value becomes
+    /// [`ClientError::request_id`](crate::ClientError::request_id); default `x-request-id`.
+    pub fn request_id_header(mut self, name: HeaderName) -> Self {
+        self.request_id_header = name;
+        self
+    }
+
+    /// Adds header `name` to every retry, carrying how many retries came before it
+    /// (`1` on the first retry). Redials and 401 replays do not change it. Off by
+    /// default.
+    pub fn retry_count_header(mut self, name: HeaderName) -> Self {
+        self.retry_count_header = Some(name);
+        self
+    }
+
+    /// At most `n` sends in flight at once (default 8). A permit is held only from
+    /// just before a send to its response head. `build()` refuses 0.
+    pub fn max_parallel(mut self, n: usize) -> Self {
+        self.max_parallel = n;
+        self
+    }
+
+    /// At most `per_second` sends per second, with a burst of `ceil(per_second)`. The
+    /// bucket starts full. `build()` refuses 0, negative, NaN and infinite rates.
+    pub fn rate_limit(mut self, per_second: f64) -> Self {
+        self.rate = Some((per_second, None));
+        self
+    }
+
+    /// At most `per_second` sends per second, with an explicit `burst`. `build()`
+    /// refuses the rates [`rate_limit`](Self::rate_limit) refuses and a burst of 0.
+    pub fn rate_limit_with_burst(mut self, per_second: f64, burst: u32) -> Self {
+        self.rate = Some((per_second, Some(burst)));
+        self
+    }
+
+    /// A circuit breaker with threshold 5, cooldown 5 s doubling to 60 s.
+    pub fn default_breaker(self) -> Self {
+        let c = BreakerConfig::default_breaker();
+        self.breaker(c.threshold(), c.cooldown(), c.max_cooldown())
+    }
+
+    /// A circuit breaker that opens after `threshold` consecutive failures for
+    /// `cooldown`, doubling on every failed probe up to `max_cooldown`. `build()`
+    /// refuses a threshold of 0, a zero cooldown and a cooldown above its max.
+    pub fn breaker(mut self, threshold: u32, cooldown: Duration, max_cooldown: Duration) -> Self {
+        self.breaker = Some((threshold, cooldown, max_cooldown));
+        self
+    }
+
+    /// Fetches a token from `source` on first use, applies it to every send, and
+    /// refreshes it once per call on a 401 (single-flight across the client).
+    pub fn auth<S: TokenSource>(self, source: S) -> ClientBuilder<T, R, S> {
+        ClientBuilder {
+            transport: self.transport,
+            runtime: self.runtime,
+            auth: source,
+            default_retry: self.default_retry,
+            request_id_header: self.request_id_header,
+            retry_count_header: self.retry_count_header,
+            observer: self.observer,
+            max_parallel: self.max_parallel,
+            rate: self.rate,
+            breaker: self.breaker,
+        }
+    }
+
+    /// Checks the settings and builds the client.
+    pub fn build(self) -> Result<ResilientClient<T, R, A>, ConfigError> {
+        if self.default_retry.max < self.default_retry.base {
+            return Err(ConfigError::new(
+                "default_retry.max",
+                "must not be below default_retry.base",
+            ));
+        }
+        if self.max_parallel == 0 {
+            return Err(ConfigError::new("max_parallel", "must be at least 1"));
+        }
+        let bucket = match self.rate {
+            None => None,
+            Some((rate, None)) => Some(TokenBucket::new(RateLimit::per_second(rate)?)),
+            Some((rate, Some(burst))) => {
+                Some(TokenBucket::new(RateLimit::with_burst(rate, burst)?))
+            }
+        };
+        let breaker = match self.breaker {
+            None => None,
+            Some((threshold, cooldown, max)) => Some(CircuitBreaker::new(BreakerConfig::new(
+                threshold, cooldown, max,
+            )?)),
+        };
+        Ok(ResilientClient {
+            shared: Arc::new(Shared {
+                transport: self.transport,
+                runtime: self.runtime,
+                auth: self.auth,
+                auth_state: AuthState::new(),
+                default_retry: self.default_retry,
+                request_id_header: self.request_id_header,
+                retry_count_header: self.retry_count_header,
+                events: Events::new(self.observer),
+                breaker,
+                bucket,
+                limiter: Limiter::new(self.max_parallel),
+                next_call: AtomicU64::new(0),
+            }),
+        })
+    }
+}

@@ -1,0 +1,235 @@
+//! `ResilientClient`: one client per remote API, cheap to clone.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use http::HeaderName;
+
+use crate::attempt::Call;
+use crate::auth::{AuthState, NoAuth, TokenSource};
+use crate::breaker::{BreakerState, CircuitBreaker};
+use crate::builder::ClientBuilder;
+use crate::concurrency::Limiter;
+use crate::error::ClientError;
+use crate::observer::{CallId, EventKind, TransportEvent, TransportObserver};
+use crate::policy::{CallPolicy, RetryPolicy};
+use crate::rate::TokenBucket;
+use crate::runtime::Runtime;
+use crate::time::Instant;
+use crate::transport::Transport;
+
+/// One resilient HTTP client for one remote API.
+///
+/// It owns what is decided per API: the transport and runtime it runs on, the default
+/// retry schedule, and what the rest of the process is told through the observer.
+/// Calls hand it a request closure and a [`CallPolicy`] and await a response.
+///
+/// Cloning is cheap (one `Arc`); clones share everything. The client is `Send + Sync`
+/// when its transport, runtime and token source are, and the futures of
+/// [`execute_with`](ResilientClient::execute_with) are `Send` when theirs are.
+///
+/// ```
+/// use vantage_api_pool::{CallPolicy, ResilientClient};
+/// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+///
+/// let rt = VirtualRuntime::new();
+/// let transport = ScriptedTransport::new(&rt);
+/// transport.push(Reply::status(503));
+/// transport.push(Reply::ok());
+/// let client = ResilientClient::builder(transport, rt.clone()).build()?;
+///
+/// let response = rt.block_on(client.execute(|http| http.get("/orders")))?;
+/// assert_eq!(response?.status(), 200);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct ResilientClient<T, R, A = NoAuth> {
+    pub(crate) shared: Arc<Shared<T, R, A>>,
+}
+
+impl<T, R, A> Clone for ResilientClient<T, R, A> {
+    fn clone(&self) -> Self {
+        ResilientClient {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<T, R, A> fmt::Debug for ResilientClient<T, R, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResilientClient")
+            .field("api", &self.shared.events.key())
+            .field("default_retry", &self.shared.default_retry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything clones of one client share.
+pub(crate) struct Shared<T, R, A> {
+    pub(crate) transport: T,
+    pub(crate) runtime: R,
+    pub(crate) auth: A,
+    pub(crate) auth_state: AuthState,
+    pub(crate) default_retry: RetryPolicy,
+    pub(crate) request_id_header: HeaderName,
+    pub(crate) retry_count_header: Option<HeaderName>,
+    pub(crate) events: Events,
+    pub(crate) breaker: Option<CircuitBreaker>,
+    pub(crate) bucket: Option<TokenBucket>,
+    pub(crate) limiter: Limiter,
+    pub(crate) next_call: AtomicU64,
+}
+
+/// The observer, if any, and the key it is given.
+pub(crate) struct Events {
+    sink: Option<(Arc<str>, Arc<dyn TransportObserver>)>,
+}
+
+impl Events {
+    pub(crate) fn new(sink: Option<(Arc<str>, Arc<dyn TransportObserver>)>) -> Self {
+        Events { sink }
+    }
+
+    pub(crate) fn key(&self) -> Option<&str> {
+        self.sink.as_ref().map(|(k, _)| &**k)
+    }
+
+    /// Reports an event built by `kind`, which runs only when an observer listens.
+    #[inline]
+    pub(crate) fn emit(
+        &self,
+        at: impl FnOnce() -> Instant,
+        call: Option<CallId>,
+        kind: impl FnOnce() -> EventKind,
+    ) {
+        if let Some((key, observer)) = &self.sink {
+            observer.on_event(key, &TransportEvent::new(at(), call, kind()));
+        }
+    }
+}
+
+/// What a caller can report through [`ResilientClient::report`] once it knows.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// `n` rows were parsed from a response.
+    RowsPulled {
+        /// How many rows.
+        n: u64,
+    },
+    /// A write was acknowledged.
+    WritePushed,
+}
+
+impl<T: Transport, R: Runtime> ResilientClient<T, R, NoAuth> {
+    /// Starts building a client over `transport` and `runtime`.
+    pub fn builder(transport: T, runtime: R) -> ClientBuilder<T, R, NoAuth> {
+        ClientBuilder::new(transport, runtime)
+    }
+}
+
+impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
+    /// Runs one call under `policy`. `build` is called once per send with the
+    /// transport's handle and returns a fresh draft request.
+    ///
+    /// Dropping the returned future cancels the call: the in-flight request, any
+    /// pending back-off and everything the call holds go with it, and the observer
+    /// hears `Cancelled` for a send in flight.
+    pub fn execute_with<'a, F>(
+        &'a self,
+        policy: &'a CallPolicy,
+        build: F,
+    ) -> impl Future<Output = Result<T::Response, ClientError>> + 'a
+    where
+        F: FnMut(&T::Handle) -> T::Draft + 'a,
+    {
+        let id = CallId(self.shared.next_call.fetch_add(1, Ordering::Relaxed) + 1);
+        Call::new(&self.shared, policy, id).run(build)
+    }
+
+    /// Runs one call under [`CallPolicy::bounded`] with the client's default
+    /// [`RetryPolicy`].
+    ///
+    /// Dropping the returned future cancels the call, as for
+    /// [`execute_with`](ResilientClient::execute_with).
+    pub fn execute<'a, F>(
+        &'a self,
+        build: F,
+    ) -> impl Future<Output = Result<T::Response, ClientError>> + 'a
+    where
+        F: FnMut(&T::Handle) -> T::Draft + 'a,
+    {
+        let policy = CallPolicy::bounded(self.shared.default_retry);
+        let id = CallId(self.shared.next_call.fetch_add(1, Ordering::Relaxed) + 1);
+        let shared = &*self.shared;
+        async move { Call::new(shared, &policy, id).run(build).await }
+    }
+
+    /// Reports something only the caller knows (rows parsed, a write acknowledged) to
+    /// the observer. The event carries no call id.
+    pub fn report(&self, report: Report) {
+        let shared = &self.shared;
+        shared.events.emit(
+            || shared.runtime.now(),
+            None,
+            || match report {
+                Report::RowsPulled { n } => EventKind::RowsPulled { n },
+                Report::WritePushed => EventKind::WritePushed,
+            },
+        );
+    }
+
+    /// The transport.
+    #[must_use]
+    pub fn transport(&self) -> &T {
+        &self.shared.transport
+    }
+
+    /// The runtime.
+    #[must_use]
+    pub fn runtime(&self) -> &R {
+        &self.shared.runtime
+    }
+
+    /// The default retry schedule of [`execute`](ResilientClient::execute).
+    #[must_use]
+    pub fn default_retry(&self) -> RetryPolicy {
+        self.shared.default_retry
+    }
+
+    /// The breaker's state now: `Closed`, `Open { until }` or `HalfOpen`. A client
+    /// without a breaker is always `Closed`.
+    #[must_use]
+    pub fn breaker_state(&self) -> BreakerState {
+        match &self.shared.breaker {
+            Some(b) => b.state(self.shared.runtime.now()),
+            None => BreakerState::Closed,
+        }
+    }
+
+    /// Sends in flight right now (permits held).
+    #[must_use]
+    pub fn in_flight(&self) -> usize {
+        self.shared.limiter.in_flight()
+    }
+
+    /// The most sends ever in flight at once.
+    #[must_use]
+    pub fn peak_in_flight(&self) -> usize {
+        self.shared.limiter.peak_in_flight()
+    }
+
+    /// Token fetches made so far by the client's token source (first fetch and
+    /// refreshes).
+    #[must_use]
+    pub fn token_fetches(&self) -> u64 {
+        self.shared.auth_state.fetches()
+    }
+
+    /// The observer's key (the API name), if an observer is set.
+    #[must_use]
+    pub fn api_key(&self) -> Option<&str> {
+        self.shared.events.key()
+    }
+}

@@ -1,0 +1,213 @@
+//! The rate bucket: how fast sends may leave.
+//!
+//! A token bucket that starts full with `burst` tokens and refills continuously at
+//! `per_second`. It is kept as a generic cell rate algorithm over whole nanoseconds
+//! (a "theoretical arrival time" instead of a float token count), so waits come out
+//! exact: at 10/s with a burst of 10, the 100th of 100 sends that all ask at t = 0
+//! leaves at exactly 9 s.
+//!
+//! Tokens granted in any window of length `T` are at most `burst + per_second × T`.
+//! A caller that waits is not holding a reservation: it sleeps until the next token
+//! is due and asks again, so a caller dropped while waiting takes nothing with it.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::time::Instant;
+
+/// The bucket's settings: a rate and a burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    interval: Duration,
+    burst: u32,
+}
+
+impl RateLimit {
+    /// `per_second` sends per second with a burst of `ceil(per_second)` (at least 1).
+    ///
+    /// Refuses a rate that is 0, negative, NaN, infinite, or so small that one token
+    /// would take longer than `Duration::MAX`.
+    ///
+    /// ```
+    /// use vantage_api_pool::rate::RateLimit;
+    /// let r = RateLimit::per_second(2.5).unwrap();
+    /// assert_eq!(r.burst(), 3);
+    /// assert_eq!(RateLimit::per_second(f64::NAN).unwrap_err().setting(), "rate_limit");
+    /// ```
+    pub fn per_second(per_second: f64) -> Result<Self, ConfigError> {
+        let interval = interval(per_second)?;
+        // ceil of a finite positive f64 fits u32 after clamping; rates above
+        // u32::MAX per second get a burst of u32::MAX.
+        let burst = per_second.ceil().clamp(1.0, f64::from(u32::MAX)) as u32;
+        Ok(RateLimit { interval, burst })
+    }
+
+    /// `per_second` sends per second with an explicit `burst`. Refuses the rates
+    /// [`per_second`](RateLimit::per_second) refuses, and a burst of 0.
+    pub fn with_burst(per_second: f64, burst: u32) -> Result<Self, ConfigError> {
+        let interval = interval(per_second)?;
+        if burst == 0 {
+            return Err(ConfigError::new("rate_limit.burst", "must be at least 1"));
+        }
+        Ok(RateLimit { interval, burst })
+    }
+
+    /// The time one token takes to refill.
+    #[must_use]
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The most tokens the bucket holds.
+    #[must_use]
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+}
+
+fn interval(per_second: f64) -> Result<Duration, ConfigError> {
+    if !per_second.is_finite() || per_second <= 0.0 {
+        return Err(ConfigError::new(
+            "rate_limit",
+            "must be a finite number above zero",
+        ));
+    }
+    let interval = Duration::try_from_secs_f64(1.0 / per_second)
+        .map_err(|_| ConfigError::new("rate_limit", "is too small"))?;
+    Ok(interval.max(Duration::from_nanos(1)))
+}
+
+/// A token bucket shared by every caller of one client.
+#[derive(Debug)]
+pub struct TokenBucket {
+    limit: RateLimit,
+    /// Tolerance: how far ahead of `now` the theoretical arrival time may run.
+    tolerance: Duration,
+    /// Theoretical arrival time of the next token; `None` before the first take.
+    tat: Mutex<Option<Instant>>,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    #[must_use]
+    pub fn new(limit: RateLimit) -> Self {
+        TokenBucket {
+            limit,
+            tolerance: limit.interval.saturating_mul(limit.burst - 1),
+            tat: Mutex::new(None),
+        }
+    }
+
+    /// The settings.
+    #[must_use]
+    pub fn limit(&self) -> RateLimit {
+        self.limit
+    }
+
+    /// Takes one token at `now`, or says how long until one is due.
+    pub fn try_take(&self, now: Instant) -> Result<(), Duration> {
+        let mut tat = self
+            .tat
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let theoretical = tat.map_or(now, |t| t.max(now));
+        let allowed_at = theoretical.saturating_sub(self.tolerance);
+        if allowed_at <= now {
+            *tat = Some(theoretical.saturating_add(self.limit.interval));
+            Ok(())
+        } else {
+            Err(allowed_at.saturating_duration_since(now))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at_ms(ms: u64) -> Instant {
+        Instant::from_origin(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn starts_full_then_refills_at_the_rate() {
+        let b = TokenBucket::new(RateLimit::per_second(10.0).unwrap());
+        for _ in 0..10 {
+            assert_eq!(b.try_take(at_ms(0)), Ok(()));
+        }
+        assert_eq!(b.try_take(at_ms(0)), Err(Duration::from_millis(100)));
+        assert_eq!(b.try_take(at_ms(50)), Err(Duration::from_millis(50)));
+        assert_eq!(b.try_take(at_ms(100)), Ok(()));
+        assert_eq!(b.try_take(at_ms(100)), Err(Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn hundredth_token_of_a_burst_of_ten_at_nine_seconds() {
+        let b = TokenBucket::new(RateLimit::with_burst(10.0, 10).unwrap());
+        let mut now = at_ms(0);
+        let mut granted = Vec::new();
+        while granted.len() < 100 {
+            match b.try_take(now) {
+                Ok(()) => granted.push(now),
+                Err(wait) => now = now + wait,
+            }
+        }
+        assert_eq!(granted[9], at_ms(0));
+        assert_eq!(granted[10], at_ms(100));
+        assert_eq!(granted[99], at_ms(9_000));
+    }
+
+    #[test]
+    fn grants_in_any_window_stay_within_burst_plus_rate() {
+        let b = TokenBucket::new(RateLimit::with_burst(4.0, 3).unwrap());
+        let mut grants = Vec::new();
+        // Ask every 30 ms for 10 s.
+        for step in 0..=333u64 {
+            let now = at_ms(step * 30);
+            while b.try_take(now).is_ok() {
+                grants.push(now);
+            }
+        }
+        for (i, start) in grants.iter().enumerate() {
+            for window_ms in [0u64, 100, 250, 1000, 5000] {
+                let end = *start + Duration::from_millis(window_ms);
+                let n = grants[i..].iter().take_while(|t| **t <= end).count() as f64;
+                assert!(
+                    n <= 3.0 + 4.0 * window_ms as f64 / 1000.0 + 1e-9,
+                    "{n} grants in {window_ms} ms"
+                );
+            }
+        }
+        // And the long-run rate holds.
+        assert!((39..=44).contains(&grants.len()), "{}", grants.len());
+    }
+
+    #[test]
+    fn refuses_bad_rates_and_bursts() {
+        for bad in [
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e-300,
+        ] {
+            assert_eq!(
+                RateLimit::per_second(bad).unwrap_err().setting(),
+                "rate_limit",
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            RateLimit::with_burst(1.0, 0).unwrap_err().setting(),
+            "rate_limit.burst"
+        );
+        assert_eq!(RateLimit::per_second(0.5).unwrap().burst(), 1);
+        assert_eq!(
+            RateLimit::per_second(1e12).unwrap().interval(),
+            Duration::from_nanos(1)
+        );
+        assert_eq!(RateLimit::per_second(1e300).unwrap().burst(), u32::MAX);
+    }
+}
