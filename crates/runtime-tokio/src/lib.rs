@@ -1,1 +1,217 @@
-//! placeholder
+//! # vantage-api-pool-tokio
+//!
+//! [`TokioRuntime`]: the [`Runtime`] port of `vantage-api-pool` on tokio's clock.
+//!
+//! | port method | here |
+//! |---|---|
+//! | [`Runtime::now`] | [`tokio::time::Instant::now`], measured from an origin taken when the runtime is made |
+//! | [`Runtime::wall_clock`] | [`SystemTime::now`] |
+//! | [`Runtime::sleep_until`] | [`tokio::time::sleep_until`], in steps of at most 30 years, so any deadline is safe |
+//! | [`Runtime::random`] | a per-runtime SplitMix64 generator seeded from the wall clock and a counter |
+//!
+//! Because time is read through [`tokio::time::Instant`], a test on tokio's paused
+//! clock (`#[tokio::test(start_paused = true)]`, feature `test-util`) sees every
+//! sleep of the pool jump forward at once:
+//!
+//! ```
+//! use std::time::Duration;
+//! use vantage_api_pool::Runtime;
+//! use vantage_api_pool_tokio::TokioRuntime;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap().block_on(async {
+//! let runtime = TokioRuntime::new();
+//! let start = runtime.now();
+//! runtime.sleep(Duration::from_secs(5)).await; // no real wait on a paused clock
+//! assert_eq!(runtime.now() - start, Duration::from_secs(5));
+//! # });
+//! ```
+//!
+//! The futures are `Send`, so a call on this runtime (with a `Send` transport) can be
+//! `tokio::spawn`ed. Sleeping needs a tokio runtime with its time driver enabled
+//! (`enable_time` or `enable_all`); [`Runtime::now`] and [`Runtime::random`] work
+//! anywhere.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use vantage_api_pool::{Instant, Runtime};
+
+/// The longest single tokio sleep; longer waits are taken in steps of this size.
+///
+/// tokio adds a sleep's length to its `Instant`, which panics on overflow, and its
+/// own "far future" is 30 years; 30 years keeps every sleep well inside both.
+const MAX_STEP: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
+
+/// Counts runtimes made in this process, so two made in the same nanosecond still
+/// get different seeds.
+static RUNTIMES: AtomicU64 = AtomicU64::new(0);
+
+/// The golden-ratio increment of SplitMix64.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The [`Runtime`] port on tokio.
+///
+/// Instants are measured from an origin taken from [`tokio::time::Instant::now`] when
+/// the runtime is made; clones share it, so their instants compare. Each value (and
+/// each clone) has its own random generator, so clones do not draw the same jitter.
+///
+/// `Send + Sync`, cheap to clone.
+#[derive(Debug)]
+pub struct TokioRuntime {
+    origin: tokio::time::Instant,
+    random: AtomicU64,
+}
+
+impl TokioRuntime {
+    /// A runtime whose origin is now.
+    ///
+    /// It can be made outside a tokio runtime; on a paused tokio clock, make it inside
+    /// so its origin is read from that clock.
+    #[must_use]
+    pub fn new() -> Self {
+        TokioRuntime::with_origin(tokio::time::Instant::now())
+    }
+
+    fn with_origin(origin: tokio::time::Instant) -> Self {
+        TokioRuntime {
+            origin,
+            random: AtomicU64::new(fresh_seed()),
+        }
+    }
+
+    /// The tokio instant at which this runtime's [`Instant::ORIGIN`] lies.
+    #[must_use]
+    pub fn origin(&self) -> tokio::time::Instant {
+        self.origin
+    }
+
+    /// `at` as a tokio instant, or `None` if tokio cannot represent it (for example
+    /// [`Instant::FAR_FUTURE`]).
+    #[must_use]
+    pub fn to_tokio(&self, at: Instant) -> Option<tokio::time::Instant> {
+        self.origin.checked_add(at.since_origin())
+    }
+
+    /// The tokio instant `at` on this runtime's clock; instants before the origin
+    /// give [`Instant::ORIGIN`].
+    #[must_use]
+    pub fn from_tokio(&self, at: tokio::time::Instant) -> Instant {
+        Instant::from_origin(at.saturating_duration_since(self.origin))
+    }
+}
+
+impl Default for TokioRuntime {
+    fn default() -> Self {
+        TokioRuntime::new()
+    }
+}
+
+impl Clone for TokioRuntime {
+    /// The same origin, a freshly seeded random generator.
+    fn clone(&self) -> Self {
+        TokioRuntime::with_origin(self.origin)
+    }
+}
+
+impl Runtime for TokioRuntime {
+    fn now(&self) -> Instant {
+        self.from_tokio(tokio::time::Instant::now())
+    }
+
+    fn wall_clock(&self) -> SystemTime {
+        SystemTime::now()
+    }
+
+    /// Sleeps with [`tokio::time::sleep_until`] until `deadline`, never before it.
+    ///
+    /// [`Instant::FAR_FUTURE`] never completes. Other deadlines more than 30 years
+    /// away are slept in 30-year steps, so no deadline can make tokio's instant
+    /// arithmetic overflow. Dropping the future drops the tokio timer. Panics, as
+    /// tokio does, if polled outside a tokio runtime with time enabled.
+    ///
+    /// The future is `Send + 'static` (it does not borrow the runtime), and this
+    /// signature promises so.
+    #[allow(refining_impl_trait)]
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
+        sleep_until(self.origin, deadline)
+    }
+
+    /// [`Runtime::sleep_until`] now plus `duration` (saturating at
+    /// [`Instant::FAR_FUTURE`]); `Send + 'static` as well.
+    #[allow(refining_impl_trait)]
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send + 'static {
+        sleep_until(self.origin, self.now().saturating_add(duration))
+    }
+
+    /// The next number of a SplitMix64 sequence, in `[0, 1)` with 53 random bits.
+    fn random(&self) -> f64 {
+        let state = self
+            .random
+            .fetch_add(GAMMA, Ordering::Relaxed)
+            .wrapping_add(GAMMA);
+        unit_interval(mix(state))
+    }
+}
+
+/// A sleep on tokio's clock until `deadline`, an instant measured from `origin`.
+async fn sleep_until(origin: tokio::time::Instant, deadline: Instant) {
+    if deadline == Instant::FAR_FUTURE {
+        return std::future::pending().await;
+    }
+    loop {
+        let now = tokio::time::Instant::now();
+        let left = deadline
+            .since_origin()
+            .saturating_sub(now.saturating_duration_since(origin));
+        if left.is_zero() {
+            return;
+        }
+        match now.checked_add(left.min(MAX_STEP)) {
+            Some(at) => tokio::time::sleep_until(at).await,
+            // Thirty years past now is not representable here: the deadline cannot
+            // come either.
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// A seed from the wall clock and the process-wide runtime counter.
+fn fresh_seed() -> u64 {
+    let count = RUNTIMES.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64); // the low 64 bits are the ones that vary
+    mix(nanos ^ mix(count.wrapping_mul(GAMMA)))
+}
+
+/// SplitMix64's output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The top 53 bits of `bits` as a number in `[0, 1)`.
+fn unit_interval(bits: u64) -> f64 {
+    (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_interval_stays_below_one() {
+        assert_eq!(unit_interval(0), 0.0);
+        assert!(unit_interval(u64::MAX) < 1.0);
+    }
+
+    #[test]
+    fn splitmix_matches_its_reference_output() {
+        // SplitMix64 seeded with 0: first output 0xE220A8397B1DCDAF.
+        assert_eq!(mix(GAMMA), 0xE220_A839_7B1D_CDAF);
+    }
+}

@@ -1,0 +1,164 @@
+//! [`ReqwestResponse`]: a reqwest response at its head, body not read yet.
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use vantage_api_pool::{TransportError, TransportResponse};
+
+pub use imp::ReqwestResponse;
+
+impl fmt::Debug for ReqwestResponse {
+    /// The status and the body length when known: never the URL or a header value.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReqwestResponse")
+            .field("status", &self.status())
+            .field("content_length", &TransportResponse::content_length(self))
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+mod imp {
+    use std::ops::Deref;
+
+    use super::{Bytes, HeaderMap, StatusCode, TransportError, TransportResponse};
+    use crate::error::transport_error;
+
+    /// A [`reqwest::Response`] at its head; its body is still streaming from the
+    /// connection.
+    ///
+    /// Dereferences to the [`reqwest::Response`]; [`ReqwestResponse::into_inner`]
+    /// gives it back to be read with reqwest's own methods (`bytes`, `json`,
+    /// `bytes_stream`, ...).
+    pub struct ReqwestResponse {
+        inner: reqwest::Response,
+    }
+
+    impl ReqwestResponse {
+        /// Wraps a response.
+        #[must_use]
+        pub fn new(inner: reqwest::Response) -> Self {
+            ReqwestResponse { inner }
+        }
+
+        /// The reqwest response, with whatever of its body
+        /// [`chunk`](TransportResponse::chunk) has not read yet.
+        #[must_use]
+        pub fn into_inner(self) -> reqwest::Response {
+            self.inner
+        }
+    }
+
+    impl Deref for ReqwestResponse {
+        type Target = reqwest::Response;
+
+        fn deref(&self) -> &reqwest::Response {
+            &self.inner
+        }
+    }
+
+    impl TransportResponse for ReqwestResponse {
+        fn status(&self) -> StatusCode {
+            self.inner.status()
+        }
+
+        fn headers(&self) -> &HeaderMap {
+            self.inner.headers()
+        }
+
+        /// reqwest's [`content_length`](reqwest::Response::content_length): the
+        /// exact length of the body when known (from `Content-Length`).
+        fn content_length(&self) -> Option<u64> {
+            self.inner.content_length()
+        }
+
+        /// [`reqwest::Response::chunk`]. A body that breaks off fails with
+        /// `Interrupted`. Dropping the future loses nothing already returned.
+        async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
+            self.inner.chunk().await.map_err(transport_error)
+        }
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+mod imp {
+    use std::future::Future;
+    use std::pin::Pin;
+
+    use futures::stream::{Stream, StreamExt};
+
+    use super::{Bytes, HeaderMap, StatusCode, TransportError, TransportResponse};
+    use crate::error::transport_error;
+
+    type BodyStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>>>>;
+
+    /// A [`reqwest::Response`] from `fetch` at its head; its body is not read yet.
+    ///
+    /// reqwest on wasm32 can only read a body by consuming the response, so the
+    /// first [`chunk`](TransportResponse::chunk) turns it into a byte stream, after
+    /// which [`ReqwestResponse::into_inner`] returns `None`. Status and headers
+    /// (copied when the response arrives) stay readable throughout.
+    pub struct ReqwestResponse {
+        status: StatusCode,
+        headers: HeaderMap,
+        content_length: Option<u64>,
+        unread: Option<reqwest::Response>,
+        body: Option<BodyStream>,
+    }
+
+    impl ReqwestResponse {
+        /// Wraps a response.
+        #[must_use]
+        pub fn new(inner: reqwest::Response) -> Self {
+            ReqwestResponse {
+                status: inner.status(),
+                headers: inner.headers().clone(),
+                content_length: inner.content_length(),
+                unread: Some(inner),
+                body: None,
+            }
+        }
+
+        /// The reqwest response, or `None` once
+        /// [`chunk`](TransportResponse::chunk) has started reading its body.
+        #[must_use]
+        pub fn into_inner(self) -> Option<reqwest::Response> {
+            self.unread
+        }
+
+        /// The reqwest response, or `None` once
+        /// [`chunk`](TransportResponse::chunk) has started reading its body.
+        #[must_use]
+        pub fn as_inner(&self) -> Option<&reqwest::Response> {
+            self.unread.as_ref()
+        }
+    }
+
+    impl TransportResponse for ReqwestResponse {
+        fn status(&self) -> StatusCode {
+            self.status
+        }
+
+        fn headers(&self) -> &HeaderMap {
+            &self.headers
+        }
+
+        /// reqwest's [`content_length`](reqwest::Response::content_length).
+        fn content_length(&self) -> Option<u64> {
+            self.content_length
+        }
+
+        /// The next piece of the `fetch` body stream. Dropping the future loses
+        /// nothing: the stream lives in the response.
+        fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>> {
+            if let Some(inner) = self.unread.take() {
+                self.body = Some(Box::pin(inner.bytes_stream()));
+            }
+            let body = self
+                .body
+                .get_or_insert_with(|| Box::pin(futures::stream::empty()));
+            async move { body.next().await.transpose().map_err(transport_error) }
+        }
+    }
+}

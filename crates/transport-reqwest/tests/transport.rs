@@ -1,0 +1,419 @@
+//! `ReqwestTransport` against a raw HTTP/1.1 server on 127.0.0.1.
+#![cfg(not(target_arch = "wasm32"))]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::channel::{mpsc, oneshot};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+use vantage_api_pool::http::{HeaderName, HeaderValue, Method, StatusCode};
+use vantage_api_pool::{
+    PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse,
+};
+use vantage_api_pool_reqwest::{ReqwestRequest, ReqwestResponse, ReqwestTransport};
+
+/// What the server does with each connection.
+#[derive(Clone, Copy)]
+enum Behaviour {
+    /// Answer every request on the connection with these bytes.
+    Respond(&'static str),
+    /// Read the request head, then close without answering.
+    CloseAfterHead,
+    /// Close as soon as the connection is accepted.
+    CloseAtOnce,
+    /// Read the request head, then never answer.
+    Silent,
+    /// Answer at once, without reading the request (for the TLS test).
+    BlurtOut(&'static str),
+}
+
+/// A test server; dropping it aborts its task, which drops every connection.
+struct Server {
+    addr: SocketAddr,
+    heads: mpsc::UnboundedReceiver<String>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Server {
+    async fn start(behaviour: Behaviour) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, heads) = mpsc::unbounded();
+        let task = tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                connections.spawn(serve(stream, behaviour, tx.clone()));
+            }
+        });
+        Server { addr, heads, task }
+    }
+
+    fn url(&self, path_and_query: &str) -> String {
+        format!("http://{}{path_and_query}", self.addr)
+    }
+
+    /// The next request head the server read.
+    async fn next_head(&mut self) -> String {
+        self.heads.next().await.expect("the server read a request")
+    }
+}
+
+async fn serve(mut stream: TcpStream, behaviour: Behaviour, heads: mpsc::UnboundedSender<String>) {
+    match behaviour {
+        Behaviour::CloseAtOnce => {}
+        Behaviour::BlurtOut(answer) => {
+            let _ = stream.write_all(answer.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        }
+        Behaviour::CloseAfterHead => {
+            if let Some(head) = read_head(&mut stream).await {
+                let _ = heads.unbounded_send(head);
+            }
+        }
+        Behaviour::Silent => {
+            if let Some(head) = read_head(&mut stream).await {
+                let _ = heads.unbounded_send(head);
+                std::future::pending::<()>().await;
+            }
+        }
+        Behaviour::Respond(answer) => {
+            while let Some(head) = read_head(&mut stream).await {
+                let _ = heads.unbounded_send(head);
+                if stream.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Reads one request head (the tests send no request bodies); `None` at end of file.
+async fn read_head(stream: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+fn transport() -> ReqwestTransport {
+    ReqwestTransport::new(reqwest::Client::builder().build().unwrap())
+}
+
+async fn send(
+    transport: &ReqwestTransport,
+    draft: reqwest::RequestBuilder,
+) -> Result<ReqwestResponse, TransportError> {
+    let request = transport.prepare(draft)?;
+    transport.send(request).await
+}
+
+/// Checks that nothing of `url` shows in the error's message, Display or Debug.
+fn assert_no_url(err: &TransportError, url: &str) {
+    let texts = [
+        err.message().to_owned(),
+        err.to_string(),
+        format!("{err:?}"),
+    ];
+    for text in texts {
+        assert!(!text.contains("://"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(!text.contains("secret"), "{text}");
+        assert!(!text.contains(url), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn get_returns_the_status_headers_and_body() {
+    let server = Server::start(Behaviour::Respond(
+        "HTTP/1.1 201 Created\r\ncontent-length: 5\r\nx-test: yes\r\n\r\nhello",
+    ))
+    .await;
+    let transport = transport();
+    let response = send(&transport, transport.handle().get(server.url("/items")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(response.headers()["x-test"], "yes");
+    assert_eq!(TransportResponse::content_length(&response), Some(5));
+    // Deref reaches the reqwest response; into_inner gives it back, body unread.
+    assert_eq!(response.version(), reqwest::Version::HTTP_11);
+    assert_eq!(response.into_inner().text().await.unwrap(), "hello");
+}
+
+#[tokio::test]
+async fn set_header_reaches_the_server() {
+    let mut server = Server::start(Behaviour::Respond("HTTP/1.1 204 No Content\r\n\r\n")).await;
+    let transport = transport();
+    let draft = transport
+        .handle()
+        .post(server.url("/jobs"))
+        .header("idempotency-key", "k-1");
+    let mut request: ReqwestRequest = transport.prepare(draft).unwrap();
+    assert_eq!(request.method(), Some(&Method::POST));
+    let key = HeaderName::from_static("idempotency-key");
+    assert_eq!(request.header(&key).unwrap(), "k-1");
+
+    let retry = HeaderName::from_static("x-retry-count");
+    request.set_header(retry.clone(), HeaderValue::from_static("1"));
+    request.set_header(retry.clone(), HeaderValue::from_static("2")); // replaces
+    assert_eq!(request.header(&retry).unwrap(), "2");
+    let debug = format!("{request:?}");
+    assert!(!debug.contains("jobs") && !debug.contains("k-1"), "{debug}");
+
+    let response = transport.send(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let head = server.next_head().await.to_ascii_lowercase();
+    assert!(head.starts_with("post /jobs http/1.1\r\n"), "{head}");
+    assert!(head.contains("\r\nx-retry-count: 2\r\n"), "{head}");
+    assert!(!head.contains("x-retry-count: 1"), "{head}");
+    assert!(head.contains("\r\nidempotency-key: k-1\r\n"), "{head}");
+}
+
+#[tokio::test]
+async fn chunk_streams_the_body() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (go, wait) = oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        read_head(&mut stream).await.unwrap();
+        stream
+            .write_all(b"HTTP/1.1 500 Internal Server Error\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            .await
+            .unwrap();
+        // The rest of the body only leaves once the client has read the first chunk.
+        wait.await.unwrap();
+        stream.write_all(b"6\r\n world\r\n0\r\n\r\n").await.unwrap();
+        std::future::pending::<()>().await;
+    });
+
+    let transport = transport();
+    let mut response = send(
+        &transport,
+        transport.handle().get(format!("http://{addr}/")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(TransportResponse::content_length(&response), None);
+    assert_eq!(response.chunk().await.unwrap().unwrap(), "hello");
+    go.send(()).unwrap();
+    let mut rest = Vec::new();
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert_eq!(rest, b" world");
+    assert_eq!(response.chunk().await.unwrap(), None);
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_connect_and_its_message_has_no_url() {
+    let addr = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap()
+    }; // dropped: nothing listens there now
+    let url = format!("http://{addr}/secret/path?token=hunter2");
+    let transport = transport();
+    let err = send(&transport, transport.handle().get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Connect, "{err}");
+    assert_no_url(&err, &url);
+    eprintln!("refused: {err}");
+}
+
+#[tokio::test]
+async fn a_server_that_closes_after_reading_the_request_is_interrupted() {
+    let mut server = Server::start(Behaviour::CloseAfterHead).await;
+    let url = server.url("/secret?token=hunter2");
+    let transport = transport();
+    let err = send(&transport, transport.handle().get(&url))
+        .await
+        .unwrap_err();
+    // Observed: hyper reads end-of-file before any response
+    // ("connection closed before message completed").
+    assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
+    assert_no_url(&err, &url);
+    server.next_head().await;
+    eprintln!("closed after head: {err}");
+}
+
+#[tokio::test]
+async fn a_server_that_closes_at_once_is_interrupted() {
+    let server = Server::start(Behaviour::CloseAtOnce).await;
+    let url = server.url("/secret?token=hunter2");
+    let transport = transport();
+    let err = send(&transport, transport.handle().get(&url))
+        .await
+        .unwrap_err();
+    // Whether hyper wrote the request before it saw the close is a race; either way
+    // it is Interrupted (see the error module docs on NotSent).
+    assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
+    assert_no_url(&err, &url);
+    eprintln!("closed at once: {err}");
+}
+
+#[tokio::test]
+async fn a_request_timeout_is_timed_out() {
+    let server = Server::start(Behaviour::Silent).await;
+    let url = server.url("/secret?token=hunter2");
+    let transport = transport();
+    let draft = transport
+        .handle()
+        .get(&url)
+        .timeout(Duration::from_millis(50));
+    let err = send(&transport, draft).await.unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::TimedOut, "{err}");
+    assert_no_url(&err, &url);
+}
+
+#[tokio::test]
+async fn tls_to_a_plain_http_server_is_tls() {
+    let server = Server::start(Behaviour::BlurtOut(
+        "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
+    ))
+    .await;
+    let url = format!("https://{}/secret?token=hunter2", server.addr);
+    let transport = transport();
+    let err = send(&transport, transport.handle().get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Tls, "{err}");
+    assert_no_url(&err, &url);
+    eprintln!("tls: {err}");
+}
+
+#[tokio::test]
+async fn a_redirect_loop_is_interrupted_and_its_message_has_no_url() {
+    let server = Server::start(Behaviour::Respond(
+        "HTTP/1.1 302 Found\r\nlocation: /secret?token=hunter2\r\ncontent-length: 0\r\n\r\n",
+    ))
+    .await;
+    let url = server.url("/secret?token=hunter2");
+    let transport = transport();
+    let err = send(&transport, transport.handle().get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
+    assert_no_url(&err, &url);
+}
+
+#[tokio::test]
+async fn a_draft_that_cannot_be_built_is_config() {
+    let transport = transport();
+    let err = transport
+        .prepare(transport.handle().get("not a url"))
+        .unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Config, "{err}");
+    assert!(!err.to_string().contains("not a url"), "{err}");
+
+    let bad_header = transport
+        .handle()
+        .get("http://127.0.0.1/secret")
+        .header("x-bad", "line\nbreak");
+    let err = transport.prepare(bad_header).unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Config, "{err}");
+    assert!(!err.to_string().contains("break"), "{err}");
+
+    // reqwest itself only rejects the scheme when sending; prepare does it early.
+    let err = transport
+        .prepare(
+            transport
+                .handle()
+                .get("ftp://127.0.0.1/secret?token=hunter2"),
+        )
+        .unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Config, "{err}");
+    assert_no_url(&err, "ftp://127.0.0.1/secret?token=hunter2");
+}
+
+#[test]
+fn the_futures_are_send() {
+    fn assert_send<T: Send>(_: &T) {}
+    let transport = transport();
+    let request = transport
+        .prepare(transport.handle().get("http://127.0.0.1:9/"))
+        .unwrap();
+    let send = transport.send(request);
+    assert_send(&send);
+    assert_send(&transport);
+    drop(send);
+    fn chunk_is_send(response: &mut ReqwestResponse) {
+        assert_send(&response.chunk());
+    }
+    let _ = chunk_is_send;
+}
+
+#[tokio::test]
+async fn a_send_cut_off_by_its_caller_does_not_leave_its_connection_in_the_pool() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepted, mut accepts) = mpsc::unbounded::<()>();
+    let server = tokio::spawn(async move {
+        let mut connections = JoinSet::new();
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            accepted.unbounded_send(()).unwrap();
+            connections.spawn(async move {
+                while let Some(head) = read_head(&mut stream).await {
+                    if head.starts_with("GET /stall ") {
+                        std::future::pending::<()>().await;
+                    }
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                    if stream.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+
+    let transport = transport();
+    // A first exchange leaves one idle connection in the pool.
+    let ok = send(
+        &transport,
+        transport.handle().get(format!("http://{addr}/ok")),
+    );
+    assert_eq!(ok.await.unwrap().status(), StatusCode::OK);
+    // The next one reuses it, stalls, and is cut off by dropping its future, as the
+    // attempt loop does when a time limit ends.
+    let stall = send(
+        &transport,
+        transport.handle().get(format!("http://{addr}/stall")),
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), stall)
+            .await
+            .is_err()
+    );
+    // The stalled connection is not handed out again: a new one is dialed. (Were
+    // it reused, this request would stall too and the timeout would fail the test.)
+    let ok = send(
+        &transport,
+        transport.handle().get(format!("http://{addr}/ok")),
+    );
+    let ok = tokio::time::timeout(Duration::from_secs(5), ok).await;
+    assert_eq!(ok.expect("not stuck").unwrap().status(), StatusCode::OK);
+    server.abort();
+    let mut count = 0;
+    while accepts.next().await.is_some() {
+        count += 1;
+    }
+    assert_eq!(count, 2);
+}
