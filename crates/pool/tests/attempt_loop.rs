@@ -1,0 +1,675 @@
+//! The attempt loop's rules, each on virtual time with exact times.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use vantage_api_pool::{
+    CallPolicy, ErrorKind, EventKind, Jitter, RetryMode, RetryPolicy, TransportErrorKind,
+};
+use vantage_api_pool_testkit::Reply;
+
+#[test]
+fn retry_after_ms_is_honoured_to_the_millisecond_with_jitter_off() {
+    let w = World::new();
+    w.transport
+        .push(Reply::status(503).header("retry-after-ms", "1500"));
+    w.transport.push(Reply::ok());
+    let client = w.client();
+    let policy = bounded(3, ms(250));
+    let resp =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(w.sent_at(), [ms(0), ms(1500)]);
+    assert_eq!(scheduled(&w.events()), [ms(1500)]);
+    w.assert_contract();
+}
+
+#[test]
+fn retry_after_ms_with_default_jitter_leaves_within_a_quarter_more() {
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..50 {
+        let w = World::new();
+        let rt = w.rt.clone().with_seed(seed);
+        w.transport
+            .push(Reply::status(503).header("retry-after-ms", "1500"));
+        w.transport.push(Reply::ok());
+        let client = w.client();
+        let policy = CallPolicy::bounded(RetryPolicy::default());
+        assert_eq!(policy.jitter(), Jitter::Proportional(0.25));
+        rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+        let second = w.sent_at()[1];
+        assert!(
+            second >= ms(1500) && second <= ms(1875),
+            "seed {seed}: {second:?}"
+        );
+        seen.insert(second);
+    }
+    // The jitter is real: the seeds spread the retry over the window.
+    assert!(seen.len() > 40, "{seen:?}");
+    assert!(seen.iter().any(|d| *d > ms(1800)) && seen.iter().any(|d| *d < ms(1575)));
+}
+
+#[test]
+fn three_503s_back_off_half_a_second_then_one_second() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(503),
+        Reply::status(503),
+        Reply::status(503).body("down"),
+    ]);
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(2, ms(500)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(w.sent_at(), [ms(0), ms(500), ms(1500)]);
+    assert_eq!(err.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(err.body(), Some(&b"down"[..]));
+    assert_eq!(err.to_string(), "HTTP 503 after 3 attempts");
+    // The last Failed carries the returned error.
+    let events = w.events();
+    let last_failed = events.iter().rev().find_map(|e| match &e.kind {
+        EventKind::Failed { error, .. } => Some(error.clone()),
+        _ => None,
+    });
+    assert_eq!(last_failed.unwrap().to_string(), err.to_string());
+    assert_eq!(
+        w.kinds(),
+        [
+            "started",
+            "failed",
+            "retry_scheduled",
+            "started",
+            "failed",
+            "retry_scheduled",
+            "started",
+            "failed"
+        ]
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn a_stalled_attempt_costs_exactly_the_attempt_timeout() {
+    let w = World::new();
+    w.transport.push(Reply::stall());
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(w.now(), secs(10));
+    assert_eq!(
+        w.transport.distrusted(),
+        1,
+        "a timed-out connection is distrusted"
+    );
+    assert!(!err.nothing_sent());
+    let failed_ms = w.events().iter().find_map(|e| match e.kind {
+        EventKind::Failed { ms, sent, .. } => Some((ms, sent)),
+        _ => None,
+    });
+    assert_eq!(failed_ms, Some((10_000, true)));
+    w.assert_contract();
+}
+
+#[test]
+fn three_stalls_spend_exactly_the_30_second_budget() {
+    let w = World::new();
+    w.transport.default_reply(Reply::stall());
+    let client = w.client();
+    // `execute` = bounded(default retry policy): 3 retries, 250 ms → 10 s, 30 s budget.
+    let err =
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(w.now(), secs(30));
+    assert_eq!(w.transport.request_count(), 3);
+    assert_eq!(w.transport.distrusted(), 3);
+    // The retry after the third stall could not start inside the budget: no sleep
+    // was scheduled for it.
+    assert_eq!(scheduled(&w.events()).len(), 2);
+    w.assert_contract();
+}
+
+#[test]
+fn an_attempt_never_runs_past_the_budget_left() {
+    let w = World::new();
+    w.transport.push(Reply::status(503).after(secs(7)));
+    w.transport.push(Reply::stall());
+    let client = w.client();
+    let policy = bounded(5, secs(1)).with_budget(Some(secs(12))).unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    // 503 at 7 s, back-off 1 s, second attempt limited to the 4 s left.
+    assert_eq!(w.sent_at(), [secs(0), secs(8)]);
+    assert_eq!(w.now(), secs(12));
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.attempts(), 2);
+}
+
+#[test]
+fn a_retry_that_cannot_start_inside_the_budget_is_not_slept_for() {
+    let w = World::new();
+    w.transport.push(
+        Reply::status(503)
+            .header("retry-after", "20")
+            .after(secs(1)),
+    );
+    let client = w.client();
+    let policy = bounded(3, ms(100)).with_budget(Some(secs(15))).unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        w.now(),
+        secs(1),
+        "returned at once, no sleep into the budget's end"
+    );
+    assert_eq!(err.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(err.retry_after(), Some(secs(20)));
+    assert!(scheduled(&w.events()).is_empty());
+    assert_eq!(w.kinds().last(), Some(&"failed"));
+}
+
+#[test]
+fn server_delay_is_clamped_to_the_policy_ceiling() {
+    let w = World::new();
+    w.transport
+        .push(Reply::status(429).header("retry-after", "3600"));
+    w.transport.push(Reply::ok());
+    let client = w.client();
+    let policy = CallPolicy::bounded(RetryPolicy {
+        max_retries: 1,
+        base: ms(100),
+        max: secs(5),
+    })
+    .with_jitter(Jitter::None)
+    .unwrap();
+    w.rt.block_on(client.execute_with(&policy, |h| h.post("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        w.sent_at(),
+        [secs(0), secs(5)],
+        "429 is retried for a POST, after the ceiling"
+    );
+}
+
+#[test]
+fn a_404_is_final_after_one_attempt_under_every_policy_with_its_body_cut() {
+    let body = "x".repeat(5000);
+    for policy in [
+        CallPolicy::bounded(RetryPolicy::default()),
+        CallPolicy::essential(),
+        CallPolicy::background(),
+    ] {
+        let w = World::new();
+        w.transport.default_reply(
+            Reply::status(404)
+                .body(body.clone())
+                .header("x-request-id", "req-42"),
+        );
+        let client = w.client();
+        let err =
+            w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+                .unwrap()
+                .unwrap_err();
+        assert_eq!(err.status(), Some(StatusCode::NOT_FOUND));
+        assert_eq!(err.attempts(), 1);
+        assert_eq!(err.body().map(<[u8]>::len), Some(2048));
+        assert_eq!(err.request_id(), Some("req-42"));
+        assert!(!err.is_retryable());
+        assert!(!err.nothing_sent());
+        assert!(!err.to_string().contains("req-42"));
+        assert_eq!(w.transport.request_count(), 1);
+        w.assert_contract();
+    }
+}
+
+#[test]
+fn a_post_is_not_retried_after_a_500_unless_it_carries_an_idempotency_key() {
+    let w = World::new();
+    w.transport.default_reply(Reply::status(500));
+    let client = w.client();
+    let policy = bounded(3, ms(10));
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.post("/pay")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.attempts(), 1);
+
+    let w = World::new();
+    w.transport.push_many([Reply::status(500), Reply::ok()]);
+    let client = w.client();
+    w.rt.block_on(
+        client.execute_with(&policy, |h| h.post("/pay").header("idempotency-key", "k-1")),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(w.sent_at(), [ms(0), ms(10)]);
+
+    // A policy marked idempotent is retried too.
+    let w = World::new();
+    w.transport.push_many([Reply::status(502), Reply::ok()]);
+    let client = w.client();
+    w.rt.block_on(client.execute_with(&policy.clone().idempotent(true), |h| h.post("/pay")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.transport.request_count(), 2);
+}
+
+#[test]
+fn a_post_refused_with_connect_is_retried_but_not_one_interrupted() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::fail(TransportErrorKind::Connect, "refused"),
+        Reply::ok(),
+    ]);
+    let client = w.client();
+    let policy = bounded(3, ms(10));
+    w.rt.block_on(client.execute_with(&policy, |h| h.post("/pay")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [ms(0), ms(10)]);
+
+    let w = World::new();
+    w.transport.push_many([
+        Reply::fail(TransportErrorKind::Interrupted, "reset"),
+        Reply::ok(),
+    ]);
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.post("/pay")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted)
+    );
+    assert!(
+        !err.nothing_sent(),
+        "an interrupted exchange may have reached the server"
+    );
+    assert_eq!(w.transport.request_count(), 1);
+}
+
+#[test]
+fn a_503_with_a_server_delay_is_retried_for_a_post() {
+    let w = World::new();
+    w.transport
+        .push_many([Reply::status(503).header("retry-after", "2"), Reply::ok()]);
+    let client = w.client();
+    w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.post("/pay")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(0), secs(2)]);
+}
+
+#[test]
+fn a_408_is_retried_only_when_idempotent() {
+    let w = World::new();
+    w.transport.default_reply(Reply::status(408));
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(2, ms(10)), |h| h.post("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.attempts(), 1);
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(2, ms(10)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.attempts(), 3);
+}
+
+#[test]
+fn until_cancelled_keeps_going_through_1000_failures_until_dropped() {
+    let w = World::new();
+    w.transport.default_reply(Reply::status(503).after(ms(10)));
+    let client = w.client();
+    let policy = forever(ms(1));
+    let call = {
+        let client = client.clone();
+        w.rt.spawn(async move { client.execute_with(&policy, |h| h.get("/x")).await })
+    };
+    // Each attempt takes 10 ms and is followed by a 1 ms back-off: after 1000
+    // failures (11 s) the 1001st attempt is in flight at 11.005 s.
+    w.rt.run_until(at(ms(11_005))).unwrap();
+    assert!(!call.is_finished());
+    assert_eq!(w.transport.in_flight(), 1);
+    call.abort();
+    let events = w.events();
+    let failed = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::Failed { .. }))
+        .count();
+    assert_eq!(failed, 1000);
+    let last = events.last().unwrap();
+    assert!(
+        matches!(
+            last.kind,
+            EventKind::Cancelled {
+                send: 1001,
+                attempt: 1001
+            }
+        ),
+        "{:?}",
+        last.kind
+    );
+    assert_eq!(last.at, at(ms(11_005)));
+    assert_eq!(w.transport.in_flight(), 0);
+    // Nothing after the drop.
+    w.rt.run_for(secs(60)).unwrap();
+    assert_eq!(w.events().len(), events.len());
+    w.assert_contract();
+}
+
+#[test]
+fn dropping_a_call_mid_back_off_reports_nothing_more() {
+    let w = World::new();
+    w.transport.default_reply(Reply::status(503));
+    let client = w.client();
+    let policy = bounded(3, secs(5));
+    let call = {
+        let client = client.clone();
+        w.rt.spawn(async move { client.execute_with(&policy, |h| h.get("/x")).await })
+    };
+    w.rt.run_until(at(secs(1))).unwrap();
+    assert_eq!(w.kinds(), ["started", "failed", "retry_scheduled"]);
+    call.abort();
+    w.rt.run_for(secs(60)).unwrap();
+    assert_eq!(w.kinds(), ["started", "failed", "retry_scheduled"]);
+    assert_eq!(
+        w.rt.pending_timers(),
+        0,
+        "the back-off timer went with the call"
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn not_sent_is_redialed_twice_for_free_then_treated_as_interrupted() {
+    let w = World::new();
+    let not_sent = || Reply::fail(TransportErrorKind::NotSent, "stale connection");
+    w.transport.push_many([not_sent(), not_sent(), Reply::ok()]);
+    let client = w.client();
+    let resp =
+        w.rt.block_on(client.execute_with(&bounded(0, ms(10)), |h| h.post("/x")))
+            .unwrap();
+    assert!(
+        resp.is_ok(),
+        "redials are free even for a POST with no retries"
+    );
+    assert_eq!(w.sent_at(), [ms(0), ms(0), ms(0)]);
+    assert_eq!(
+        w.kinds(),
+        [
+            "started",
+            "failed",
+            "redialing",
+            "started",
+            "failed",
+            "redialing",
+            "started",
+            "succeeded"
+        ]
+    );
+    let numbers: Vec<_> = w
+        .events()
+        .iter()
+        .filter_map(|e| e.kind.send_and_attempt())
+        .collect();
+    assert_eq!(
+        numbers,
+        [
+            (1, 1),
+            (1, 1),
+            (2, 1),
+            (2, 1),
+            (2, 1),
+            (3, 1),
+            (3, 1),
+            (3, 1)
+        ]
+    );
+    w.assert_contract();
+
+    // A third NotSent counts as Interrupted: final for a POST, with 1 attempt.
+    let w = World::new();
+    w.transport.default_reply(not_sent());
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.post("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::NotSent)
+    );
+    assert_eq!(err.attempts(), 1);
+    assert!(err.nothing_sent());
+    assert_eq!(w.transport.request_count(), 3);
+    // ...and retried with back-off for a GET.
+    let w = World::new();
+    w.transport
+        .push_many([not_sent(), not_sent(), not_sent(), Reply::ok()]);
+    let client = w.client();
+    w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [ms(0), ms(0), ms(0), ms(10)]);
+}
+
+#[test]
+fn dropping_a_call_mid_redial_keeps_the_contract() {
+    let w = World::new();
+    w.transport
+        .push(Reply::fail(TransportErrorKind::NotSent, "stale").after(ms(5)));
+    w.transport.push(Reply::stall());
+    let client = w.client();
+    let call = {
+        let client = client.clone();
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::background(), |h| h.get("/x"))
+                .await
+        })
+    };
+    w.rt.run_until(at(ms(6))).unwrap();
+    call.abort();
+    assert_eq!(
+        w.kinds(),
+        ["started", "failed", "redialing", "started", "cancelled"]
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn a_zero_base_policy_still_waits_one_millisecond_per_retry() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(503),
+        Reply::status(503),
+        Reply::status(503),
+        Reply::ok(),
+    ]);
+    let client = w.client();
+    let policy = CallPolicy::bounded(RetryPolicy {
+        max_retries: 3,
+        base: Duration::ZERO,
+        max: Duration::ZERO,
+    })
+    .with_jitter(Jitter::None)
+    .unwrap();
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [ms(0), ms(1), ms(2), ms(3)]);
+    let forever = CallPolicy::essential()
+        .with_retry(RetryMode::UntilCancelled {
+            base: Duration::ZERO,
+            max: Duration::ZERO,
+        })
+        .unwrap();
+    let w = World::new();
+    w.transport.push_many([Reply::status(503), Reply::ok()]);
+    let client = w.client();
+    w.rt.block_on(client.execute_with(&forever, |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert!(w.sent_at()[1] >= ms(1));
+}
+
+#[test]
+fn a_draft_that_cannot_be_prepared_is_final_with_nothing_sent() {
+    let w = World::new();
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::essential(), |h| h.get("/x").invalid()))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transport(TransportErrorKind::Config));
+    assert_eq!(err.attempts(), 0);
+    assert!(err.nothing_sent());
+    assert_eq!(w.transport.request_count(), 0);
+    let events = w.events();
+    assert_eq!(w.kinds(), ["started", "failed"]);
+    assert!(matches!(
+        events[1].kind,
+        EventKind::Failed {
+            ms: 0,
+            sent: false,
+            ..
+        }
+    ));
+    w.assert_contract();
+}
+
+#[test]
+fn ms_runs_from_send_to_response_head_only() {
+    let w = World::new();
+    w.transport.push(
+        Reply::ok()
+            .after(ms(300))
+            .header("content-length", "12")
+            .body("hello, world"),
+    );
+    let client = w.client();
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let succeeded = w.events().into_iter().find_map(|e| match e.kind {
+        EventKind::Succeeded {
+            ms, bytes, status, ..
+        } => Some((ms, bytes, status)),
+        _ => None,
+    });
+    assert_eq!(succeeded, Some((300, Some(12), StatusCode::OK)));
+}
+
+#[test]
+fn an_error_body_that_stalls_is_cut_by_the_time_limit_and_keeps_the_status() {
+    let w = World::new();
+    w.transport.push(
+        Reply::status(500)
+            .body("partial body then nothing")
+            .body_stalls_after(7),
+    );
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
+    assert_eq!(err.body(), Some(&b"partial"[..]));
+    assert_eq!(w.now(), secs(10));
+}
+
+#[test]
+fn the_retry_count_header_counts_retries_not_redials() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(503),
+        Reply::fail(TransportErrorKind::NotSent, "stale"),
+        Reply::status(503),
+        Reply::ok(),
+    ]);
+    let client = w
+        .builder()
+        .retry_count_header(http::HeaderName::from_static("x-retry-count"))
+        .build()
+        .unwrap();
+    w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let counts: Vec<_> = w
+        .transport
+        .requests()
+        .iter()
+        .map(|r| {
+            r.headers
+                .get("x-retry-count")
+                .map(|v| v.to_str().unwrap().to_owned())
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        [None, Some("1".into()), Some("1".into()), Some("2".into())]
+    );
+}
+
+#[test]
+fn admit_time_is_not_charged_to_the_budget() {
+    let w = World::new();
+    w.transport.admit_delay(secs(20));
+    w.transport.push_many([Reply::status(503), Reply::ok()]);
+    let client = w.client();
+    let policy = bounded(3, secs(1)).with_budget(Some(secs(10))).unwrap();
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    // Two admits of 20 s each and a 1 s back-off: 41 s, well past the 10 s budget.
+    assert_eq!(w.sent_at(), [secs(20), secs(41)]);
+}
+
+#[test]
+fn report_events_carry_no_call() {
+    let w = World::new();
+    let client = w.client();
+    client.report(vantage_api_pool::Report::RowsPulled { n: 25 });
+    client.report(vantage_api_pool::Report::WritePushed);
+    let events = w.events();
+    assert!(matches!(events[0].kind, EventKind::RowsPulled { n: 25 }));
+    assert!(matches!(events[1].kind, EventKind::WritePushed));
+    assert!(events.iter().all(|e| e.call.is_none()));
+}
+
+#[test]
+fn call_ids_are_per_client_and_events_carry_them() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = w.client();
+    for _ in 0..3 {
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+    }
+    let calls: Vec<_> = w.events().iter().map(|e| e.call.unwrap().0).collect();
+    assert_eq!(calls, [1, 1, 2, 2, 3, 3]);
+}

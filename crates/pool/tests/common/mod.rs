@@ -1,0 +1,119 @@
+//! Shared set-up for the scenario tests: a client over the testkit with a recording
+//! observer, and small helpers to read what happened.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use vantage_api_pool::{
+    CallPolicy, ClientBuilder, EventKind, Instant, Jitter, NoAuth, ResilientClient, RetryMode,
+    RetryPolicy, TransportEvent,
+};
+use vantage_api_pool_testkit::{RecordingObserver, ScriptedTransport, VirtualRuntime};
+
+pub type Client<A = NoAuth> = ResilientClient<ScriptedTransport, VirtualRuntime, A>;
+
+pub struct World {
+    pub rt: VirtualRuntime,
+    pub transport: ScriptedTransport,
+    pub observer: RecordingObserver,
+}
+
+impl World {
+    pub fn new() -> Self {
+        let rt = VirtualRuntime::new();
+        let transport = ScriptedTransport::new(&rt);
+        World {
+            rt,
+            transport,
+            observer: RecordingObserver::new(),
+        }
+    }
+
+    /// A builder over this world's transport and runtime, observed by its observer.
+    pub fn builder(&self) -> ClientBuilder<ScriptedTransport, VirtualRuntime> {
+        ResilientClient::builder(self.transport.clone(), self.rt.clone())
+            .observer("api", Arc::new(self.observer.clone()))
+    }
+
+    pub fn client(&self) -> Client {
+        self.builder().build().expect("valid settings")
+    }
+
+    /// Virtual times at which requests were sent.
+    pub fn sent_at(&self) -> Vec<Duration> {
+        self.transport
+            .requests()
+            .iter()
+            .map(|r| r.at.since_origin())
+            .collect()
+    }
+
+    pub fn events(&self) -> Vec<TransportEvent> {
+        self.observer
+            .events()
+            .into_iter()
+            .map(|r| r.event)
+            .collect()
+    }
+
+    pub fn kinds(&self) -> Vec<&'static str> {
+        self.observer.kinds()
+    }
+
+    pub fn assert_contract(&self) {
+        if let Err(v) = self.observer.check_contract() {
+            panic!("observer contract broken: {v}\nevents: {:#?}", self.kinds());
+        }
+    }
+
+    pub fn now(&self) -> Duration {
+        self.rt.now().since_origin()
+    }
+}
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+pub fn at(d: Duration) -> Instant {
+    Instant::ORIGIN + d
+}
+
+/// A bounded policy with `retries` retries from `base` (ceiling 60 s), jitter off.
+pub fn bounded(retries: u32, base: Duration) -> CallPolicy {
+    CallPolicy::bounded(RetryPolicy {
+        max_retries: retries,
+        base,
+        max: secs(60),
+    })
+    .with_jitter(Jitter::None)
+    .unwrap()
+}
+
+/// Retry until cancelled with a fixed back-off, jitter off.
+pub fn forever(backoff: Duration) -> CallPolicy {
+    CallPolicy::essential()
+        .with_retry(RetryMode::UntilCancelled {
+            base: backoff,
+            max: backoff,
+        })
+        .unwrap()
+        .with_jitter(Jitter::None)
+        .unwrap()
+}
+
+/// `RetryScheduled` sleeps reported, in order.
+pub fn scheduled(events: &[TransportEvent]) -> Vec<Duration> {
+    events
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::RetryScheduled { after, .. } => Some(after),
+            _ => None,
+        })
+        .collect()
+}

@@ -1,0 +1,125 @@
+//! The ports carry no `Send` bound: a call's future is `Send` exactly when its
+//! transport, runtime and token source are, and a non-`Send` transport still works.
+
+mod common;
+
+use std::cell::Cell;
+use std::future::Future;
+use std::rc::Rc;
+
+use common::*;
+use http::{HeaderName, HeaderValue};
+use vantage_api_pool::auth::{AuthError, token_fn};
+use vantage_api_pool::{CallPolicy, ResilientClient, Transport, TransportError};
+use vantage_api_pool_testkit::{
+    Reply, ScriptedHttp, ScriptedRequest, ScriptedRequestBuilder, ScriptedResponse,
+    ScriptedTransport,
+};
+
+fn assert_send<T: Send>(_: &T) {}
+fn assert_send_sync<T: Send + Sync>() {}
+
+#[test]
+fn the_call_future_is_send_over_send_ports() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = w.client();
+    assert_send_sync::<Client>();
+    let policy = CallPolicy::background();
+    let call = client.execute_with(&policy, |h| h.get("/x"));
+    assert_send(&call);
+    let plain = client.execute(|h| h.get("/x"));
+    assert_send(&plain);
+    assert!(w.rt.block_on(call).unwrap().is_ok());
+    drop(plain);
+
+    // A Send token source keeps the future Send.
+    let authed = w
+        .builder()
+        .auth(token_fn(|| async {
+            Ok::<_, AuthError>((
+                http::header::AUTHORIZATION,
+                HeaderValue::from_static("Bearer t"),
+            ))
+        }))
+        .build()
+        .unwrap();
+    let call = authed.execute_with(&policy, |h| h.get("/x"));
+    assert_send(&call);
+    assert!(w.rt.block_on(call).unwrap().is_ok());
+}
+
+/// A transport that is not `Send`: it counts sends in an `Rc<Cell<_>>`, as a
+/// single-threaded backend's transport might hold thread-bound state.
+struct RcTransport {
+    inner: ScriptedTransport,
+    sends: Rc<Cell<u32>>,
+}
+
+impl Transport for RcTransport {
+    type Handle = ScriptedHttp;
+    type Draft = ScriptedRequestBuilder;
+    type Request = ScriptedRequest;
+    type Response = ScriptedResponse;
+
+    fn handle(&self) -> &ScriptedHttp {
+        self.inner.handle()
+    }
+
+    fn prepare(&self, draft: ScriptedRequestBuilder) -> Result<ScriptedRequest, TransportError> {
+        self.inner.prepare(draft)
+    }
+
+    fn send(
+        &self,
+        request: ScriptedRequest,
+    ) -> impl Future<Output = Result<ScriptedResponse, TransportError>> {
+        let sends = Rc::clone(&self.sends);
+        let send = self.inner.send(request);
+        async move {
+            sends.set(sends.get() + 1);
+            send.await
+        }
+    }
+}
+
+#[test]
+fn an_rc_transport_and_an_rc_token_source_run_on_the_driver() {
+    let w = World::new();
+    w.transport.push_many([Reply::status(503), Reply::ok()]);
+    let sends = Rc::new(Cell::new(0));
+    let fetches = Rc::new(Cell::new(0));
+    let counter = Rc::clone(&fetches);
+    let client = ResilientClient::builder(
+        RcTransport {
+            inner: w.transport.clone(),
+            sends: Rc::clone(&sends),
+        },
+        w.rt.clone(),
+    )
+    .auth(token_fn(move || {
+        let counter = Rc::clone(&counter);
+        async move {
+            counter.set(counter.get() + 1);
+            Ok::<_, AuthError>((
+                HeaderName::from_static("x-api-key"),
+                HeaderValue::from_static("k"),
+            ))
+        }
+    }))
+    .build()
+    .unwrap();
+    let resp =
+        w.rt.block_on(client.execute_with(&bounded(2, ms(100)), |h| h.get("/x")))
+            .unwrap();
+    assert!(resp.is_ok());
+    assert_eq!(sends.get(), 2);
+    assert_eq!(fetches.get(), 1, "the token is fetched once and reused");
+    assert_eq!(w.sent_at(), [ms(0), ms(100)]);
+    assert!(
+        w.transport
+            .requests()
+            .iter()
+            .all(|r| r.headers["x-api-key"] == "k")
+    );
+}
