@@ -1,0 +1,742 @@
+//! Breaker, rate bucket, concurrency cap and auth, on virtual time under concurrency
+//! and cancellation.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::*;
+use http::{HeaderValue, StatusCode, header::AUTHORIZATION};
+use vantage_api_pool::auth::{AuthError, token_fn};
+use vantage_api_pool::{
+    BreakerMode, BreakerState, CallPolicy, ErrorKind, EventKind, RetryMode, TransportEvent,
+};
+use vantage_api_pool_testkit::{Reply, VirtualRuntime};
+
+fn opened(events: &[TransportEvent]) -> Vec<Duration> {
+    events
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::BreakerOpened { cooldown } => Some(cooldown),
+            _ => None,
+        })
+        .collect()
+}
+
+fn closed_count(events: &[TransportEvent]) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::BreakerClosed))
+        .count()
+}
+
+/// Five instant failures from background calls: the breaker opens at the current time.
+fn open_breaker(w: &World, client: &Client) {
+    for _ in 0..5 {
+        let _ =
+            w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+                .unwrap();
+    }
+}
+
+#[test]
+fn cooldown_doubles_on_failed_probes_up_to_the_max() {
+    let w = World::new();
+    // 5 failures open it, 5 failed probes, then the 6th probe succeeds.
+    w.transport.push_many((0..10).map(|_| Reply::status(503)));
+    w.transport.push(Reply::ok());
+    let client = w.builder().default_breaker().build().unwrap();
+    open_breaker(&w, &client);
+    assert_eq!(
+        client.breaker_state(),
+        BreakerState::Open { until: at(secs(5)) }
+    );
+
+    let policy = forever(ms(1));
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let probes: Vec<_> = w.sent_at().into_iter().skip(5).collect();
+    assert_eq!(
+        probes,
+        [secs(5), secs(15), secs(35), secs(75), secs(135), secs(195)]
+    );
+    let events = w.events();
+    assert_eq!(
+        opened(&events),
+        [secs(5), secs(10), secs(20), secs(40), secs(60), secs(60)]
+    );
+    assert_eq!(closed_count(&events), 1);
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+
+    // The next opening starts again at 5 s.
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    open_breaker(&w, &client);
+    assert_eq!(opened(&w.events()).last(), Some(&secs(5)));
+    assert_eq!(
+        client.breaker_state(),
+        BreakerState::Open {
+            until: at(secs(200))
+        }
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn breaker_transitions_follow_the_terminal_event_and_carry_the_call() {
+    let w = World::new();
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    let client = w.builder().default_breaker().build().unwrap();
+    open_breaker(&w, &client);
+    let events = w.events();
+    let n = events.len();
+    assert!(matches!(events[n - 2].kind, EventKind::Failed { .. }));
+    assert!(matches!(
+        events[n - 1].kind,
+        EventKind::BreakerOpened { .. }
+    ));
+    assert_eq!(events[n - 1].call, events[n - 2].call);
+}
+
+#[test]
+fn fail_fast_rejects_at_once_with_nothing_sent() {
+    let w = World::new();
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    let client = w.builder().default_breaker().build().unwrap();
+    open_breaker(&w, &client);
+    w.observer.clear();
+    let err =
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BreakerOpen);
+    assert_eq!(err.attempts(), 0);
+    assert!(err.nothing_sent());
+    assert_eq!(w.now(), Duration::ZERO);
+    assert_eq!(w.transport.request_count(), 5);
+    assert_eq!(w.kinds(), ["started", "failed"]);
+    assert!(matches!(
+        w.events()[1].kind,
+        EventKind::Failed {
+            ms: 0,
+            sent: false,
+            ..
+        }
+    ));
+    w.assert_contract();
+}
+
+#[test]
+fn a_reachable_answer_closes_but_keeps_the_failure_run() {
+    let w = World::new();
+    w.transport
+        .push_many([503, 404, 503, 404, 503].map(Reply::status));
+    let client = w.builder().breaker(3, secs(5), secs(60)).build().unwrap();
+    for _ in 0..5 {
+        let _ =
+            w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+                .unwrap();
+    }
+    assert_eq!(opened(&w.events()), [secs(5)], "opens on the third 503");
+    // A 401 (reachable) closes it, once.
+    w.transport.push(Reply::status(401));
+    w.rt.run_for(secs(5)).unwrap();
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap();
+    assert_eq!(closed_count(&w.events()), 1);
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+}
+
+#[test]
+fn a_408_or_429_leaves_the_breaker_untouched() {
+    let w = World::new();
+    w.transport
+        .push_many([503, 503, 429, 408, 429, 503].map(Reply::status));
+    let client = w.builder().breaker(3, secs(5), secs(60)).build().unwrap();
+    for _ in 0..5 {
+        let _ =
+            w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+                .unwrap();
+    }
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap();
+    assert_eq!(
+        opened(&w.events()),
+        [secs(5)],
+        "the third 503 opens it: 408/429 did not reset the run"
+    );
+}
+
+#[test]
+fn a_prober_dropped_mid_send_does_not_wedge_the_breaker() {
+    let w = World::new();
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    w.transport.push(Reply::stall());
+    w.transport.push(Reply::ok());
+    let client = w.builder().default_breaker().build().unwrap();
+    open_breaker(&w, &client);
+    let prober = {
+        let client = client.clone();
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::essential(), |h| h.get("/x"))
+                .await
+        })
+    };
+    w.rt.run_until(at(secs(6))).unwrap();
+    assert_eq!(
+        w.sent_at().last(),
+        Some(&secs(5)),
+        "the probe left at 5 s and stalls"
+    );
+    assert_eq!(client.breaker_state(), BreakerState::HalfOpen);
+    prober.abort();
+    // The next caller after the drop gets the probe at once.
+    let resp =
+        w.rt.block_on(client.execute_with(&CallPolicy::essential(), |h| h.get("/x")))
+            .unwrap();
+    assert!(resp.is_ok());
+    assert_eq!(w.sent_at().last(), Some(&secs(6)));
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    w.assert_contract();
+}
+
+#[test]
+fn a_failure_from_before_the_opening_is_not_a_failed_probe() {
+    let w = World::new();
+    // A slow request leaves first and fails late, after the breaker opened and a
+    // probe is in flight.
+    w.transport.push(Reply::status(503).after(secs(8)));
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    w.transport.push(Reply::ok().after(secs(4)));
+    let client = w.builder().default_breaker().build().unwrap();
+    let slow = {
+        let client = client.clone();
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::background(), |h| h.get("/slow"))
+                .await
+        })
+    };
+    w.rt.run_until_idle().unwrap();
+    open_breaker(&w, &client);
+    let probe = {
+        let client = client.clone();
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::essential(), |h| h.get("/x"))
+                .await
+        })
+    };
+    w.rt.run().unwrap();
+    assert!(w.rt.block_on(slow).unwrap().is_err());
+    assert!(w.rt.block_on(probe).unwrap().is_ok());
+    // Probe left at 5 s, the stale 503 came at 8 s, the probe's 200 at 9 s.
+    assert_eq!(w.sent_at()[6], secs(5));
+    assert_eq!(
+        opened(&w.events()),
+        [secs(5)],
+        "the stale failure did not double the cooldown"
+    );
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    w.assert_contract();
+}
+
+#[test]
+fn fifty_waiting_callers_send_one_probe_per_cooldown_then_all_complete() {
+    let w = World::new();
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    w.transport
+        .push_many([Reply::status(503), Reply::status(503)]);
+    w.transport.default_reply(Reply::ok());
+    let client = w
+        .builder()
+        .default_breaker()
+        .max_parallel(8)
+        .build()
+        .unwrap();
+    open_breaker(&w, &client);
+    let calls: Vec<_> = (0..50)
+        .map(|_| {
+            let client = client.clone();
+            w.rt.spawn(async move {
+                client
+                    .execute_with(&CallPolicy::essential(), |h| h.get("/x"))
+                    .await
+            })
+        })
+        .collect();
+    w.rt.run().unwrap();
+    for call in calls {
+        assert!(w.rt.block_on(call).unwrap().is_ok());
+    }
+    let sent = w.sent_at();
+    // Probes at 5 s and 15 s fail; the one at 35 s recovers; then the other 49 go.
+    assert_eq!(&sent[5..8], [secs(5), secs(15), secs(35)]);
+    assert_eq!(sent.len(), 5 + 3 + 49);
+    assert!(
+        sent[8..]
+            .iter()
+            .all(|t| *t >= secs(35) && *t <= secs(35) + ms(10)),
+        "{:?}",
+        &sent[8..]
+    );
+    assert_eq!(client.in_flight(), 0);
+    w.assert_contract();
+}
+
+#[test]
+fn a_fail_fast_caller_is_not_held_up_by_a_sleeping_caller() {
+    let w = World::new();
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    let client = w
+        .builder()
+        .default_breaker()
+        .max_parallel(1)
+        .build()
+        .unwrap();
+    open_breaker(&w, &client);
+    let sleeper = {
+        let client = client.clone();
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::essential(), |h| h.get("/x"))
+                .await
+        })
+    };
+    w.rt.run_until(at(secs(1))).unwrap();
+    assert_eq!(
+        client.in_flight(),
+        0,
+        "a caller waiting out the cooldown holds no permit"
+    );
+    let err =
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BreakerOpen);
+    assert_eq!(w.now(), secs(1), "answered at once");
+    sleeper.abort();
+
+    // Same while another caller sleeps in a back-off.
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().max_parallel(1).build().unwrap();
+    let backing_off = {
+        let client = client.clone();
+        w.rt.spawn(async move {
+            client
+                .execute_with(&bounded(1, secs(30)), |h| h.get("/x"))
+                .await
+        })
+    };
+    w.rt.run_until(at(secs(1))).unwrap();
+    assert_eq!(client.in_flight(), 0);
+    assert!(
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/y")))
+            .unwrap()
+            .is_ok()
+    );
+    assert_eq!(w.now(), secs(1));
+    backing_off.abort();
+}
+
+#[test]
+fn budget_ending_while_waiting_for_the_probe_is_timed_out() {
+    let w = World::new();
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    let client = w.builder().breaker(5, secs(60), secs(60)).build().unwrap();
+    open_breaker(&w, &client);
+    w.observer.clear();
+    let policy = bounded(3, ms(10)).with_breaker_mode(BreakerMode::WaitForProbe);
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.attempts(), 0);
+    assert_eq!(w.kinds(), ["started", "failed"]);
+    assert!(matches!(
+        w.events()[1].kind,
+        EventKind::Failed {
+            sent: false,
+            ms: 0,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn rate_ten_per_second_sends_the_hundredth_request_at_nine_seconds() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = w
+        .builder()
+        .rate_limit_with_burst(10.0, 10)
+        .max_parallel(100)
+        .build()
+        .unwrap();
+    let calls: Vec<_> = (0..100)
+        .map(|_| {
+            let client = client.clone();
+            w.rt.spawn(async move {
+                client
+                    .execute_with(&CallPolicy::background(), |h| h.get("/x"))
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .collect();
+    w.rt.run().unwrap();
+    assert!(calls.into_iter().all(|c| w.rt.block_on(c).unwrap().is_ok()));
+    let sent = w.sent_at();
+    assert_eq!(
+        sent.iter().filter(|t| **t == Duration::ZERO).count(),
+        10,
+        "the bucket starts full"
+    );
+    assert_eq!(sent[10], ms(100));
+    assert_eq!(*sent.last().unwrap(), secs(9));
+    // The token wait is not in `ms`.
+    assert!(
+        w.events()
+            .iter()
+            .all(|e| !matches!(e.kind, EventKind::Succeeded { ms, .. } if ms > 0))
+    );
+}
+
+#[test]
+fn redials_take_a_rate_token_each() {
+    let w = World::new();
+    w.transport.push(Reply::fail(
+        vantage_api_pool::TransportErrorKind::NotSent,
+        "stale",
+    ));
+    w.transport.push(Reply::ok());
+    let client = w.builder().rate_limit_with_burst(1.0, 1).build().unwrap();
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(0), secs(1)]);
+}
+
+#[test]
+fn max_parallel_caps_in_flight_and_cancelled_calls_give_permits_back() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok().after(secs(1)));
+    let client = w.builder().max_parallel(4).build().unwrap();
+    let calls: Vec<_> = (0..32)
+        .map(|_| {
+            let client = client.clone();
+            w.rt.spawn(async move {
+                client
+                    .execute_with(&CallPolicy::background(), |h| h.get("/x"))
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .collect();
+    w.rt.run_until(at(ms(2500))).unwrap();
+    assert_eq!(client.in_flight(), 4);
+    assert_eq!(client.peak_in_flight(), 4);
+    assert_eq!(w.transport.peak_in_flight(), 4);
+    // Served in arrival order: 4 per second.
+    assert_eq!(
+        w.sent_at(),
+        [[secs(0); 4], [secs(1); 4], [secs(2); 4]].concat()
+    );
+    for call in calls {
+        call.abort();
+    }
+    assert_eq!(client.in_flight(), 0);
+    assert_eq!(w.transport.in_flight(), 0);
+    w.assert_contract();
+    // The permits are all back.
+    w.transport.default_reply(Reply::ok());
+    let many: Vec<_> = (0..4)
+        .map(|_| {
+            let client = client.clone();
+            w.rt.spawn(async move {
+                client
+                    .execute_with(&CallPolicy::background(), |h| h.get("/x"))
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .collect();
+    w.rt.run().unwrap();
+    assert!(many.into_iter().all(|c| w.rt.block_on(c).unwrap().is_ok()));
+    assert_eq!(w.now(), ms(2500));
+}
+
+/// A token source whose n-th fetch returns `Bearer t{n}` after 50 ms.
+fn counting_tokens(
+    rt: &VirtualRuntime,
+    fetches: &Arc<AtomicU32>,
+) -> impl vantage_api_pool::TokenSource + use<> {
+    let rt = rt.clone();
+    let fetches = Arc::clone(fetches);
+    token_fn(move || {
+        let rt = rt.clone();
+        let n = fetches.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            rt.sleep(ms(50)).await;
+            Ok::<_, AuthError>((
+                AUTHORIZATION,
+                HeaderValue::from_str(&format!("Bearer t{n}")).unwrap(),
+            ))
+        }
+    })
+}
+
+/// Answers 401 unless the request carries `Bearer {valid}`.
+fn require_token(w: &World, valid: &'static str) {
+    w.transport.respond_with(move |req, _| {
+        if req.headers().get(AUTHORIZATION).is_some_and(|v| v == valid) {
+            Reply::ok().after(ms(10))
+        } else {
+            Reply::status(401).after(ms(10))
+        }
+    });
+}
+
+#[test]
+fn a_401_refreshes_and_replays_without_spending_retry_budget() {
+    let w = World::new();
+    require_token(&w, "Bearer t2");
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(counting_tokens(&w.rt, &fetches))
+        .build()
+        .unwrap();
+    let policy = CallPolicy::background();
+    assert_eq!(policy.retry(), &RetryMode::None);
+    let resp =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    assert_eq!(client.token_fetches(), 2);
+    let events = w.events();
+    assert!(
+        scheduled(&events).is_empty(),
+        "a replay reports no RetryScheduled"
+    );
+    assert!(events.iter().any(|e| matches!(
+        e.kind,
+        EventKind::Succeeded {
+            attempt: 2,
+            send: 2,
+            ..
+        }
+    )));
+    // Lazy fetch 50 ms, 401 at 60 ms, refresh 50 ms, replay leaves at 110 ms.
+    assert_eq!(w.sent_at(), [ms(50), ms(110)]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_second_401_is_final() {
+    let w = World::new();
+    require_token(&w, "never");
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(counting_tokens(&w.rt, &fetches))
+        .build()
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED));
+    assert_eq!(err.attempts(), 2);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn sixteen_concurrent_401s_share_one_refresh_and_one_first_fetch() {
+    let w = World::new();
+    require_token(&w, "Bearer t2");
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .max_parallel(16)
+        .auth(counting_tokens(&w.rt, &fetches))
+        .build()
+        .unwrap();
+    let calls: Vec<_> = (0..16)
+        .map(|_| {
+            let client = client.clone();
+            w.rt.spawn(async move {
+                client
+                    .execute_with(&CallPolicy::background(), |h| h.get("/x"))
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .collect();
+    w.rt.run().unwrap();
+    assert!(calls.into_iter().all(|c| w.rt.block_on(c).unwrap().is_ok()));
+    assert_eq!(
+        fetches.load(Ordering::SeqCst),
+        2,
+        "one first fetch, one refresh"
+    );
+    let requests = w.transport.requests();
+    assert_eq!(requests.len(), 32);
+    assert!(
+        requests[..16]
+            .iter()
+            .all(|r| r.headers[AUTHORIZATION] == "Bearer t1" && r.at == at(ms(50)))
+    );
+    assert!(
+        requests[16..]
+            .iter()
+            .all(|r| r.headers[AUTHORIZATION] == "Bearer t2" && r.at == at(ms(110)))
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.headers[AUTHORIZATION].is_sensitive())
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn a_dropped_fetching_caller_hands_the_fetch_to_a_waiter() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(counting_tokens(&w.rt, &fetches))
+        .build()
+        .unwrap();
+    let first = {
+        let client = client.clone();
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::background(), |h| h.get("/x"))
+                .await
+                .map(|_| ())
+        })
+    };
+    let second = {
+        let client = client.clone();
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::background(), |h| h.get("/x"))
+                .await
+                .map(|_| ())
+        })
+    };
+    w.rt.run_until(at(ms(20))).unwrap();
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    first.abort();
+    w.rt.run().unwrap();
+    assert!(w.rt.block_on(second).unwrap().is_ok());
+    assert_eq!(fetches.load(Ordering::SeqCst), 2, "the waiter took over");
+    assert_eq!(w.sent_at(), [ms(70)]);
+}
+
+#[test]
+fn a_token_source_error_is_final_with_a_synthetic_pair() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = w
+        .builder()
+        .auth(token_fn(|| async {
+            Err::<(http::HeaderName, HeaderValue), AuthError>("identity provider down".into())
+        }))
+        .build()
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::essential(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Auth);
+    assert_eq!(err.attempts(), 0);
+    assert!(!err.is_retryable());
+    assert_eq!(w.transport.request_count(), 0);
+    assert_eq!(w.kinds(), ["started", "failed"]);
+    assert!(matches!(
+        w.events()[1].kind,
+        EventKind::Failed {
+            sent: false,
+            ms: 0,
+            ..
+        }
+    ));
+    assert_eq!(
+        std::error::Error::source(&err).unwrap().to_string(),
+        "identity provider down"
+    );
+}
+
+#[test]
+fn the_token_never_appears_in_events_errors_or_debug() {
+    let w = World::new();
+    require_token(&w, "never");
+    let secret = "Bearer s3cr3t-canary";
+    let client = w
+        .builder()
+        .auth(token_fn(move || async move {
+            Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static(secret)))
+        }))
+        .build()
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    let printed = format!("{err} {err:?} {:?} {client:?}", w.events());
+    assert!(!printed.contains("s3cr3t"), "{printed}");
+}
+
+#[test]
+fn invalid_settings_are_refused_by_build_with_the_setting_named() {
+    let w = World::new();
+    let refused = |b: vantage_api_pool::ClientBuilder<_, _>| b.build().unwrap_err().setting();
+    assert_eq!(refused(w.builder().max_parallel(0)), "max_parallel");
+    for rate in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(
+            refused(w.builder().rate_limit(rate)),
+            "rate_limit",
+            "{rate}"
+        );
+    }
+    assert_eq!(
+        refused(w.builder().rate_limit_with_burst(5.0, 0)),
+        "rate_limit.burst"
+    );
+    assert_eq!(
+        refused(w.builder().breaker(0, secs(5), secs(60))),
+        "breaker.threshold"
+    );
+    assert_eq!(
+        refused(w.builder().breaker(5, Duration::ZERO, secs(60))),
+        "breaker.cooldown"
+    );
+    assert_eq!(
+        refused(w.builder().breaker(5, secs(61), secs(60))),
+        "breaker.cooldown"
+    );
+    let bad_retry = vantage_api_pool::RetryPolicy {
+        max_retries: 1,
+        base: secs(2),
+        max: secs(1),
+    };
+    assert_eq!(
+        refused(w.builder().default_retry(bad_retry)),
+        "default_retry.max"
+    );
+}
