@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue};
+use http::HeaderValue;
 
 use crate::auth::{SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
@@ -59,7 +59,9 @@ enum Sent<Resp> {
     /// Any other status, with what the call keeps of it.
     ErrorStatus {
         status: http::StatusCode,
-        headers: HeaderMap,
+        /// The server's requested delay, unclamped.
+        wait: Option<Duration>,
+        request_id: Option<Arc<str>>,
         body: Bytes,
     },
     /// The transport failed, or a time limit cut the send (`TimedOut`).
@@ -352,11 +354,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     if status.is_success() || status.is_informational() || status.is_redirection() {
                         Sent::Response(response)
                     } else {
-                        let headers = response.headers().clone();
+                        let headers = response.headers();
+                        let wait = server_delay(headers, client.runtime.wall_clock());
+                        let request_id = headers
+                            .get(&client.request_id_header)
+                            .and_then(|v| v.to_str().ok())
+                            .map(Arc::<str>::from);
                         let body = read_error_body(&client.runtime, send_deadline, response).await;
                         Sent::ErrorStatus {
                             status,
-                            headers,
+                            wait,
+                            request_id,
                             body,
                         }
                     }
@@ -393,15 +401,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 }
                 Sent::ErrorStatus {
                     status,
-                    headers,
+                    wait,
+                    request_id,
                     body,
                 } => {
                     self.reached = true;
-                    let wait = server_delay(&headers, client.runtime.wall_clock());
-                    let request_id = headers
-                        .get(&client.request_id_header)
-                        .and_then(|v| v.to_str().ok())
-                        .map(Arc::<str>::from);
                     let error = ClientError::new(ErrorKind::Status(status), self.attempt)
                         .with_body(body)
                         .with_request_id(request_id)
