@@ -31,7 +31,7 @@ enum Setup {
 }
 
 /// Runs one round and returns (attempts, wall seconds).
-#[allow(clippy::disallowed_methods)] // the benchmark measures real time on purpose
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)] // the benchmark measures real time on purpose
 fn round(setup: Setup) -> (usize, f64) {
     let rt = VirtualRuntime::new();
     let transport = ScriptedTransport::new(&rt);
