@@ -28,6 +28,8 @@
 //! | [`rate`] | the token bucket |
 //! | [`concurrency`] | the fair permit limiter behind `max_parallel` |
 //! | [`auth`] | [`TokenSource`], [`NoAuth`] |
+//! | [`health`] | [`HealthObserver`](health::HealthObserver): per-API figures for a dashboard |
+//! | `tracing_observer` (feature `tracing`) | `TracingObserver`: events as `tracing` events |
 //! | [`error`] | [`ClientError`], [`ErrorKind`], [`ConfigError`] |
 //! | [`observer`] | [`TransportObserver`], [`TransportEvent`], [`EventKind`] |
 #![forbid(unsafe_code)]
@@ -42,12 +44,15 @@ pub mod classify;
 pub mod client;
 pub mod concurrency;
 pub mod error;
+pub mod health;
 pub mod observer;
 pub mod policy;
 pub mod rate;
 pub mod runtime;
 pub mod server_delay;
 pub mod time;
+#[cfg(feature = "tracing")]
+pub mod tracing_observer;
 pub mod transport;
 
 pub use auth::{AuthError, NoAuth, TokenSource};

@@ -1,0 +1,446 @@
+//! `HealthObserver`: per-API health figures for a dashboard, kept from the observer
+//! events alone.
+//!
+//! Register one `HealthObserver` (behind an `Arc`) with every client whose API it
+//! should watch; it keys its figures by the API name each client was built with. A
+//! dashboard reads [`HealthObserver::snapshot`] whenever it redraws. Time comes from
+//! the events' `at`, so the figures work the same on virtual time.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::error::ClientError;
+use crate::observer::{EventKind, TransportEvent, TransportObserver};
+use crate::time::Instant;
+
+/// The breaker as the events describe it.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerView {
+    /// No `BreakerOpened` since the last `BreakerClosed` (or ever).
+    Closed,
+    /// Opened at `since` for `cooldown`; a probe may go from `since + cooldown`.
+    Open {
+        /// When it (re)opened.
+        since: Instant,
+        /// How long it stays open.
+        cooldown: Duration,
+    },
+}
+
+/// The last error an API returned.
+#[derive(Debug, Clone)]
+pub struct LastError {
+    /// When it was reported.
+    pub at: Instant,
+    /// The error (its `Display` never holds a URL, body or header value).
+    pub error: ClientError,
+}
+
+/// One API's figures at the time of the snapshot.
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct ApiHealth {
+    /// The breaker, from `BreakerOpened` / `BreakerClosed`.
+    pub breaker: BreakerView,
+    /// Sends started and not yet ended.
+    pub in_flight: u32,
+    /// Sends that got an answer or failed in the window (synthetic failures excluded).
+    pub sends_in_window: u32,
+    /// Of those, the ones that succeeded.
+    pub successes_in_window: u32,
+    /// Calls refused before sending in the window (breaker open, auth, budget).
+    pub refused_in_window: u32,
+    /// `successes / sends` over the window; `None` with no sends in it.
+    pub success_rate: Option<f64>,
+    /// Mean send latency (`ms` of `Succeeded` and real `Failed`) over the window.
+    pub mean_latency_ms: Option<f64>,
+    /// The slowest send in the window.
+    pub max_latency_ms: Option<u64>,
+    /// The status of the last answered send.
+    pub last_status: Option<StatusCode>,
+    /// The last failure reported, real or synthetic.
+    pub last_error: Option<LastError>,
+    /// Retries scheduled, all time.
+    pub retries: u64,
+    /// Redials, all time.
+    pub redials: u64,
+    /// Sends cancelled by their callers, all time.
+    pub cancelled: u64,
+    /// The time of the latest event seen for this API.
+    pub updated_at: Instant,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    ok: bool,
+    ms: u64,
+}
+
+#[derive(Debug)]
+struct ApiState {
+    breaker: BreakerView,
+    in_flight: u32,
+    samples: VecDeque<Sample>,
+    refused: VecDeque<Instant>,
+    last_status: Option<StatusCode>,
+    last_error: Option<LastError>,
+    retries: u64,
+    redials: u64,
+    cancelled: u64,
+    updated_at: Instant,
+}
+
+impl ApiState {
+    fn new(at: Instant) -> Self {
+        ApiState {
+            breaker: BreakerView::Closed,
+            in_flight: 0,
+            samples: VecDeque::new(),
+            refused: VecDeque::new(),
+            last_status: None,
+            last_error: None,
+            retries: 0,
+            redials: 0,
+            cancelled: 0,
+            updated_at: at,
+        }
+    }
+
+    fn prune(&mut self, now: Instant, window: Duration) {
+        let horizon = now.saturating_sub(window);
+        while self.samples.front().is_some_and(|s| s.at < horizon) {
+            self.samples.pop_front();
+        }
+        while self.refused.front().is_some_and(|t| *t < horizon) {
+            self.refused.pop_front();
+        }
+    }
+}
+
+/// Keeps per-API health figures from the events of any number of clients.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use vantage_api_pool::{CallPolicy, ResilientClient};
+/// use vantage_api_pool::health::HealthObserver;
+/// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+///
+/// let rt = VirtualRuntime::new();
+/// let transport = ScriptedTransport::new(&rt);
+/// transport.push_many([Reply::status(503), Reply::ok().after(Duration::from_millis(40))]);
+/// let health = Arc::new(HealthObserver::new(Duration::from_secs(60)));
+/// let client = ResilientClient::builder(transport, rt.clone())
+///     .observer("orders-api", health.clone())
+///     .build()?;
+/// rt.block_on(client.execute(|http| http.get("/orders")))??;
+///
+/// let orders = health.snapshot("orders-api").unwrap();
+/// assert_eq!((orders.sends_in_window, orders.successes_in_window), (2, 1));
+/// assert_eq!(orders.success_rate, Some(0.5));
+/// assert_eq!(orders.last_status.map(|s| s.as_u16()), Some(200));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct HealthObserver {
+    window: Duration,
+    apis: Mutex<HashMap<Arc<str>, ApiState>>,
+}
+
+impl HealthObserver {
+    /// Figures over a sliding `window` of event time (success rate, latency).
+    #[must_use]
+    pub fn new(window: Duration) -> Self {
+        HealthObserver {
+            window,
+            apis: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, ApiState>> {
+        self.apis
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The figures of `api`, or `None` if no event of it was seen yet.
+    #[must_use]
+    pub fn snapshot(&self, api: &str) -> Option<ApiHealth> {
+        let mut apis = self.lock();
+        let state = apis.get_mut(api)?;
+        let now = state.updated_at;
+        state.prune(now, self.window);
+        Some(figures(state))
+    }
+
+    /// The figures of every API seen, sorted by name.
+    #[must_use]
+    pub fn snapshots(&self) -> Vec<(Arc<str>, ApiHealth)> {
+        let mut apis = self.lock();
+        let mut all: Vec<_> = apis
+            .iter_mut()
+            .map(|(name, state)| {
+                let now = state.updated_at;
+                state.prune(now, self.window);
+                (Arc::clone(name), figures(state))
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+}
+
+fn figures(state: &ApiState) -> ApiHealth {
+    let sends = u32::try_from(state.samples.len()).unwrap_or(u32::MAX);
+    let successes =
+        u32::try_from(state.samples.iter().filter(|s| s.ok).count()).unwrap_or(u32::MAX);
+    let total_ms: u128 = state.samples.iter().map(|s| u128::from(s.ms)).sum();
+    ApiHealth {
+        breaker: state.breaker,
+        in_flight: state.in_flight,
+        sends_in_window: sends,
+        successes_in_window: successes,
+        refused_in_window: u32::try_from(state.refused.len()).unwrap_or(u32::MAX),
+        success_rate: (sends > 0).then(|| f64::from(successes) / f64::from(sends)),
+        mean_latency_ms: (sends > 0).then(|| total_ms as f64 / f64::from(sends)),
+        max_latency_ms: state.samples.iter().map(|s| s.ms).max(),
+        last_status: state.last_status,
+        last_error: state.last_error.clone(),
+        retries: state.retries,
+        redials: state.redials,
+        cancelled: state.cancelled,
+        updated_at: state.updated_at,
+    }
+}
+
+impl TransportObserver for HealthObserver {
+    fn on_event(&self, api: &str, event: &TransportEvent) {
+        let mut apis = self.lock();
+        let state = match apis.get_mut(api) {
+            Some(state) => state,
+            None => apis
+                .entry(Arc::from(api))
+                .or_insert_with(|| ApiState::new(event.at)),
+        };
+        state.updated_at = state.updated_at.max(event.at);
+        match &event.kind {
+            EventKind::Started { .. } => state.in_flight += 1,
+            EventKind::Succeeded { status, ms, .. } => {
+                state.in_flight = state.in_flight.saturating_sub(1);
+                state.last_status = Some(*status);
+                state.samples.push_back(Sample {
+                    at: event.at,
+                    ok: true,
+                    ms: *ms,
+                });
+            }
+            EventKind::Failed {
+                error, ms, sent, ..
+            } => {
+                state.in_flight = state.in_flight.saturating_sub(1);
+                if *sent {
+                    state.samples.push_back(Sample {
+                        at: event.at,
+                        ok: false,
+                        ms: *ms,
+                    });
+                    if let Some(status) = error.status() {
+                        state.last_status = Some(status);
+                    }
+                } else {
+                    state.refused.push_back(event.at);
+                }
+                state.last_error = Some(LastError {
+                    at: event.at,
+                    error: error.clone(),
+                });
+            }
+            EventKind::Cancelled { .. } => {
+                state.in_flight = state.in_flight.saturating_sub(1);
+                state.cancelled += 1;
+            }
+            EventKind::Redialing { .. } => state.redials += 1,
+            EventKind::RetryScheduled { .. } => state.retries += 1,
+            EventKind::BreakerOpened { cooldown } => {
+                state.breaker = BreakerView::Open {
+                    since: event.at,
+                    cooldown: *cooldown,
+                };
+            }
+            EventKind::BreakerClosed => state.breaker = BreakerView::Closed,
+            EventKind::RowsPulled { .. } | EventKind::WritePushed => {}
+        }
+        let now = state.updated_at;
+        state.prune(now, self.window);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::observer::CallId;
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_origin(Duration::from_millis(ms))
+    }
+
+    fn ev(ms: u64, kind: EventKind) -> TransportEvent {
+        TransportEvent::new(at(ms), Some(CallId(1)), kind)
+    }
+
+    #[test]
+    fn keeps_figures_per_api_over_a_window() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        let err = ClientError::new(ErrorKind::Status(StatusCode::BAD_GATEWAY), 1);
+        h.on_event(
+            "a",
+            &ev(
+                0,
+                EventKind::Started {
+                    send: 1,
+                    attempt: 1,
+                },
+            ),
+        );
+        assert_eq!(h.snapshot("a").unwrap().in_flight, 1);
+        h.on_event(
+            "a",
+            &ev(
+                100,
+                EventKind::Failed {
+                    send: 1,
+                    attempt: 1,
+                    error: err.clone(),
+                    ms: 100,
+                    sent: true,
+                },
+            ),
+        );
+        h.on_event(
+            "a",
+            &ev(
+                100,
+                EventKind::RetryScheduled {
+                    attempt: 2,
+                    after: Duration::from_millis(5),
+                },
+            ),
+        );
+        h.on_event(
+            "a",
+            &ev(
+                105,
+                EventKind::Started {
+                    send: 2,
+                    attempt: 2,
+                },
+            ),
+        );
+        h.on_event(
+            "a",
+            &ev(
+                125,
+                EventKind::Succeeded {
+                    send: 2,
+                    attempt: 2,
+                    status: StatusCode::OK,
+                    ms: 20,
+                    bytes: None,
+                },
+            ),
+        );
+        h.on_event(
+            "b",
+            &ev(
+                130,
+                EventKind::BreakerOpened {
+                    cooldown: Duration::from_secs(5),
+                },
+            ),
+        );
+        let a = h.snapshot("a").unwrap();
+        assert_eq!(
+            (
+                a.in_flight,
+                a.sends_in_window,
+                a.successes_in_window,
+                a.retries
+            ),
+            (0, 2, 1, 1)
+        );
+        assert_eq!(a.success_rate, Some(0.5));
+        assert_eq!(a.mean_latency_ms, Some(60.0));
+        assert_eq!(a.max_latency_ms, Some(100));
+        assert_eq!(a.last_status, Some(StatusCode::OK));
+        assert_eq!(
+            a.last_error.unwrap().error.status(),
+            Some(StatusCode::BAD_GATEWAY)
+        );
+        let b = h.snapshot("b").unwrap();
+        assert_eq!(
+            b.breaker,
+            BreakerView::Open {
+                since: at(130),
+                cooldown: Duration::from_secs(5)
+            }
+        );
+        assert_eq!(b.success_rate, None);
+        // Samples older than the window drop out.
+        h.on_event(
+            "a",
+            &ev(
+                20_000,
+                EventKind::Started {
+                    send: 1,
+                    attempt: 1,
+                },
+            ),
+        );
+        let a = h.snapshot("a").unwrap();
+        assert_eq!((a.sends_in_window, a.success_rate), (0, None));
+        assert_eq!(h.snapshots().len(), 2);
+        h.on_event("b", &ev(20_000, EventKind::BreakerClosed));
+        assert_eq!(h.snapshot("b").unwrap().breaker, BreakerView::Closed);
+    }
+
+    #[test]
+    fn synthetic_failures_are_refusals_not_sends() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        let err = ClientError::new(ErrorKind::BreakerOpen, 0);
+        h.on_event(
+            "a",
+            &ev(
+                0,
+                EventKind::Started {
+                    send: 1,
+                    attempt: 1,
+                },
+            ),
+        );
+        h.on_event(
+            "a",
+            &ev(
+                0,
+                EventKind::Failed {
+                    send: 1,
+                    attempt: 1,
+                    error: err,
+                    ms: 0,
+                    sent: false,
+                },
+            ),
+        );
+        let a = h.snapshot("a").unwrap();
+        assert_eq!(
+            (a.sends_in_window, a.refused_in_window, a.in_flight),
+            (0, 1, 0)
+        );
+        assert_eq!(a.last_error.unwrap().error.kind_name(), "breaker_open");
+    }
+}

@@ -1,0 +1,95 @@
+//! `TracingObserver` emits each event as a `tracing` event with the API key.
+#![cfg(feature = "tracing")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata, Subscriber};
+use vantage_api_pool::tracing_observer::TracingObserver;
+use vantage_api_pool_testkit::Reply;
+
+type FieldMap = BTreeMap<String, String>;
+
+/// Keeps (level, fields) for every event.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<(Level, FieldMap)>>>);
+
+struct Fields(FieldMap);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+}
+
+impl Subscriber for Capture {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = Fields(FieldMap::new());
+        event.record(&mut fields);
+        self.0
+            .lock()
+            .unwrap()
+            .push((*event.metadata().level(), fields.0));
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+#[test]
+fn events_become_tracing_events_with_the_api_key() {
+    let w = World::new();
+    w.transport
+        .push_many([Reply::status(503).body("secret body"), Reply::ok()]);
+    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("orders-api", Arc::new(TracingObserver))
+        .build()
+        .unwrap();
+    let capture = Capture::default();
+    tracing::subscriber::with_default(capture.clone(), || {
+        w.rt.block_on(client.execute_with(&bounded(1, ms(5)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+    });
+    let lines = capture.0.lock().unwrap().clone();
+    let names: Vec<_> = lines
+        .iter()
+        .map(|(level, f)| (level.to_string(), f["event"].clone()))
+        .collect();
+    let want = [
+        ("TRACE", "\"started\""),
+        ("WARN", "\"failed\""),
+        ("DEBUG", "\"retry_scheduled\""),
+        ("TRACE", "\"started\""),
+        ("DEBUG", "\"succeeded\""),
+    ]
+    .map(|(l, e)| (l.to_owned(), e.to_owned()));
+    assert_eq!(names, want);
+    assert!(
+        lines
+            .iter()
+            .all(|(_, f)| f["api"] == "\"orders-api\"" && f["call"] == "1"),
+        "{lines:?}"
+    );
+    let failed = &lines[1].1;
+    assert_eq!(failed["status"], "503");
+    assert_eq!(failed["message"], "HTTP 503 after 1 attempt");
+    assert_eq!(lines[4].1["attempt"], "2");
+    assert!(
+        lines
+            .iter()
+            .all(|(_, f)| f.values().all(|v| !v.contains("secret")))
+    );
+}
