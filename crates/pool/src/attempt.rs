@@ -44,6 +44,8 @@ pub(crate) struct Call<'c, T, R, A> {
     redials: u32,
     /// Whether some send may have reached the server.
     reached: bool,
+    /// Whether the next send redials the last attempt (after `NotSent`).
+    redialing: bool,
     /// Whether the call already replayed after a 401.
     replayed: bool,
     /// The token generation of the last send's auth header.
@@ -120,6 +122,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             retries: 0,
             redials: 0,
             reached: false,
+            redialing: false,
             replayed: false,
             token_generation: None,
             deadline,
@@ -138,7 +141,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     /// Ends the call before a send: a synthetic `Started` + `Failed { sent: false }`
     /// pair carrying `error`, which is returned.
     fn refuse(&mut self, error: ClientError) -> ClientError {
-        let (send, attempt) = (self.send + 1, self.attempt + 1);
+        let attempt = if self.redialing {
+            self.attempt
+        } else {
+            self.attempt + 1
+        };
+        let send = self.send + 1;
         self.emit(|| EventKind::Started { send, attempt });
         self.emit(|| EventKind::Failed {
             send,
@@ -205,7 +213,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     }
 
     /// `wait_for_gate`: the transport's shared limiter (not charged to the budget),
-    /// the breaker, then a rate token. Holds no permit.
+    /// the breaker, the auth token, then a rate token (last, so a long token fetch
+    /// does not sit on a rate token). Holds no permit.
     async fn wait_for_gate(
         &mut self,
     ) -> Result<(Option<ProbeGuard<'c>>, Option<Token>), ClientError> {
@@ -219,8 +228,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             return Err(self.timed_out_at_gate());
         }
         let probe = self.pass_breaker().await?;
-        self.take_token().await?;
         let token = self.auth_token(None).await?;
+        self.take_token().await?;
         Ok((probe, token))
     }
 
@@ -275,10 +284,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         F: FnMut(&T::Handle) -> T::Draft,
     {
         let client = self.client;
-        let mut redialing = false;
         loop {
             // ---- wait_for_gate.
-            let (probe, token) = match self.wait_for_gate().await {
+            let (mut probe, token) = match self.wait_for_gate().await {
                 Ok(ticket) => ticket,
                 Err(error) => return Err(self.refuse(error)),
             };
@@ -322,7 +330,19 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 }
                 None => client.limiter.acquire().await,
             };
-            if !redialing {
+            // The breaker may have opened while this send waited for its token or
+            // permit: a send that is not the probe asks again, from the top.
+            if probe.is_none()
+                && let Some(breaker) = &client.breaker
+            {
+                match breaker.check(self.now()) {
+                    Gate::Allow { probe: granted } => {
+                        probe = granted.map(|epoch| ProbeGuard::new(breaker, epoch));
+                    }
+                    Gate::OpenFor(_) => continue,
+                }
+            }
+            if !self.redialing {
                 self.attempt += 1;
             }
             self.send += 1;
@@ -448,14 +468,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     // A newer token than the one the 401 answered; no retry budget
                     // spent, no RetryScheduled. The next gate applies it.
                     self.replayed = true;
-                    redialing = false;
+                    self.redialing = false;
                     if let Err(error) = self.auth_token(self.token_generation).await {
                         return Err(self.refuse(error));
                     }
                 }
                 Action::Redial => {
                     self.redials += 1;
-                    redialing = true;
+                    self.redialing = true;
                     let next = self.send + 1;
                     self.emit(|| EventKind::Redialing {
                         send: next,
@@ -476,7 +496,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     });
                     client.runtime.sleep(delay).await;
                     self.retries += 1;
-                    redialing = false;
+                    self.redialing = false;
                 }
                 _ => return Err(error),
             }
