@@ -54,6 +54,21 @@ pub struct ClientBuilder<T, R, A = NoAuth> {
 /// The default of [`ClientBuilder::max_parallel`]: 8 sends in flight.
 pub const DEFAULT_MAX_PARALLEL: usize = 8;
 
+impl<T, R, A> std::fmt::Debug for ClientBuilder<T, R, A> {
+    /// Settings only: no transport, runtime or token source internals.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("api", &self.observer.as_ref().map(|(k, _)| k))
+            .field("default_retry", &self.default_retry)
+            .field("max_parallel", &self.max_parallel)
+            .field("rate", &self.rate)
+            .field("breaker", &self.breaker)
+            .field("request_id_header", &self.request_id_header)
+            .field("retry_count_header", &self.retry_count_header)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<T: Transport, R: Runtime> ClientBuilder<T, R, NoAuth> {
     pub(crate) fn new(transport: T, runtime: R) -> Self {
         ClientBuilder {
