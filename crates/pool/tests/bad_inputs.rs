@@ -12,7 +12,9 @@ use vantage_api_pool_testkit::Reply;
 
 /// One 503 carrying `headers`, then a 200, under a policy whose own back-off is
 /// 100 ms and whose ceiling is 5 s, jitter off: returns when the retry left.
-fn retry_wait(headers: &[(&str, &[u8])]) -> Duration {
+type Headers<'a> = &'a [(&'a str, &'a [u8])];
+
+fn retry_wait(headers: Headers<'_>) -> Duration {
     let w = World::new();
     w.rt.set_wall_clock(SystemTime::UNIX_EPOCH + secs(1_767_225_600)); // 2026-01-01T00:00:00Z
     let mut reply = Reply::status(503);
@@ -39,7 +41,7 @@ fn retry_wait(headers: &[(&str, &[u8])]) -> Duration {
 fn server_delays_malformed_and_extreme() {
     let policy = ms(100); // the policy's own back-off: what a refused header leaves
     let ceiling = secs(5);
-    let cases: &[(&str, &[(&str, &[u8])], Duration)] = &[
+    let cases: &[(&str, Headers<'_>, Duration)] = &[
         ("valid seconds", &[("retry-after", b"2")], secs(2)),
         ("valid ms", &[("retry-after-ms", b"1500")], ms(1500)),
         (
