@@ -2,6 +2,10 @@
 
 mod common;
 
+// On wasm32 the same tests run under wasm-bindgen-test, in Node and in a browser.
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
 use std::time::Duration;
 
 use common::*;

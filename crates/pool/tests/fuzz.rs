@@ -1,5 +1,7 @@
 //! Property tests (run in CI) for the two parsers of untrusted input: server-delay
 //! headers and error-body truncation. `PROPTEST_CASES=100000` runs them longer.
+//! Native only: proptest's randomness does not build for wasm32.
+#![cfg(not(target_arch = "wasm32"))]
 
 use std::time::{Duration, SystemTime};
 

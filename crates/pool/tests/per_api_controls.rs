@@ -3,6 +3,10 @@
 
 mod common;
 
+// On wasm32 the same tests run under wasm-bindgen-test, in Node and in a browser.
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

@@ -3,22 +3,33 @@
 
 mod common;
 
+// On wasm32 the same tests run under wasm-bindgen-test, in Node and in a browser.
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
 use std::cell::Cell;
 use std::future::Future;
 use std::rc::Rc;
 
 use common::*;
 use http::{HeaderName, HeaderValue};
+#[cfg(not(target_arch = "wasm32"))]
+use vantage_api_pool::CallPolicy;
 use vantage_api_pool::auth::{AuthError, token_fn};
-use vantage_api_pool::{CallPolicy, ResilientClient, Transport, TransportError};
+use vantage_api_pool::{ResilientClient, Transport, TransportError};
 use vantage_api_pool_testkit::{
     Reply, ScriptedHttp, ScriptedRequest, ScriptedRequestBuilder, ScriptedResponse,
     ScriptedTransport,
 };
 
+#[cfg(not(target_arch = "wasm32"))]
 fn assert_send<T: Send>(_: &T) {}
+#[cfg(not(target_arch = "wasm32"))]
 fn assert_send_sync<T: Send + Sync>() {}
 
+/// Native only: on wasm32 observers need not be `Send + Sync` (`MaybeSendSync`), so
+/// no client is `Send` there.
+#[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn the_call_future_is_send_over_send_ports() {
     let w = World::new();

@@ -1,6 +1,7 @@
 //! The runtime on JavaScript's clocks and timers.
 
 use std::cell::Cell;
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -31,28 +32,100 @@ extern "C" {
 const MAX_TIMEOUT_MS: u128 = i32::MAX as u128;
 
 /// The [`Runtime`] port on JavaScript's clocks: `performance.now()`, `Date.now()`,
-/// `setTimeout` and `Math.random()`.
+/// `setTimeout` and `Math.random()` (or a seeded generator).
 ///
 /// Its instants are measured from the `performance.now()` of the moment it was made;
-/// copies share that origin. Not `Send`: it lives on the JavaScript thread.
-#[derive(Debug, Clone, Copy)]
+/// clones share that origin, the count of [pending timers](WasmRuntime::pending_timers)
+/// and the seeded generator if there is one. Cloning is one reference count.
+///
+/// Not `Send`: it and its sleeps live on the JavaScript thread that made them.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use vantage_api_pool::Runtime;
+/// use vantage_api_pool_wasm::WasmRuntime;
+///
+/// # async fn demo() {
+/// let rt = WasmRuntime::new();
+/// let start = rt.now();
+/// rt.sleep(Duration::from_millis(50)).await;
+/// assert!(rt.now() - start >= Duration::from_millis(50));
+/// # }
+/// ```
+#[derive(Clone)]
 pub struct WasmRuntime {
+    shared: Rc<RuntimeShared>,
+}
+
+/// What clones of one runtime share.
+struct RuntimeShared {
+    /// `performance.now()` when the runtime was made.
     origin_ms: f64,
+    /// Timers armed and neither fired nor cleared yet.
+    pending: Cell<usize>,
+    /// `Some` for a seeded runtime: the SplitMix64 state.
+    seed: Option<Cell<u64>>,
 }
 
 impl WasmRuntime {
-    /// A runtime whose origin is now.
+    /// A runtime whose origin is now, with jitter from `Math.random()`.
     #[must_use]
     pub fn new() -> Self {
+        WasmRuntime::with_random(None)
+    }
+
+    /// A runtime whose origin is now, with jitter from a generator seeded with `seed`
+    /// (SplitMix64), so the jitter of a run can be replayed. Clones share the
+    /// generator.
+    #[must_use]
+    pub fn with_seed(seed: u64) -> Self {
+        WasmRuntime::with_random(Some(seed))
+    }
+
+    fn with_random(seed: Option<u64>) -> Self {
         WasmRuntime {
-            origin_ms: performance_now(),
+            shared: Rc::new(RuntimeShared {
+                origin_ms: performance_now(),
+                pending: Cell::new(0),
+                seed: seed.map(Cell::new),
+            }),
         }
+    }
+
+    /// How many JavaScript timers this runtime's sleeps (and its clones' sleeps) have
+    /// armed that have neither fired nor been cleared.
+    ///
+    /// A sleep arms a timer when it is first polled and clears it when dropped, so
+    /// this is how a test sees that a dropped sleep leaves nothing behind in the
+    /// JavaScript event loop.
+    #[must_use]
+    pub fn pending_timers(&self) -> usize {
+        self.shared.pending.get()
+    }
+
+    /// `performance.now()` minus the origin, in whole nanoseconds, rounded down
+    /// (`ceil == false`) or up.
+    fn elapsed(&self, ceil: bool) -> Duration {
+        let ns = (performance_now() - self.shared.origin_ms) * 1_000_000.0;
+        let ns = if ceil { ns.ceil() } else { ns.floor() };
+        // `as` saturates: NaN and negatives become 0.
+        Duration::from_nanos(ns as u64)
     }
 }
 
 impl Default for WasmRuntime {
     fn default() -> Self {
         WasmRuntime::new()
+    }
+}
+
+impl fmt::Debug for WasmRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WasmRuntime")
+            .field("origin_ms", &self.shared.origin_ms)
+            .field("pending_timers", &self.shared.pending.get())
+            .field("seeded", &self.shared.seed.is_some())
+            .finish()
     }
 }
 
@@ -63,8 +136,10 @@ fn millis(ms: f64) -> Duration {
 }
 
 impl Runtime for WasmRuntime {
+    /// `performance.now()` since the runtime's origin, rounded down to whole
+    /// nanoseconds. Never goes backwards: `performance.now()` is monotonic.
     fn now(&self) -> Instant {
-        Instant::from_origin(millis(performance_now() - self.origin_ms))
+        Instant::from_origin(self.elapsed(false))
     }
 
     /// `Date.now()`; a time before 1970 reads as the Unix epoch.
@@ -78,23 +153,43 @@ impl Runtime for WasmRuntime {
     #[allow(refining_impl_trait)]
     fn sleep_until(&self, deadline: Instant) -> Sleep {
         Sleep {
-            runtime: *self,
+            runtime: self.clone(),
             deadline,
             timer: None,
         }
     }
 
-    /// A [`Sleep`] until now plus `duration`, saturating at [`Instant::FAR_FUTURE`].
+    /// A [`Sleep`] until `duration` after now, saturating at [`Instant::FAR_FUTURE`].
+    ///
+    /// "Now" is rounded up here and down when the sleep checks the clock, so the
+    /// sleep lasts at least `duration` of raw `performance.now()`.
     #[allow(refining_impl_trait)]
     fn sleep(&self, duration: Duration) -> Sleep {
-        self.sleep_until(self.now().saturating_add(duration))
+        self.sleep_until(Instant::from_origin(self.elapsed(true)).saturating_add(duration))
     }
 
-    /// `Math.random()`, in `[0, 1)`.
+    /// `Math.random()`, or the next number of the seeded generator; in `[0, 1)`.
     fn random(&self) -> f64 {
-        let x = js_sys::Math::random();
+        let x = match &self.shared.seed {
+            Some(state) => {
+                let (next, x) = splitmix64(state.get());
+                state.set(next);
+                // The top 53 bits as a fraction: exactly representable, below 1.
+                (x >> 11) as f64 / (1u64 << 53) as f64
+            }
+            None => js_sys::Math::random(),
+        };
         if (0.0..1.0).contains(&x) { x } else { 0.0 }
     }
+}
+
+/// One SplitMix64 step: the next state and the output.
+fn splitmix64(state: u64) -> (u64, u64) {
+    let next = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = next;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (next, z ^ (z >> 31))
 }
 
 /// The future of [`WasmRuntime::sleep_until`]: completes once the runtime's clock
@@ -105,7 +200,9 @@ impl Runtime for WasmRuntime {
 /// millisecond) and cannot wait longer than about 24.8 days, so when the timer fires
 /// the sleep reads the clock again and, if the deadline has not come, arms a new
 /// timer for the rest. [`Instant::FAR_FUTURE`] arms no timer and never completes.
-/// Dropping the sleep clears its timer.
+///
+/// Dropping the sleep clears its timer (`clearTimeout`), which
+/// [`WasmRuntime::pending_timers`] shows.
 #[must_use = "futures do nothing unless polled"]
 #[derive(Debug)]
 pub struct Sleep {
@@ -138,7 +235,13 @@ impl Future for Sleep {
         match &this.timer {
             Some(timer) if !timer.shared.fired.get() => timer.shared.set_waker(cx.waker()),
             // Not armed yet, or fired before the deadline: arm for the rest.
-            _ => this.timer = Some(Timer::arm(this.deadline - now, cx.waker())),
+            _ => {
+                this.timer = Some(Timer::arm(
+                    &this.runtime.shared,
+                    this.deadline - now,
+                    cx.waker(),
+                ));
+            }
         }
         Poll::Pending
     }
@@ -146,12 +249,12 @@ impl Future for Sleep {
 
 /// What a timer's callback shares with its sleep.
 #[derive(Default)]
-struct Shared {
+struct TimerShared {
     fired: Cell<bool>,
     waker: Cell<Option<Waker>>,
 }
 
-impl Shared {
+impl TimerShared {
     fn set_waker(&self, waker: &Waker) {
         let old = self.waker.take();
         self.waker.set(Some(match old {
@@ -161,24 +264,28 @@ impl Shared {
     }
 }
 
-/// A `setTimeout`, cleared when dropped.
+/// A `setTimeout`, cleared when dropped before it fires.
 struct Timer {
     handle: JsValue,
-    shared: Rc<Shared>,
+    shared: Rc<TimerShared>,
+    runtime: Rc<RuntimeShared>,
     // Must outlive the JavaScript timer: `Drop` clears the timer before this drops.
     _callback: Closure<dyn FnMut()>,
 }
 
 impl Timer {
-    /// Arms a timer for `left` (rounded up to whole milliseconds, at most
-    /// [`MAX_TIMEOUT_MS`]) that wakes `waker`.
-    fn arm(left: Duration, waker: &Waker) -> Timer {
-        let shared = Rc::new(Shared::default());
+    /// Arms a timer for `left` (rounded up to whole milliseconds, at least 1, at most
+    /// [`MAX_TIMEOUT_MS`]) that wakes `waker`, counted in `runtime`'s pending timers.
+    fn arm(runtime: &Rc<RuntimeShared>, left: Duration, waker: &Waker) -> Timer {
+        let shared = Rc::new(TimerShared::default());
         shared.set_waker(waker);
         let callback = {
             let shared = Rc::clone(&shared);
+            let runtime = Rc::clone(runtime);
             Closure::new(move || {
-                shared.fired.set(true);
+                if !shared.fired.replace(true) {
+                    runtime.pending.set(runtime.pending.get().saturating_sub(1));
+                }
                 if let Some(waker) = shared.waker.take() {
                     waker.wake();
                 }
@@ -186,9 +293,12 @@ impl Timer {
         };
         let ms = left.as_nanos().div_ceil(1_000_000).clamp(1, MAX_TIMEOUT_MS);
         let ms = i32::try_from(ms).unwrap_or(i32::MAX);
+        let handle = set_timeout(&callback, ms);
+        runtime.pending.set(runtime.pending.get() + 1);
         Timer {
-            handle: set_timeout(&callback, ms),
+            handle,
             shared,
+            runtime: Rc::clone(runtime),
             _callback: callback,
         }
     }
@@ -196,12 +306,16 @@ impl Timer {
 
 impl Drop for Timer {
     fn drop(&mut self) {
-        clear_timeout(&self.handle);
+        if !self.shared.fired.replace(true) {
+            clear_timeout(&self.handle);
+            let pending = &self.runtime.pending;
+            pending.set(pending.get().saturating_sub(1));
+        }
     }
 }
 
-impl std::fmt::Debug for Timer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for Timer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Timer")
             .field("fired", &self.shared.fired.get())
             .finish_non_exhaustive()

@@ -1,0 +1,246 @@
+//! A small HTTP/1.1 fault server on 127.0.0.1 for the wasm tests of
+//! `vantage-api-pool-wasm` (`tests/reqwest_client.rs`), built natively and started
+//! by `scripts/wasm-test`.
+//!
+//! ```text
+//! cargo run -p vantage-api-pool-wasm --example fault_server [-- --max-seconds N]
+//! ```
+//!
+//! It binds an ephemeral port on 127.0.0.1, prints `listening on 127.0.0.1:PORT` as
+//! its first line, and exits by itself after `--max-seconds` (default 900) in case
+//! whoever started it does not stop it.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `OPTIONS` anything | `204`, the CORS allow headers (methods, the requested headers); not counted |
+//! | `GET /flaky/<id>` | first request `503` with `Retry-After: 1`, later ones `200 ok` |
+//! | `GET /missing/<id>` | `404` with the body `no such order` |
+//! | `GET /count?path=<path>` | how many requests (not preflights) `<path>` received |
+//! | `GET /preflights?path=<path>` | how many `OPTIONS` preflights `<path>` received |
+//! | anything else | `200 ok` |
+//!
+//! Every answer carries `Access-Control-Allow-Origin: *`,
+//! `Access-Control-Expose-Headers: retry-after, retry-after-ms, x-request-id` (so a
+//! browser lets the client read them) and an `x-request-id` naming the path and the
+//! request's number. Every request and preflight is logged to stderr.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+const EXPOSED: &str = "retry-after, retry-after-ms, x-request-id";
+
+#[derive(Default)]
+struct Counts {
+    requests: HashMap<String, u64>,
+    preflights: HashMap<String, u64>,
+}
+
+type Shared = Arc<Mutex<Counts>>;
+
+fn main() {
+    let max_seconds = parse_max_seconds();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local address");
+    println!("listening on {addr}");
+    std::io::stdout().flush().expect("flush stdout");
+
+    // Stop by ourselves after max_seconds, whatever happens to the parent.
+    std::thread::spawn(move || {
+        let (_keep, wait) = mpsc::channel::<()>();
+        let _ = wait.recv_timeout(Duration::from_secs(max_seconds));
+        eprintln!("fault_server: {max_seconds} s are up, exiting");
+        std::process::exit(0);
+    });
+
+    let counts = Shared::default();
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        let counts = Arc::clone(&counts);
+        std::thread::spawn(move || {
+            if let Err(e) = serve(stream, &counts) {
+                eprintln!("fault_server: connection error: {e}");
+            }
+        });
+    }
+}
+
+fn parse_max_seconds() -> u64 {
+    let mut args = std::env::args().skip(1);
+    let mut max = 900;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--max-seconds" => {
+                max = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--max-seconds takes a whole number of seconds");
+            }
+            other => panic!("unknown argument {other:?}; usage: fault_server [--max-seconds N]"),
+        }
+    }
+    max
+}
+
+/// Serves the requests of one connection (keep-alive) until the peer closes it.
+fn serve(stream: TcpStream, counts: &Shared) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let mut parts = line.split_whitespace();
+        let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
+            return Ok(());
+        };
+        let (method, target) = (method.to_owned(), target.to_owned());
+
+        let mut headers = HashMap::new();
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header)? == 0 {
+                return Ok(());
+            }
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':') {
+                headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
+            }
+        }
+        // Discard a request body.
+        let length: u64 = headers
+            .get("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        std::io::copy(&mut (&mut reader).take(length), &mut std::io::sink())?;
+
+        let reply = answer(&method, &target, &headers, counts);
+        writer.write_all(&reply)?;
+        writer.flush()?;
+    }
+}
+
+/// The whole HTTP response to one request.
+fn answer(
+    method: &str,
+    target: &str,
+    headers: &HashMap<String, String>,
+    counts: &Shared,
+) -> Vec<u8> {
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+
+    if method == "OPTIONS" {
+        let n = {
+            let n = counts.preflights.entry(path.to_owned()).or_default();
+            *n += 1;
+            *n
+        };
+        drop(counts);
+        eprintln!("fault_server: OPTIONS {path} (preflight {n}, not counted as a request)");
+        let requested = headers
+            .get("access-control-request-headers")
+            .map_or("", String::as_str);
+        return response(
+            "204 No Content",
+            &[
+                (
+                    "access-control-allow-methods",
+                    "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS",
+                ),
+                ("access-control-allow-headers", requested),
+                ("access-control-max-age", "0"),
+            ],
+            "",
+        );
+    }
+
+    let query_path = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("path="))
+        .map(percent_decode)
+        .unwrap_or_default();
+    match path {
+        "/count" => {
+            let n = counts.requests.get(&query_path).copied().unwrap_or(0);
+            return response("200 OK", &[], &n.to_string());
+        }
+        "/preflights" => {
+            let n = counts.preflights.get(&query_path).copied().unwrap_or(0);
+            return response("200 OK", &[], &n.to_string());
+        }
+        _ => {}
+    }
+
+    let n = {
+        let n = counts.requests.entry(path.to_owned()).or_default();
+        *n += 1;
+        *n
+    };
+    drop(counts);
+    eprintln!("fault_server: {method} {path} (request {n})");
+    let request_id = format!("req-{}-{n}", path.trim_start_matches('/').replace('/', "-"));
+    let id = ("x-request-id", request_id.as_str());
+    if path.starts_with("/flaky/") && n == 1 {
+        response(
+            "503 Service Unavailable",
+            &[id, ("retry-after", "1")],
+            "busy",
+        )
+    } else if path.starts_with("/missing/") {
+        response("404 Not Found", &[id], "no such order")
+    } else {
+        response("200 OK", &[id], "ok")
+    }
+}
+
+fn response(status: &str, extra: &[(&str, &str)], body: &str) -> Vec<u8> {
+    let mut head = format!(
+        "HTTP/1.1 {status}\r\n\
+         access-control-allow-origin: *\r\n\
+         access-control-expose-headers: {EXPOSED}\r\n\
+         content-type: text/plain\r\n\
+         content-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in extra {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(body.as_bytes());
+    bytes
+}
+
+/// Decodes `%XX` escapes (the test escapes `/` in the `path=` parameter).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| bytes.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(b) => {
+                out.push(b);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,237 @@
+//! A real `ResilientClient<ReqwestTransport, WasmRuntime>` (fetch underneath)
+//! against the fault server (`examples/fault_server.rs`) on 127.0.0.1, in Node and
+//! in headless Chromium. Empty on other targets.
+//!
+//! `scripts/wasm-test` starts the server and sets `VANTAGE_FAULT_SERVER` (for
+//! example `http://127.0.0.1:38211`) when it compiles this file; compiled without it,
+//! every test here fails and says so.
+#![cfg(target_arch = "wasm32")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use vantage_api_pool::{
+    CallPolicy, ClientError, ErrorKind, EventKind, ResilientClient, Runtime, TransportErrorKind,
+    TransportEvent, TransportResponse,
+};
+use vantage_api_pool_reqwest::{ReqwestTransport, reqwest};
+use vantage_api_pool_testkit::RecordingObserver;
+use vantage_api_pool_wasm::WasmRuntime;
+use wasm_bindgen::JsValue;
+use wasm_bindgen::prelude::wasm_bindgen;
+use wasm_bindgen_test::wasm_bindgen_test;
+
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = performance, js_name = now)]
+    fn raw_performance_now() -> f64;
+}
+
+/// The fault server's origin, fixed when this file was compiled.
+fn server() -> &'static str {
+    match option_env!("VANTAGE_FAULT_SERVER") {
+        Some(origin) if !origin.is_empty() => origin.trim_end_matches('/'),
+        _ => panic!(
+            "VANTAGE_FAULT_SERVER was not set when this test was compiled: run \
+             scripts/wasm-test, which starts the fault server on 127.0.0.1 and sets it"
+        ),
+    }
+}
+
+/// True in a browser (a `document` exists), false in Node.
+fn in_browser() -> bool {
+    js_sys::Reflect::has(&js_sys::global(), &JsValue::from_str("document")).unwrap_or(false)
+}
+
+/// A path no earlier run used, so counts start at zero even when the server is shared.
+fn fresh(prefix: &str) -> String {
+    let nonce = (js_sys::Math::random() * 9_007_199_254_740_992.0) as u64;
+    format!("/{prefix}/{nonce:x}")
+}
+
+type Client = ResilientClient<ReqwestTransport, WasmRuntime>;
+
+fn client(observer: &RecordingObserver) -> Client {
+    ResilientClient::builder(
+        ReqwestTransport::new(reqwest::Client::new()),
+        WasmRuntime::new(),
+    )
+    .observer("fault-server", Arc::new(observer.clone()))
+    .build()
+    .expect("valid settings")
+}
+
+/// What the fault server counted for `path` at `/count` or `/preflights`.
+async fn counted(what: &str, path: &str) -> u64 {
+    let url = format!("{}/{what}?path={}", server(), path.replace('/', "%2F"));
+    let text = reqwest::Client::new()
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("the fault server at {} answers: {e}", server()))
+        .text()
+        .await
+        .expect("a count");
+    text.parse()
+        .unwrap_or_else(|_| panic!("a count, got {text:?}"))
+}
+
+fn events(observer: &RecordingObserver) -> Vec<TransportEvent> {
+    observer.events().into_iter().map(|r| r.event).collect()
+}
+
+#[wasm_bindgen_test]
+async fn a_503_with_retry_after_1_then_200_succeeds_no_earlier_than_a_second_later() {
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let path = fresh("flaky");
+    let url = format!("{}{path}", server());
+
+    let raw_start = raw_performance_now();
+    let start = client.runtime().now();
+    // A custom header makes a browser send an OPTIONS preflight first.
+    let response = client
+        .execute(|http| http.get(&url).header("x-wasm-test", "1"))
+        .await
+        .expect("the retry after the 503 succeeds");
+    let raw = raw_performance_now() - raw_start;
+
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        raw >= 1_000.0,
+        "succeeded after {raw} ms of performance.now()"
+    );
+    assert!(raw < 10_000.0, "took {raw} ms");
+    assert_eq!(
+        counted("count", &path).await,
+        2,
+        "two attempts reached the server"
+    );
+    if in_browser() {
+        assert!(
+            counted("preflights", &path).await >= 1,
+            "the browser preflighted the custom header (and the server did not count it)"
+        );
+    }
+
+    assert_eq!(
+        observer.kinds(),
+        [
+            "started",
+            "failed",
+            "retry_scheduled",
+            "started",
+            "succeeded"
+        ]
+    );
+    observer.check_contract().expect("observer contract");
+    let events = events(&observer);
+    let EventKind::Failed {
+        error, sent: true, ..
+    } = &events[1].kind
+    else {
+        panic!("a real failed send: {:?}", events[1]);
+    };
+    assert_eq!(error.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(error.attempts(), 1);
+    // Both exposed by the server's Access-Control-Expose-Headers.
+    assert_eq!(error.retry_after(), Some(Duration::from_secs(1)));
+    assert_eq!(
+        error.request_id(),
+        Some(format!("req-{}-1", path[1..].replace('/', "-")).as_str())
+    );
+    let EventKind::RetryScheduled { attempt: 2, after } = events[2].kind else {
+        panic!("a retry: {:?}", events[2]);
+    };
+    // The server's delay, plus at most the default jitter of a quarter.
+    assert!(
+        after >= Duration::from_secs(1) && after <= Duration::from_millis(1_250),
+        "{after:?}"
+    );
+    assert!(events[3].at - events[1].at >= Duration::from_secs(1));
+    assert!(events[3].at - start >= Duration::from_secs(1));
+    let EventKind::Succeeded {
+        send: 2,
+        attempt: 2,
+        status,
+        bytes,
+        ..
+    } = events[4].kind
+    else {
+        panic!("the second send succeeds: {:?}", events[4]);
+    };
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(bytes, Some(2));
+    assert_eq!(client.runtime().pending_timers(), 0);
+}
+
+#[wasm_bindgen_test]
+async fn a_404_is_final_after_one_attempt_with_its_body() {
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let path = fresh("missing");
+    let url = format!("{}{path}", server());
+
+    let err: ClientError = client
+        .execute(|http| http.get(&url))
+        .await
+        .expect_err("a 404 is an error");
+
+    assert_eq!(err.kind(), ErrorKind::Status(StatusCode::NOT_FOUND));
+    assert_eq!(err.attempts(), 1);
+    assert!(!err.is_retryable());
+    assert_eq!(err.body_text().as_deref(), Some("no such order"));
+    assert_eq!(
+        err.request_id(),
+        Some(format!("req-{}-1", path[1..].replace('/', "-")).as_str())
+    );
+    assert_eq!(err.to_string(), "HTTP 404 after 1 attempt");
+    assert_eq!(observer.kinds(), ["started", "failed"]);
+    observer.check_contract().expect("observer contract");
+    assert_eq!(counted("count", &path).await, 1);
+}
+
+#[wasm_bindgen_test]
+async fn a_refused_connection_is_interrupted_because_fetch_cannot_tell() {
+    // Fetch reports a refused connection, a DNS failure, a reset and a CORS refusal
+    // as the same TypeError: the adapter cannot say `Connect`, so it says
+    // `Interrupted` (retried only for idempotent calls). Port 9 (discard): nothing
+    // listens there; Node's fetch is refused, and Chromium blocks the port as unsafe
+    // before connecting, which fetch reports with the same TypeError.
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let err = client
+        .execute_with(&CallPolicy::background(), |http| {
+            http.get("http://127.0.0.1:9/nothing-listens-here")
+        })
+        .await
+        .expect_err("nothing listens on port 9");
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted),
+        "{err:?}"
+    );
+    assert_eq!(err.attempts(), 1);
+    assert!(!err.to_string().contains("127.0.0.1"), "{err}");
+    assert_eq!(observer.kinds(), ["started", "failed"]);
+}
+
+#[wasm_bindgen_test]
+async fn a_body_is_read_by_the_caller_after_success() {
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let path = fresh("plain");
+    let url = format!("{}{path}", server());
+    let response = client.execute(|http| http.get(&url)).await.expect("200");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.content_length(), Some(2));
+    let body = response
+        .into_inner()
+        .expect("the body was not read by the loop")
+        .text()
+        .await
+        .expect("a body");
+    assert_eq!(body, "ok");
+    assert_eq!(counted("count", &path).await, 1);
+}

@@ -1,0 +1,222 @@
+//! `WasmRuntime` on JavaScript's real clock and timers. Runs in Node and in headless
+//! Chromium (`scripts/wasm-test`); empty on other targets.
+#![cfg(target_arch = "wasm32")]
+
+use std::task::Poll;
+use std::time::Duration;
+
+use futures::future::{Either, select};
+use vantage_api_pool::{Instant, Runtime, timeout_at};
+use vantage_api_pool_wasm::WasmRuntime;
+use wasm_bindgen::prelude::wasm_bindgen;
+use wasm_bindgen_test::wasm_bindgen_test;
+
+#[wasm_bindgen]
+extern "C" {
+    /// The raw clock, to check the runtime against.
+    #[wasm_bindgen(js_namespace = performance, js_name = now)]
+    fn raw_performance_now() -> f64;
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[wasm_bindgen_test]
+async fn a_50_ms_sleep_takes_at_least_50_ms_of_performance_now() {
+    let rt = WasmRuntime::new();
+    for _ in 0..3 {
+        let raw_start = raw_performance_now();
+        let start = rt.now();
+        rt.sleep(ms(50)).await;
+        let raw = raw_performance_now() - raw_start;
+        let elapsed = rt.now() - start;
+        assert!(raw >= 50.0, "performance.now() moved only {raw} ms");
+        assert!(
+            elapsed >= ms(50),
+            "the runtime's clock moved only {elapsed:?}"
+        );
+        assert!(raw < 5_000.0, "a 50 ms sleep took {raw} ms");
+    }
+    assert_eq!(rt.pending_timers(), 0);
+}
+
+#[wasm_bindgen_test]
+async fn short_sleeps_never_end_before_their_deadline() {
+    // Node's timers fire up to about a millisecond early; the sleep re-arms then.
+    let rt = WasmRuntime::new();
+    for i in 0..60u64 {
+        let deadline = rt.now() + Duration::from_micros(i * 97 % 3_000 + 1);
+        rt.sleep_until(deadline).await;
+        let now = rt.now();
+        assert!(
+            now >= deadline,
+            "sleep {i} ended at {now:?}, before {deadline:?}"
+        );
+    }
+    for i in 0..30u64 {
+        let raw_start = raw_performance_now();
+        rt.sleep(ms(i % 4)).await;
+        let raw = raw_performance_now() - raw_start;
+        assert!(raw >= (i % 4) as f64, "a {} ms sleep took {raw} ms", i % 4);
+    }
+    assert_eq!(rt.pending_timers(), 0);
+}
+
+#[wasm_bindgen_test]
+async fn now_never_goes_backwards() {
+    let rt = WasmRuntime::new();
+    let clone = rt.clone();
+    let mut last = rt.now();
+    for round in 0..20 {
+        for _ in 0..5_000 {
+            for now in [rt.now(), clone.now()] {
+                assert!(now >= last, "round {round}: {now:?} after {last:?}");
+                last = now;
+            }
+        }
+        rt.sleep(ms(1)).await;
+    }
+    assert!(
+        last >= Instant::ORIGIN + ms(20),
+        "20 sleeps of 1 ms, clock at {last:?}"
+    );
+}
+
+#[wasm_bindgen_test]
+async fn a_dropped_sleep_clears_its_timer() {
+    let rt = WasmRuntime::new();
+
+    // Armed when first polled, not when made.
+    let mut sleep = Box::pin(rt.sleep(Duration::from_secs(60)));
+    assert_eq!(rt.pending_timers(), 0);
+    assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
+    assert_eq!(rt.pending_timers(), 1);
+    // Polling again keeps the one timer.
+    assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
+    assert_eq!(rt.pending_timers(), 1);
+    drop(sleep);
+    assert_eq!(
+        rt.pending_timers(),
+        0,
+        "dropping the sleep cleared its timer"
+    );
+
+    // The loser of a race holds its timer until it is dropped.
+    let race = select(rt.sleep(ms(5)), rt.sleep(Duration::from_secs(3_600))).await;
+    let Either::Left(((), long)) = race else {
+        panic!("the hour-long sleep won the race");
+    };
+    assert_eq!(rt.pending_timers(), 1, "the hour-long sleep is still armed");
+    drop(long);
+    assert_eq!(rt.pending_timers(), 0);
+
+    // A time limit that loses to the work clears its sleep's timer.
+    let done = timeout_at(&rt, rt.now() + Duration::from_secs(3_600), async {
+        rt.sleep(ms(2)).await;
+        7
+    })
+    .await;
+    assert_eq!(done, Ok(7));
+    assert_eq!(rt.pending_timers(), 0);
+}
+
+#[wasm_bindgen_test]
+async fn a_time_limit_that_wins_drops_the_work_and_its_timer() {
+    let rt = WasmRuntime::new();
+    let start = rt.now();
+    let cut = timeout_at(&rt, start + ms(20), rt.sleep(Duration::from_secs(3_600))).await;
+    assert!(cut.is_err());
+    assert!(rt.now() - start >= ms(20));
+    assert_eq!(rt.pending_timers(), 0, "the cut sleep cleared its timer");
+}
+
+#[wasm_bindgen_test]
+async fn a_sleep_to_the_far_future_arms_nothing_and_a_past_deadline_is_ready() {
+    let rt = WasmRuntime::new();
+    let mut never = Box::pin(rt.sleep_until(Instant::FAR_FUTURE));
+    assert_eq!(futures::poll!(never.as_mut()), Poll::Pending);
+    assert_eq!(rt.pending_timers(), 0);
+    assert_eq!(never.deadline(), Instant::FAR_FUTURE);
+
+    let mut past = Box::pin(rt.sleep_until(Instant::ORIGIN));
+    assert_eq!(futures::poll!(past.as_mut()), Poll::Ready(()));
+    let mut zero = Box::pin(rt.sleep(Duration::ZERO));
+    // Rounded up when made, so it may need one tick; it never arms more than one timer.
+    if futures::poll!(zero.as_mut()).is_pending() {
+        zero.as_mut().await;
+    }
+    assert_eq!(rt.pending_timers(), 0);
+}
+
+#[wasm_bindgen_test]
+async fn concurrent_sleeps_each_end_at_their_own_deadline() {
+    let rt = WasmRuntime::new();
+    let start = rt.now();
+    let order = std::cell::RefCell::new(Vec::new());
+    let sleeper = |n: u64| {
+        let (rt, order) = (&rt, &order);
+        async move {
+            rt.sleep(ms(n)).await;
+            order.borrow_mut().push((n, rt.now() - start));
+        }
+    };
+    futures::join!(sleeper(30), sleeper(10), sleeper(20));
+    let order = order.into_inner();
+    assert_eq!(
+        order.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+        [10, 20, 30]
+    );
+    for (n, at) in order {
+        assert!(at >= ms(n), "the {n} ms sleep ended at {at:?}");
+    }
+    assert_eq!(rt.pending_timers(), 0);
+}
+
+#[wasm_bindgen_test]
+fn the_wall_clock_is_date_now() {
+    let rt = WasmRuntime::new();
+    let wall = rt
+        .wall_clock()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1_000.0;
+    let date = js_sys::Date::now();
+    assert!(
+        (wall - date).abs() < 1_000.0,
+        "wall {wall} ms, Date.now() {date} ms"
+    );
+    // After 2020-01-01: it is really the calendar, not the monotonic clock.
+    assert!(wall > 1_577_836_800_000.0);
+}
+
+#[wasm_bindgen_test]
+fn jitter_is_in_the_unit_interval_and_a_seed_replays_it() {
+    let seeded = WasmRuntime::with_seed(1_234_567);
+    // SplitMix64's first output for seed 1234567 is 6457827717110365317.
+    let first = (6_457_827_717_110_365_317_u64 >> 11) as f64 / (1u64 << 53) as f64;
+    assert_eq!(seeded.random(), first);
+
+    let a = WasmRuntime::with_seed(42);
+    let b = WasmRuntime::with_seed(42);
+    let b_clone = b.clone();
+    let xs: Vec<f64> = (0..200).map(|_| a.random()).collect();
+    let ys: Vec<f64> = (0..200)
+        .map(|i| {
+            if i % 2 == 0 {
+                b.random()
+            } else {
+                b_clone.random()
+            }
+        })
+        .collect();
+    assert_eq!(xs, ys, "clones share the generator");
+    assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+    assert!(xs.iter().any(|x| *x < 0.1) && xs.iter().any(|x| *x > 0.9));
+
+    let unseeded = WasmRuntime::new();
+    let zs: Vec<f64> = (0..200).map(|_| unseeded.random()).collect();
+    assert!(zs.iter().all(|x| (0.0..1.0).contains(x)));
+    assert!(zs.windows(2).any(|w| w[0] != w[1]), "Math.random() varies");
+}
