@@ -7,7 +7,7 @@
 //! | [`Runtime::now`] | [`tokio::time::Instant::now`], measured from an origin taken when the runtime is made |
 //! | [`Runtime::wall_clock`] | [`SystemTime::now`] |
 //! | [`Runtime::sleep_until`] | [`tokio::time::sleep_until`], in steps of at most 30 years, so any deadline is safe |
-//! | [`Runtime::random`] | a per-runtime SplitMix64 generator seeded from the wall clock and a counter |
+//! | [`Runtime::random`] | a per-runtime SplitMix64 generator seeded from the wall clock and a counter (or a seed of yours: [`TokioRuntime::with_seed`]) |
 //!
 //! Because time is read through [`tokio::time::Instant`], a test on tokio's paused
 //! clock (`#[tokio::test(start_paused = true)]`, feature `test-util`) sees every
@@ -73,6 +73,25 @@ impl TokioRuntime {
     #[must_use]
     pub fn new() -> Self {
         TokioRuntime::with_origin(tokio::time::Instant::now())
+    }
+
+    /// A runtime whose origin is now and whose jitter is the SplitMix64 sequence of
+    /// `seed`: two runtimes made with the same seed draw the same numbers, so a run
+    /// can be replayed. (Clones still get fresh seeds.)
+    ///
+    /// ```
+    /// use vantage_api_pool::Runtime;
+    /// use vantage_api_pool_tokio::TokioRuntime;
+    ///
+    /// let (a, b) = (TokioRuntime::with_seed(7), TokioRuntime::with_seed(7));
+    /// assert_eq!(a.random(), b.random());
+    /// ```
+    #[must_use]
+    pub fn with_seed(seed: u64) -> Self {
+        TokioRuntime {
+            origin: tokio::time::Instant::now(),
+            random: AtomicU64::new(seed),
+        }
     }
 
     fn with_origin(origin: tokio::time::Instant) -> Self {

@@ -1,42 +1,48 @@
 //! From [`reqwest::Error`] to the pool's [`TransportError`].
 //!
-//! [`transport_error`] decides the [`TransportErrorKind`] from what reqwest exposes
-//! (its `is_*` methods) and from the `std::io::Error`s in the error's `source()`
-//! chain, first match wins:
+//! Two functions, one per phase of an exchange:
 //!
-//! | reqwest says | kind | why |
+//! - [`transport_error`] for a failure before the response head (building, connecting,
+//!   writing the request, reading the head): every kind is possible;
+//! - [`body_error`] for a failure while reading a body whose head has arrived: the
+//!   request certainly reached the server, so only `TimedOut` and `Interrupted`.
+//!
+//! [`transport_error`] decides from what reqwest exposes (its `is_*` methods) and from
+//! the errors in its `source()` chain, first match wins:
+//!
+//! | what the error says | kind | why |
 //! |---|---|---|
 //! | `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
-//! | `is_connect()` with an `io::ErrorKind::InvalidData` in the chain | `Tls` | rustls reports handshake and certificate failures as `InvalidData` through tokio-rustls (native only) |
-//! | `is_connect()` otherwise (refused, DNS, connect timeout, unreachable) | `Connect` | no connection, nothing reached the server (native only) |
+//! | a [`hyper::Error`] in the chain with `is_canceled()` | `NotSent` | hyper hands a request back with this error only when it never started writing it (the connection closed or failed first) |
+//! | a [`hyper::Error`] in the chain with `is_closed()` | `NotSent` | while sending, only the readiness check of a connection raises it, before the request is handed over |
+//! | a hyper-util client error that is not a connect error and has no [`connect_info`](hyper_util::client::legacy::Error::connect_info) | `NotSent` | hyper-util attaches the connection's info to every error raised once a connection had the request; without it, the error came while a fresh connection was being set up (for example the server closed it before hyper's first read) |
+//! | a hyper-util client error about the request itself (`client error (User...)`: an HTTP version or method it does not support) | `Config` | our side, nothing sent |
+//! | an [`h2::Error`] from the server: a `REFUSED_STREAM` reset, or a `GOAWAY` with `NO_ERROR` | `NotSent` | RFC 9113 §8.7: the server did not process the stream (reqwest's default retry would resend these itself; see the crate docs) |
+//! | a [`hyper::Error`] in the chain with `is_parse_too_large()` | `TooLarge` | the response head was over hyper's limits (more than 100 headers, or a head larger than its read buffer) |
+//! | `is_connect()` with an `io::ErrorKind::InvalidData` in the chain | `Tls` | rustls reports handshake and certificate failures as `InvalidData` through tokio-rustls |
+//! | `is_connect()` otherwise (refused, DNS, connect timeout, unreachable, reset during the TCP or TLS handshake) | `Connect` | no connection, nothing reached the server |
 //! | `is_timeout()` (the request's or client's `timeout`, `read_timeout`) | `TimedOut` | the exchange was cut; the server may have acted |
 //! | an `io::ErrorKind::ConnectionRefused` in the chain | `Connect` | as above |
 //! | an `io::ErrorKind` `ConnectionReset`, `ConnectionAborted`, `BrokenPipe` or `UnexpectedEof` in the chain | `Interrupted` | the connection broke mid-exchange |
-//! | `is_request()` otherwise, for example hyper's "connection closed before message completed" | `Interrupted` | the request may have been written |
-//! | `is_body()`, `is_decode()` (a body that broke off or could not be decoded) | `Interrupted` | as above |
-//! | `is_redirect()` (a redirect loop, too many redirects, a redirect policy error) | `Interrupted` | requests were sent and answered; not our side, so not `Config` |
+//! | `is_request()` otherwise: hyper's "connection closed before message completed" (the server closed after the request was written), an invalid status line or header | `Interrupted` | the request was (or may have been) written |
+//! | `is_redirect()` (a redirect loop, too many redirects) | `Interrupted` | requests were sent and answered; not our side, so not `Config` |
 //! | anything else | `Interrupted` | the safe kind: retried only for idempotent calls |
 //!
-//! Kinds this adapter never produces, and why:
+//! Cases that cannot be told apart, mapped to the safe kind:
 //!
-//! - `NotSent`. hyper (1.x) has exactly the right signal, `hyper::Error::is_canceled()`:
-//!   it is only raised when hyper hands the request back unwritten. But hyper is not
-//!   a dependency of this crate, so the type cannot be named for `downcast_ref`, and
-//!   hyper-util shows its own "canceled" kind only in its `Display` text. So such an
-//!   error maps to `Interrupted`, which is safe but spends a retry and is not
-//!   redialed for a non-idempotent call. Observed in the tests: a server that
-//!   closes a fresh connection at once gives `client error (Canceled): operation was
-//!   canceled: connection closed before message completed`. hyper-util already
-//!   sends such a request again by itself when the connection was a reused pooled
-//!   one (the stale keep-alive case), so this reaches us only on fresh connections.
-//!   A stale pooled connection whose close races with the request (hyper wrote it,
-//!   then read end-of-file: "connection closed before message completed" without
-//!   "canceled") is genuinely ambiguous and is `Interrupted` in any case.
-//! - `TooLarge`. reqwest sets no body-size limit; hyper's "message head is too large"
-//!   is not visible through an API and maps to `Interrupted`.
-//! - On wasm32, fetch reports every network failure (refused, DNS, reset, CORS) as
-//!   the same `TypeError`, so there is no `Connect` or `Tls` there: they are
-//!   `Interrupted`.
+//! - A pooled keep-alive connection that the server closes while our request is being
+//!   written: hyper has written (part of) it, then reads end-of-file. The request may
+//!   have arrived, so this is `Interrupted`, not `NotSent`. (When the close is seen
+//!   before writing, hyper-util resends on a fresh connection by itself and nothing
+//!   reaches the pool; when it is seen on a fresh connection, it is `NotSent`.)
+//! - A server that closes a fresh connection right after accepting it: when hyper
+//!   notices before the request reaches the connection, the request is handed back
+//!   (`NotSent`); when the request was already being written, `Interrupted`. Which
+//!   one is a race on the wire.
+//!
+//! On wasm32, fetch reports every network failure (refused, DNS, reset, CORS) as the
+//! same `TypeError`, so there is no `NotSent`, `Connect`, `Tls` or `TooLarge` there:
+//! they are `Interrupted`.
 //!
 //! The message is [`reqwest::Error::without_url`]'s text followed by the texts of its
 //! sources (for example `error sending request: client error (Connect): tcp connect
@@ -51,9 +57,9 @@ use vantage_api_pool::{TransportError, TransportErrorKind};
 /// The longest message kept, in bytes.
 const MAX_MESSAGE: usize = 512;
 
-/// Turns a reqwest error into a [`TransportError`]: the kind from the table in the
-/// [module docs](self), the message from [`reqwest::Error::without_url`] with its
-/// sources, never containing a URL.
+/// Turns a reqwest error raised before the response head into a [`TransportError`]:
+/// the kind from the table in the [module docs](self), the message from
+/// [`reqwest::Error::without_url`] with its sources, never containing a URL.
 ///
 /// Useful for code that talks to reqwest directly and wants the pool's kinds.
 ///
@@ -73,9 +79,28 @@ pub fn transport_error(err: reqwest::Error) -> TransportError {
     TransportError::new(kind_of(&err), describe(&err))
 }
 
+/// Turns a reqwest error raised while reading a response body into a
+/// [`TransportError`]: `TimedOut` for a timeout (`read_timeout`, the request's
+/// `timeout`), `Interrupted` for everything else (a reset, an early close, a body that
+/// could not be decoded). The head has arrived, so the request reached the server.
+#[must_use]
+pub fn body_error(err: reqwest::Error) -> TransportError {
+    let err = err.without_url();
+    let kind = if err.is_timeout() {
+        TransportErrorKind::TimedOut
+    } else {
+        TransportErrorKind::Interrupted
+    };
+    TransportError::new(kind, describe(&err))
+}
+
 fn kind_of(err: &reqwest::Error) -> TransportErrorKind {
     if err.is_builder() {
         return TransportErrorKind::Config;
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(kind) = native::protocol_signal(err) {
+        return kind;
     }
     #[cfg(not(target_arch = "wasm32"))]
     if err.is_connect() {
@@ -99,6 +124,55 @@ fn kind_of(err: &reqwest::Error) -> TransportErrorKind {
         }
     }
     TransportErrorKind::Interrupted
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+mod native {
+    use hyper_util::client::legacy::Error as LegacyError;
+
+    use super::{StdError, TransportErrorKind, sources};
+
+    /// `NotSent`, `TooLarge` or `Config` when a hyper, h2 or hyper-util error in the
+    /// chain says so.
+    pub(super) fn protocol_signal(err: &reqwest::Error) -> Option<TransportErrorKind> {
+        let mut before_connection = false;
+        for source in sources(err) {
+            if let Some(kind) = hyper_signal(source).or_else(|| h2_signal(source)) {
+                return Some(kind);
+            }
+            if let Some(legacy) = source.downcast_ref::<LegacyError>() {
+                // hyper-util's own checks of the request (an HTTP version or method
+                // it does not support) fail before anything is sent: our side.
+                if legacy.to_string().starts_with("client error (User") {
+                    return Some(TransportErrorKind::Config);
+                }
+                // Every error raised once a connection had the request carries that
+                // connection's info; one without it (and not a connect error) came
+                // while a fresh connection was being set up, before the request was
+                // handed to it.
+                before_connection = !legacy.is_connect() && legacy.connect_info().is_none();
+            }
+        }
+        before_connection.then_some(TransportErrorKind::NotSent)
+    }
+
+    fn hyper_signal(source: &(dyn StdError + 'static)) -> Option<TransportErrorKind> {
+        let hyper = source.downcast_ref::<hyper::Error>()?;
+        if hyper.is_canceled() || hyper.is_closed() {
+            Some(TransportErrorKind::NotSent)
+        } else if hyper.is_parse_too_large() {
+            Some(TransportErrorKind::TooLarge)
+        } else {
+            None
+        }
+    }
+
+    fn h2_signal(source: &(dyn StdError + 'static)) -> Option<TransportErrorKind> {
+        let h2 = source.downcast_ref::<h2::Error>()?;
+        let refused = h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        let graceful_goaway = h2.is_go_away() && h2.reason() == Some(h2::Reason::NO_ERROR);
+        (h2.is_remote() && (refused || graceful_goaway)).then_some(TransportErrorKind::NotSent)
+    }
 }
 
 /// The kinds of the `io::Error`s in `err`'s source chain, outermost first,

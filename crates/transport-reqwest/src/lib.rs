@@ -11,29 +11,55 @@
 //! | [`Transport::Request`] | [`ReqwestRequest`]: the built [`reqwest::Request`] and the client that will send it |
 //! | [`Transport::Response`] | [`ReqwestResponse`]: the [`reqwest::Response`] at its head, body still streaming |
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), vantage_api_pool::TransportError> {
-//! use vantage_api_pool::{Transport, TransportResponse};
-//! use vantage_api_pool_reqwest::ReqwestTransport;
+//! # Quick start (tokio)
 //!
-//! let transport = ReqwestTransport::new(reqwest::Client::new());
-//! let draft = transport.handle().get("https://api.example.com/v1/items");
-//! let request = transport.prepare(draft)?;
-//! let response = transport.send(request).await?;
-//! println!("{}", response.status());
-//! let body: reqwest::Response = response.into_inner(); // read it as with reqwest
-//! # let _ = body;
-//! # Ok(())
-//! # }
-//! ```
+//! With the default feature `tokio`, one call gives a
+//! [`ClientBuilder`](vantage_api_pool::ClientBuilder) over this transport and
+//! [`TokioRuntime`]:
+//!
+#![cfg_attr(
+    all(feature = "tokio", not(target_arch = "wasm32")),
+    doc = r##"
+```no_run
+use std::sync::Arc;
+use std::time::Duration;
+use vantage_api_pool::{CallPolicy, health::HealthObserver};
+use vantage_api_pool_reqwest::ReqwestTransport;
+
+# async fn demo(url: &str) -> Result<(), Box<dyn std::error::Error>> {
+let health = Arc::new(HealthObserver::new(Duration::from_secs(60)));
+let client = ReqwestTransport::tokio_builder(reqwest::Client::new())
+    .max_parallel(4).rate_limit(10.0).default_breaker()
+    .observer("orders-api", health).build()?;
+let resp = client.execute_with(&CallPolicy::essential(), |http| http.get(url)).await?;
+let orders = resp.into_inner().text().await?; // a plain reqwest::Response
+# let _ = orders;
+
+// Or let the adapter build its own client, with a 30 s read timeout and without
+// reqwest's own retries (see "Hidden retries" below):
+let client = ReqwestTransport::tokio_default()?.max_parallel(4).build()?;
+# let _ = client;
+# Ok(())
+# }
+```
+"##
+)]
 //!
 //! # Which client sends
 //!
-//! [`Transport::prepare`] uses [`reqwest::RequestBuilder::build_split`], and the
-//! request is sent by the client the draft was made from, exactly as
-//! [`reqwest::RequestBuilder::send`] would. A closure that builds its draft from the
-//! handle it receives (the usual case) therefore sends through
-//! [`ReqwestTransport::client`].
+//! Two ways to make a transport, which differ in who owns the [`reqwest::Client`]:
+//!
+//! - [`ReqwestTransport::new`] takes your client and uses its settings as they are.
+//!   [`Transport::prepare`] uses [`reqwest::RequestBuilder::build_split`] and the
+//!   request is sent by the client the draft was made from, exactly as
+//!   [`reqwest::RequestBuilder::send`] would.
+//! - [`ReqwestTransport::with_builder`] (and [`ReqwestTransport::with_defaults`])
+//!   takes a function that makes a [`reqwest::ClientBuilder`], and builds the client
+//!   itself, so it can build a fresh one when
+//!   [`distrust_connection`](Transport::distrust_connection) asks for it. The request
+//!   closure always receives the first client; requests are sent by the newest one
+//!   (made by the same function, so with the same settings), whichever client the
+//!   draft was made from.
 //!
 //! The client's default headers (`ClientBuilder::default_headers`) are merged by
 //! reqwest when the request is sent, so
@@ -41,73 +67,301 @@
 //! them: an `Idempotency-Key` or `Authorization` set as a default header is
 //! invisible to the attempt loop. Set such headers on the draft instead.
 //!
-//! # Errors
-//!
-//! Every failure is turned into a [`TransportError`] by [`transport_error`]; the
-//! table of kinds is in the [`error`] module. Messages are built from
-//! [`reqwest::Error::without_url`] and never contain a URL.
-//!
 //! # `distrust_connection`
 //!
-//! reqwest has no call to drop one pooled connection, and a user-supplied
-//! [`reqwest::Client`] cannot be rebuilt without losing its settings, so for now
-//! `ReqwestTransport::distrust_connection` is a no-op. What already happens without
-//! it: when a time limit cuts a send, its future is dropped, and hyper does not put
-//! an HTTP/1.1 connection whose exchange was abandoned back into the pool; on
-//! HTTP/2 the stream is reset and the shared connection stays. A later step may
-//! rebuild a client the adapter built itself.
+//! The pool calls it after a time limit cut a send: the connection that carried it
+//! may be stuck. reqwest has no call to drop one pooled connection, so:
+//!
+//! - on a client the adapter built, the whole client is replaced by a fresh one from
+//!   the same builder function: new sends use a new connection pool, idle connections
+//!   of the old one are closed once no request holds the old client any more, and
+//!   requests already in flight finish on their own. At most one rebuild per second
+//!   ([`REBUILD_INTERVAL`]); [`ReqwestTransport::rebuilds`] counts them. Building a
+//!   client loads the system's root certificates, a few milliseconds of blocking work
+//!   done in the calling task.
+//! - on a client you supplied, nothing can be done, and nothing is. What happens
+//!   anyway: the pool drops the cut send's future, and hyper never puts an HTTP/1.1
+//!   connection whose exchange was abandoned back into the pool, so the next send
+//!   dials afresh. On HTTP/2 the stream is reset and the shared connection stays in
+//!   use: if that connection is the stuck part, later sends on it will time out too
+//!   until hyper notices (set `http2_keep_alive_interval` on your client).
+//!
+//! # Hidden retries
+//!
+//! Three layers under this adapter can send a request again without the pool knowing
+//! (no rate token, no permit, no event):
+//!
+//! - reqwest 0.13's own retry policy, which by default resends a request that an
+//!   HTTP/2 server refused (`REFUSED_STREAM`) or cut off with a graceful `GOAWAY`, up
+//!   to twice. A client the adapter builds sets
+//!   [`retry(reqwest::retry::never())`](reqwest::ClientBuilder::retry), so these
+//!   come to the pool as `NotSent` and are redialed through its gate (at most twice a
+//!   call, each reported). On a client you supply, set it yourself; never give a
+//!   client used here a retry policy that retries on status codes, or retries
+//!   multiply.
+//! - hyper-util's resend of a request that a reused keep-alive connection handed back
+//!   unwritten (the server had closed it). It cannot be turned off through reqwest;
+//!   it only resends requests that provably never left, on another connection, so
+//!   the pool sees one send that took a little longer.
+//! - redirects: reqwest follows up to 10 by default within one send. A hop to another
+//!   origin (host, port or scheme) drops `Authorization`, `Cookie` and
+//!   `Proxy-Authorization`, but not other headers: a token source that puts its token
+//!   in a custom header (say `x-api-key`) should be used with
+//!   `redirect(reqwest::redirect::Policy::none())`, which hands every 3xx to the
+//!   caller.
+//!
+//! # Errors
+//!
+//! Every failure is turned into a [`TransportError`] by [`transport_error`] (before
+//! the response head) or [`body_error`] (while reading a body); the table of kinds is
+//! in the [`error`] module. Messages are built from [`reqwest::Error::without_url`]
+//! and never contain a URL.
+//!
+//! # Success bodies
+//!
+//! The response is returned at its head; the body belongs to the caller and is read
+//! outside the pool's time limits. A client the adapter builds has a read timeout
+//! ([`DEFAULT_READ_TIMEOUT`], 30 s), so a body that stalls fails
+//! (`reqwest::Error::is_timeout`) instead of hanging its reader; give a client of
+//! your own a `read_timeout` too.
 //!
 //! # Targets
 //!
-//! On `wasm32` the responses come from `fetch`, and two things differ (see
-//! [`ReqwestResponse`]): there is no `Deref` to [`reqwest::Response`], and
+//! On `wasm32` the responses come from `fetch`, and things differ (see
+//! [`ReqwestResponse`]): there is no `Deref` to [`reqwest::Response`],
 //! [`ReqwestResponse::into_inner`] returns `None` once the body has been read with
-//! [`TransportResponse::chunk`](vantage_api_pool::TransportResponse::chunk). Fetch
-//! reports every network failure alike, so most of them map to `Interrupted` there.
+//! [`TransportResponse::chunk`](vantage_api_pool::TransportResponse::chunk), there is
+//! no [`ReqwestTransport::with_builder`] (fetch keeps no connections to distrust) and
+//! no `tokio` feature. Fetch reports every network failure alike, so most of them map
+//! to `Interrupted` there.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+// The docs are written for native targets and link native-only items (the client
+// rebuild, the tokio helpers, hyper); `cargo doc` with warnings denied checks them there.
+#![cfg_attr(target_arch = "wasm32", allow(rustdoc::broken_intra_doc_links))]
 
 pub mod error;
 mod request;
 mod response;
 
-pub use error::transport_error;
+pub use error::{body_error, transport_error};
 pub use request::ReqwestRequest;
 pub use response::ReqwestResponse;
 
 /// Re-exported so callers name the same reqwest as the adapter.
 pub use reqwest;
+/// Re-exported with the `tokio` feature, for [`ReqwestTransport::tokio_builder`]'s
+/// return type.
+#[cfg(all(feature = "tokio", not(target_arch = "wasm32")))]
+pub use vantage_api_pool_tokio::TokioRuntime;
 
+use std::fmt;
 use std::future::Future;
+#[cfg(not(target_arch = "wasm32"))]
+use std::sync::{Arc, Mutex, PoisonError};
+#[cfg(not(target_arch = "wasm32"))]
+use std::time::Duration;
 
 use vantage_api_pool::{Transport, TransportError, TransportErrorKind};
 
+/// The read timeout of a client the adapter builds: a body (or a head) that sends
+/// nothing for this long fails with a timeout instead of hanging its reader.
+#[cfg(not(target_arch = "wasm32"))]
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The shortest time between two rebuilds of a client the adapter built: the
+/// timeouts of many concurrent sends on one stuck connection cause one rebuild.
+#[cfg(not(target_arch = "wasm32"))]
+pub const REBUILD_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The [`Transport`] port over a [`reqwest::Client`].
 ///
-/// Cheap to clone: a [`reqwest::Client`] is a handle to a shared connection pool.
-/// Its send future is `Send` on native targets, so a call over it can be
+/// Cheap to clone (clones share the client and, for a client the adapter built, its
+/// rebuilds). Its send future is `Send` on native targets, so a call over it can be
 /// `tokio::spawn`ed.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ReqwestTransport {
+    /// The handle given to the request closure.
     client: reqwest::Client,
+    /// For a client the adapter built: how to build it again, and the newest one.
+    #[cfg(not(target_arch = "wasm32"))]
+    rebuild: Option<Arc<Rebuild>>,
+}
+
+/// A function that makes the builder of a client the adapter owns.
+#[cfg(not(target_arch = "wasm32"))]
+type MakeBuilder = dyn Fn() -> reqwest::ClientBuilder + Send + Sync;
+
+#[cfg(not(target_arch = "wasm32"))]
+struct Rebuild {
+    make: Box<MakeBuilder>,
+    state: Mutex<Sender>,
+}
+
+/// The client that sends, and when it was last replaced.
+#[cfg(not(target_arch = "wasm32"))]
+struct Sender {
+    client: reqwest::Client,
+    rebuilt_at: Option<std::time::Instant>,
+    rebuilds: u64,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Rebuild {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sender> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl ReqwestTransport {
-    /// A transport over `client`, whose settings (timeouts, TLS, proxies, default
-    /// headers, redirects) are used as they are.
+    /// A transport over your `client`, whose settings (timeouts, TLS, proxies, default
+    /// headers, redirects, retries) are used as they are.
     ///
-    /// Tip: reqwest follows up to 10 redirects by default; a client built with
-    /// `redirect(reqwest::redirect::Policy::none())` hands 3xx answers to the attempt
-    /// loop instead.
+    /// [`distrust_connection`](Transport::distrust_connection) can do nothing with it
+    /// (see the crate docs). Consider giving the client a `read_timeout` (so a stalled
+    /// success body cannot hang its reader) and `retry(reqwest::retry::never())` (so
+    /// reqwest does not resend behind the pool's back), as
+    /// [`default_client_builder`](ReqwestTransport::default_client_builder) does.
     #[must_use]
     pub fn new(client: reqwest::Client) -> Self {
-        ReqwestTransport { client }
+        ReqwestTransport {
+            client,
+            #[cfg(not(target_arch = "wasm32"))]
+            rebuild: None,
+        }
     }
 
     /// The client given to the request closure on every send.
     #[must_use]
     pub fn client(&self) -> &reqwest::Client {
         &self.client
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl ReqwestTransport {
+    /// The builder of the client [`with_defaults`](ReqwestTransport::with_defaults)
+    /// makes: reqwest's defaults (rustls, HTTP/1.1 and HTTP/2, up to 10 redirects),
+    /// plus a [`read_timeout`](reqwest::ClientBuilder::read_timeout) of
+    /// [`DEFAULT_READ_TIMEOUT`] and [`reqwest::retry::never`].
+    ///
+    /// Start from it to change something:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool_reqwest::ReqwestTransport;
+    ///
+    /// let transport = ReqwestTransport::with_builder(|| {
+    ///     ReqwestTransport::default_client_builder()
+    ///         .read_timeout(Duration::from_secs(5))
+    ///         .user_agent("orders-sync/1.0")
+    /// })?;
+    /// # let _ = transport;
+    /// # Ok::<(), vantage_api_pool::TransportError>(())
+    /// ```
+    pub fn default_client_builder() -> reqwest::ClientBuilder {
+        reqwest::Client::builder()
+            .read_timeout(DEFAULT_READ_TIMEOUT)
+            .retry(reqwest::retry::never())
+    }
+
+    /// A transport over a client the adapter builds from
+    /// [`default_client_builder`](ReqwestTransport::default_client_builder), and
+    /// rebuilds when a connection is distrusted.
+    ///
+    /// Fails with [`TransportErrorKind::Config`] when reqwest cannot build the client
+    /// (for example when the TLS backend cannot be initialised).
+    pub fn with_defaults() -> Result<Self, TransportError> {
+        ReqwestTransport::with_builder(ReqwestTransport::default_client_builder)
+    }
+
+    /// A transport over a client the adapter builds from `make()`, and builds again
+    /// from `make()` when [`distrust_connection`](Transport::distrust_connection) asks
+    /// for it (see the crate docs).
+    ///
+    /// Fails with [`TransportErrorKind::Config`] when reqwest cannot build the client.
+    /// A later rebuild that fails keeps the client in use.
+    pub fn with_builder<F>(make: F) -> Result<Self, TransportError>
+    where
+        F: Fn() -> reqwest::ClientBuilder + Send + Sync + 'static,
+    {
+        let client = make().build().map_err(transport_error)?;
+        Ok(ReqwestTransport {
+            client: client.clone(),
+            rebuild: Some(Arc::new(Rebuild {
+                make: Box::new(make),
+                state: Mutex::new(Sender {
+                    client,
+                    rebuilt_at: None,
+                    rebuilds: 0,
+                }),
+            })),
+        })
+    }
+
+    /// Whether the adapter built the client (and so can rebuild it).
+    #[must_use]
+    pub fn owns_client(&self) -> bool {
+        self.rebuild.is_some()
+    }
+
+    /// How many times the client was rebuilt after a distrusted connection; always 0
+    /// for a client you supplied.
+    #[must_use]
+    pub fn rebuilds(&self) -> u64 {
+        self.rebuild.as_ref().map_or(0, |r| r.lock().rebuilds)
+    }
+
+    /// The client that sends the next request.
+    #[must_use]
+    pub fn sending_client(&self) -> reqwest::Client {
+        match &self.rebuild {
+            Some(rebuild) => rebuild.lock().client.clone(),
+            None => self.client.clone(),
+        }
+    }
+}
+
+#[cfg(all(feature = "tokio", not(target_arch = "wasm32")))]
+impl ReqwestTransport {
+    /// A [`ClientBuilder`](vantage_api_pool::ClientBuilder) over your `client` and a
+    /// fresh [`TokioRuntime`]: the one call of the quick start.
+    ///
+    /// Same as `ResilientClient::builder(ReqwestTransport::new(client),
+    /// TokioRuntime::new())`. See [`ReqwestTransport::new`] for what your client
+    /// should have, or use [`tokio_default`](ReqwestTransport::tokio_default).
+    pub fn tokio_builder(
+        client: reqwest::Client,
+    ) -> vantage_api_pool::ClientBuilder<ReqwestTransport, TokioRuntime> {
+        vantage_api_pool::ResilientClient::builder(
+            ReqwestTransport::new(client),
+            TokioRuntime::new(),
+        )
+    }
+
+    /// A [`ClientBuilder`](vantage_api_pool::ClientBuilder) over a client the adapter
+    /// builds ([`with_defaults`](ReqwestTransport::with_defaults): 30 s read timeout,
+    /// no reqwest retries, rebuilt when a connection is distrusted) and a fresh
+    /// [`TokioRuntime`].
+    ///
+    /// Fails with [`TransportErrorKind::Config`] when reqwest cannot build the client.
+    pub fn tokio_default()
+    -> Result<vantage_api_pool::ClientBuilder<ReqwestTransport, TokioRuntime>, TransportError> {
+        Ok(vantage_api_pool::ResilientClient::builder(
+            ReqwestTransport::with_defaults()?,
+            TokioRuntime::new(),
+        ))
+    }
+}
+
+impl fmt::Debug for ReqwestTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("ReqwestTransport");
+        d.field("client", &self.client);
+        #[cfg(not(target_arch = "wasm32"))]
+        d.field("owns_client", &self.owns_client())
+            .field("rebuilds", &self.rebuilds());
+        d.finish()
     }
 }
 
@@ -132,16 +386,27 @@ impl Transport for ReqwestTransport {
     /// Fails with [`TransportErrorKind::Config`] when reqwest could not build it (an
     /// invalid URL, header or body) or when its URL scheme is not `http` or `https`
     /// (which reqwest would only report when sending). Nothing is sent.
+    ///
+    /// The request is sent by the draft's client, or, on a client the adapter built,
+    /// by its newest client.
     fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
         let (client, request) = draft.build_split();
         let request = request.map_err(transport_error)?;
         match request.url().scheme() {
-            "http" | "https" => Ok(ReqwestRequest::new(client, request)),
-            _ => Err(TransportError::new(
-                TransportErrorKind::Config,
-                "the URL scheme is not http or https",
-            )),
+            "http" | "https" => {}
+            _ => {
+                return Err(TransportError::new(
+                    TransportErrorKind::Config,
+                    "the URL scheme is not http or https",
+                ));
+            }
         }
+        #[cfg(not(target_arch = "wasm32"))]
+        let client = match &self.rebuild {
+            Some(rebuild) => rebuild.lock().client.clone(),
+            None => client,
+        };
+        Ok(ReqwestRequest::new(client, request))
     }
 
     /// Sends the request with [`reqwest::Client::execute`] and resolves at the
@@ -164,7 +429,28 @@ impl Transport for ReqwestTransport {
         }
     }
 
-    /// Does nothing observable in this version: reqwest cannot drop one pooled
-    /// connection. See the crate docs.
-    fn distrust_connection(&self) {}
+    /// On a client the adapter built, replaces it with a fresh one (at most once per
+    /// [`REBUILD_INTERVAL`]); on a client you supplied, does nothing. See the crate
+    /// docs.
+    fn distrust_connection(&self) {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(rebuild) = &self.rebuild {
+            {
+                let mut sender = rebuild.lock();
+                if sender
+                    .rebuilt_at
+                    .is_some_and(|at| at.elapsed() < REBUILD_INTERVAL)
+                {
+                    return;
+                }
+                // Claim this rebuild before building, outside the lock.
+                sender.rebuilt_at = Some(std::time::Instant::now());
+            }
+            if let Ok(client) = (rebuild.make)().build() {
+                let mut sender = rebuild.lock();
+                sender.client = client;
+                sender.rebuilds += 1;
+            }
+        }
+    }
 }

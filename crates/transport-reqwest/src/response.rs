@@ -23,7 +23,7 @@ mod imp {
     use std::ops::Deref;
 
     use super::{Bytes, HeaderMap, StatusCode, TransportError, TransportResponse};
-    use crate::error::transport_error;
+    use crate::error::body_error;
 
     /// A [`reqwest::Response`] at its head; its body is still streaming from the
     /// connection.
@@ -73,10 +73,14 @@ mod imp {
             self.inner.content_length()
         }
 
-        /// [`reqwest::Response::chunk`]. A body that breaks off fails with
-        /// `Interrupted`. Dropping the future loses nothing already returned.
+        /// [`reqwest::Response::chunk`]: the next piece of the body as hyper read it
+        /// from the connection (at most one read buffer, never the whole body), so the
+        /// pool's loop can stop after 2048 bytes. A body that breaks off fails with
+        /// `Interrupted`, a `read_timeout` or the request's `timeout` with `TimedOut`
+        /// ([`body_error`](crate::body_error)). Dropping the future loses nothing
+        /// already returned.
         async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
-            self.inner.chunk().await.map_err(transport_error)
+            self.inner.chunk().await.map_err(body_error)
         }
     }
 }
@@ -89,7 +93,7 @@ mod imp {
     use futures::stream::{Stream, StreamExt};
 
     use super::{Bytes, HeaderMap, StatusCode, TransportError, TransportResponse};
-    use crate::error::transport_error;
+    use crate::error::body_error;
 
     type BodyStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>>>>;
 
@@ -158,7 +162,7 @@ mod imp {
             let body = self
                 .body
                 .get_or_insert_with(|| Box::pin(futures::stream::empty()));
-            async move { body.next().await.transpose().map_err(transport_error) }
+            async move { body.next().await.transpose().map_err(body_error) }
         }
     }
 }

@@ -1,0 +1,673 @@
+//! A real `ResilientClient<ReqwestTransport, TokioRuntime>` against fault servers on
+//! 127.0.0.1: each test checks the observer's events, the error or response, and what
+//! the server actually received.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use vantage_api_pool::auth::{AuthError, token_fn};
+use vantage_api_pool::http::{HeaderName, HeaderValue, StatusCode, header::AUTHORIZATION};
+use vantage_api_pool::{ErrorKind, ResilientClient, TransportErrorKind, TransportResponse};
+use vantage_api_pool_reqwest::{ReqwestTransport, body_error};
+use vantage_api_pool_testkit::RecordingObserver;
+use vantage_api_pool_tokio::TokioRuntime;
+
+/// The URL path used by the tests: nothing of it may show in an error.
+const PATH: &str = "/secret/orders?token=hunter2";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_with_retry_after_1_is_retried_after_one_second_even_for_a_post() {
+    let server = FaultServer::start(|n, _| match n {
+        0 => Act::Respond(response(
+            "503 Service Unavailable",
+            &["retry-after: 1"],
+            "busy",
+        )),
+        _ => Act::Respond(ok("done")),
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let start = Instant::now();
+    let response = client
+        .execute_with(&policy(2), |http| http.post(&url))
+        .await
+        .unwrap();
+    let elapsed = start.elapsed();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.into_inner().text().await.unwrap(), "done");
+    assert!(elapsed >= Duration::from_secs(1), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(1900), "{elapsed:?}");
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 503",
+            "retry a2 after 1000ms",
+            "started s2 a2",
+            "ok s2 a2 200",
+        ]
+    );
+    let seen = server.requests();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|s| s.method() == "POST"));
+    // Keep-alive: the 503's body was read whole (4 bytes), so its connection was reused.
+    assert_eq!(server.connections(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_with_retry_after_ms_is_retried_after_that_delay() {
+    let server = FaultServer::start(|n, _| match n {
+        0 => Act::Respond(response(
+            "429 Too Many Requests",
+            &["retry-after-ms: 120", "x-request-id: req-1"],
+            "slow down",
+        )),
+        _ => Act::Respond(ok("done")),
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let start = Instant::now();
+    let response = client
+        .execute_with(&policy(2), |http| http.post(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(start.elapsed() >= Duration::from_millis(120));
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 429",
+            "retry a2 after 120ms",
+            "started s2 a2",
+            "ok s2 a2 200",
+        ]
+    );
+    let failed = observer.events()[1].event.kind.clone();
+    let vantage_api_pool::EventKind::Failed { error, .. } = failed else {
+        panic!("{failed:?}")
+    };
+    assert_eq!(error.retry_after(), Some(Duration::from_millis(120)));
+    assert_eq!(error.request_id(), Some("req-1"));
+    assert_eq!(error.body_text().unwrap(), "slow down");
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_before_responding_is_interrupted_and_a_get_is_retried() {
+    let server = FaultServer::start(|n, _| match n {
+        0 => Act::Close,
+        _ => Act::Respond(ok("done")),
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let response = client
+        .execute_with(&policy(2), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:interrupted",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "ok s2 a2 200",
+        ]
+    );
+    assert_eq!(server.requests().len(), 2);
+    assert_eq!(server.connections(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_before_responding_is_interrupted_and_a_get_is_retried() {
+    let server = FaultServer::start(|n, _| match n {
+        0 => Act::Reset,
+        _ => Act::Respond(ok("done")),
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let response = client
+        .execute_with(&policy(2), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:interrupted",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "ok s2 a2 200",
+        ]
+    );
+    assert_eq!(server.requests().len(), 2);
+    assert_eq!(server.connections(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_mid_body_reaches_the_reader_of_a_success_as_interrupted() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n";
+    let server =
+        FaultServer::start(move |_, _| Act::WriteThenReset(format!("{head}{}", "x".repeat(100))))
+            .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let mut response = client
+        .execute_with(&policy(2), |http| http.get(&url))
+        .await
+        .unwrap();
+    // The call succeeded at the head; the body is the caller's, and it breaks.
+    assert_eq!(trace(&observer), ["started s1 a1", "ok s1 a1 200"]);
+    let mut read = 0;
+    let error = loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => read += chunk.len(),
+            Ok(None) => panic!("the body ended cleanly after {read} bytes"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(read, 100);
+    assert_eq!(error.kind(), TransportErrorKind::Interrupted, "{error}");
+    assert!(!error.to_string().contains("hunter2"), "{error}");
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_mid_body_of_an_error_keeps_the_status_and_the_bytes_read() {
+    let head = "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 1000\r\n\r\n";
+    let server =
+        FaultServer::start(move |_, _| Act::WriteThenReset(format!("{head}{}", "e".repeat(100))))
+            .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let error = client
+        .execute_with(&policy(2), |http| http.post(&url))
+        .await
+        .unwrap_err();
+    // A POST with a 500 is final; the body that broke off is kept as far as it came.
+    assert_eq!(error.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
+    assert_eq!(error.body().unwrap(), "e".repeat(100).as_bytes());
+    assert_eq!(error.attempts(), 1);
+    assert!(!error.nothing_sent());
+    assert_eq!(trace(&observer), ["started s1 a1", "failed s1 a1 500"]);
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_in_the_headers_is_ended_by_the_attempt_timeout() {
+    let server = FaultServer::start(|_, _| Act::Stall).await;
+    let observer = RecordingObserver::new();
+    let transport = ReqwestTransport::with_defaults().unwrap();
+    let client = client(transport.clone(), &observer);
+    let url = server.url(PATH);
+    let start = Instant::now();
+    let policy = policy_with_timeout(1, Duration::from_millis(300));
+    let error = client
+        .execute_with(&policy, |http| http.get(&url))
+        .await
+        .unwrap_err();
+    let elapsed = start.elapsed();
+    assert_eq!(error.kind(), ErrorKind::TimedOut);
+    assert_eq!(error.attempts(), 2);
+    assert!(!error.nothing_sent());
+    assert_no_url(&error);
+    assert!(
+        elapsed >= Duration::from_millis(600) && elapsed < Duration::from_millis(1500),
+        "{elapsed:?}"
+    );
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 timed_out",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "failed s2 a2 timed_out",
+        ]
+    );
+    assert_eq!(server.requests().len(), 2);
+    // The abandoned HTTP/1.1 connection is never reused, and the adapter's own client
+    // was rebuilt once (the second timeout came within REBUILD_INTERVAL of the first).
+    assert_eq!(server.connections(), 2);
+    assert_eq!(transport.rebuilds(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_in_an_error_body_is_cut_by_the_attempt_timeout_and_keeps_the_status() {
+    let server = FaultServer::start(|_, _| {
+        Act::WriteThenStall(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 100\r\n\r\npartial".into(),
+        )
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let start = Instant::now();
+    let policy = policy_with_timeout(2, Duration::from_millis(300));
+    let error = client
+        .execute_with(&policy, |http| http.post(&url))
+        .await
+        .unwrap_err();
+    let elapsed = start.elapsed();
+    // A 503 without a server delay is "maybe processed": final for a POST.
+    assert_eq!(error.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(error.body_text().unwrap(), "partial");
+    assert_eq!(error.attempts(), 1);
+    assert!(
+        elapsed >= Duration::from_millis(300) && elapsed < Duration::from_millis(1000),
+        "{elapsed:?}"
+    );
+    assert_eq!(trace(&observer), ["started s1 a1", "failed s1 a1 503"]);
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_body_is_read_up_to_2048_bytes_not_to_its_end() {
+    // A 1 MB error body of which 8 KB arrive, then nothing: the loop stops reading
+    // after 2048 bytes, long before the attempt timeout.
+    let server = FaultServer::start(|_, _| {
+        Act::WriteThenStall(format!(
+            "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 1000000\r\n\r\n{}",
+            "b".repeat(8192)
+        ))
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let start = Instant::now();
+    let policy = policy_with_timeout(0, Duration::from_secs(5));
+    let error = client
+        .execute_with(&policy, |http| http.get(&url))
+        .await
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(error.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
+    assert_eq!(error.body().unwrap().len(), 2048);
+    assert_eq!(trace(&observer), ["started s1 a1", "failed s1 a1 500"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_success_body_is_ended_by_the_read_timeout_of_the_adapters_client() {
+    let server = FaultServer::start(|_, _| {
+        Act::WriteThenStall("HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nhello".into())
+    })
+    .await;
+    // The adapter's default client, with the read timeout shortened for the test.
+    let transport = ReqwestTransport::with_builder(|| {
+        ReqwestTransport::default_client_builder().read_timeout(Duration::from_millis(300))
+    })
+    .unwrap();
+    let observer = RecordingObserver::new();
+    let client = client(transport, &observer);
+    let url = server.url(PATH);
+    let response = client
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(trace(&observer), ["started s1 a1", "ok s1 a1 200"]);
+    let start = Instant::now();
+    let error = response.into_inner().bytes().await.unwrap_err();
+    let elapsed = start.elapsed();
+    assert!(error.is_timeout(), "{error}");
+    assert_eq!(body_error(error).kind(), TransportErrorKind::TimedOut);
+    assert!(
+        elapsed >= Duration::from_millis(250) && elapsed < Duration::from_secs(2),
+        "{elapsed:?}"
+    );
+
+    // The convenience client has the 30 s read timeout (reqwest shows it in Debug).
+    #[cfg(feature = "tokio")]
+    {
+        let client = ReqwestTransport::tokio_default().unwrap().build().unwrap();
+        let debug = format!("{:?}", client.transport().client());
+        assert!(debug.contains("read_timeout: 30s"), "{debug}");
+        assert!(client.transport().owns_client());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_is_connect_retried_for_a_post_and_counts_for_the_breaker() {
+    let addr = {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap()
+    }; // dropped: nothing listens there now
+    let observer = RecordingObserver::new();
+    let client =
+        ResilientClient::builder(ReqwestTransport::new(reqwest_client()), TokioRuntime::new())
+            .observer("test-api", Arc::new(observer.clone()))
+            .breaker(3, Duration::from_secs(5), Duration::from_secs(5))
+            .build()
+            .unwrap();
+    let url = format!("http://{addr}{PATH}");
+    let error = client
+        .execute_with(&policy(2), |http| http.post(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Connect)
+    );
+    assert_eq!(error.attempts(), 3);
+    assert!(error.nothing_sent());
+    assert_no_url(&error);
+    eprintln!("refused: {}", message(&error));
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:connect",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "failed s2 a2 transport:connect",
+            "retry a3 after 10ms",
+            "started s3 a3",
+            "failed s3 a3 transport:connect",
+            "breaker_opened",
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_status_line_is_interrupted() {
+    let server = FaultServer::start(|_, _| {
+        Act::RespondThenClose("HTTP/1.1 abc Nope\r\ncontent-length: 0\r\n\r\n".into())
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let error = client
+        .execute_with(&policy(1), |http| http.get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted)
+    );
+    assert_eq!(error.attempts(), 2);
+    assert!(!error.nothing_sent());
+    assert_no_url(&error);
+    eprintln!("invalid status line: {}", message(&error));
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:interrupted",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "failed s2 a2 transport:interrupted",
+        ]
+    );
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_over_hypers_limits_is_too_large_and_final() {
+    let headers: Vec<String> = (0..150).map(|i| format!("x-h{i}: v")).collect();
+    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+    let answer = response("200 OK", &headers, "");
+    let server = FaultServer::start(move |_, _| Act::Respond(answer.clone())).await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let error = client
+        .execute_with(&policy(3), |http| http.get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::TooLarge)
+    );
+    assert_eq!(error.attempts(), 1);
+    assert_no_url(&error);
+    eprintln!("too many headers: {}", message(&error));
+    assert_eq!(
+        trace(&observer),
+        ["started s1 a1", "failed s1 a1 transport:too_large"]
+    );
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_refreshes_the_token_and_replays_once() {
+    let server = FaultServer::start(|n, _| match n {
+        0 => Act::Respond(response("401 Unauthorized", &[], "expired")),
+        _ => Act::Respond(ok("welcome")),
+    })
+    .await;
+    let fetches = Arc::new(AtomicU32::new(0));
+    let source = token_fn({
+        let fetches = Arc::clone(&fetches);
+        move || {
+            let n = fetches.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                let value = HeaderValue::from_str(&format!("Bearer t{n}")).unwrap();
+                Ok::<_, AuthError>((AUTHORIZATION, value))
+            }
+        }
+    });
+    let observer = RecordingObserver::new();
+    let client =
+        ResilientClient::builder(ReqwestTransport::new(reqwest_client()), TokioRuntime::new())
+            .observer("test-api", Arc::new(observer.clone()))
+            .auth(source)
+            .build()
+            .unwrap();
+    let url = server.url(PATH);
+    let response = client
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.into_inner().text().await.unwrap(), "welcome");
+    assert_eq!(client.token_fetches(), 2);
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 401",
+            "started s2 a2",
+            "ok s2 a2 200",
+        ]
+    );
+    let auth: Vec<_> = server
+        .requests()
+        .iter()
+        .map(|s| s.header("authorization").unwrap())
+        .collect();
+    assert_eq!(auth, ["bearer t1", "bearer t2"]); // the server lowercases heads
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_is_final_at_once_with_its_body() {
+    let server = FaultServer::start(|_, _| {
+        Act::Respond(response(
+            "404 Not Found",
+            &["x-request-id: abc-7"],
+            "no such order",
+        ))
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let error = client
+        .execute_with(&policy(3), |http| http.get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(error.status(), Some(StatusCode::NOT_FOUND));
+    assert_eq!(error.body_text().unwrap(), "no such order");
+    assert_eq!(error.request_id(), Some("abc-7"));
+    assert_eq!(error.attempts(), 1);
+    assert_eq!(error.to_string(), "HTTP 404 after 1 attempt");
+    assert_no_url(&error);
+    assert_eq!(trace(&observer), ["started s1 a1", "failed s1 a1 404"]);
+    assert_eq!(server.requests().len(), 1);
+}
+
+/// What a token source's fetch gives.
+type Fetched = Result<(HeaderName, HeaderValue), AuthError>;
+
+/// A token source that always gives `name: Bearer s3cr3t`.
+fn fixed_token(
+    name: &'static str,
+) -> vantage_api_pool::auth::TokenFn<impl Fn() -> std::future::Ready<Fetched>> {
+    token_fn(move || {
+        std::future::ready(Ok::<_, AuthError>((
+            HeaderName::from_static(name),
+            HeaderValue::from_static("Bearer s3cr3t"),
+        )))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_another_origin_does_not_carry_the_authorization_header() {
+    let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
+    let location = format!("location: {}", other.url("/landing"));
+    let first =
+        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
+    let observer = RecordingObserver::new();
+    let client =
+        ResilientClient::builder(ReqwestTransport::new(reqwest_client()), TokioRuntime::new())
+            .observer("test-api", Arc::new(observer.clone()))
+            .auth(fixed_token("authorization"))
+            .build()
+            .unwrap();
+    let url = first.url(PATH);
+    let response = client
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.into_inner().text().await.unwrap(), "landed");
+    // reqwest follows the redirect inside one send.
+    assert_eq!(trace(&observer), ["started s1 a1", "ok s1 a1 200"]);
+    assert_eq!(first.requests().len(), 1);
+    assert_eq!(
+        first.requests()[0].header("authorization").as_deref(),
+        Some("bearer s3cr3t")
+    );
+    assert_eq!(other.requests().len(), 1);
+    assert_eq!(other.requests()[0].header("authorization"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_in_a_custom_header_follows_a_redirect_unless_redirects_are_off() {
+    // Documented in the crate docs: reqwest strips only the standard credentials.
+    let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
+    let location = format!("location: {}", other.url("/landing"));
+    let first =
+        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
+    let url = first.url(PATH);
+
+    let following =
+        ResilientClient::builder(ReqwestTransport::new(reqwest_client()), TokioRuntime::new())
+            .auth(fixed_token("x-api-key"))
+            .build()
+            .unwrap();
+    following
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert!(other.requests()[0].header("x-api-key").is_some());
+
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let careful =
+        ResilientClient::builder(ReqwestTransport::new(no_redirects), TokioRuntime::new())
+            .auth(fixed_token("x-api-key"))
+            .build()
+            .unwrap();
+    let response = careful
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::FOUND); // handed to the caller
+    assert_eq!(other.requests().len(), 1);
+}
+
+/// Runs one call through a server that closes every connection after reading the
+/// request, and returns (error, requests the server read).
+async fn through_a_closing_server(
+    policy: &vantage_api_pool::CallPolicy,
+    draft: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
+) -> (vantage_api_pool::ClientError, usize, Vec<String>) {
+    let server = FaultServer::start(|_, _| Act::Close).await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let error = client
+        .execute_with(policy, |http| draft(http, &url))
+        .await
+        .unwrap_err();
+    (error, server.requests().len(), trace(&observer))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_is_retried_after_its_bytes_may_have_arrived_only_when_marked_idempotent() {
+    let interrupted = ErrorKind::Transport(TransportErrorKind::Interrupted);
+
+    let (error, requests, _) = through_a_closing_server(&policy(2), |h, u| h.get(u)).await;
+    assert_eq!(
+        (error.kind(), error.attempts(), requests),
+        (interrupted, 3, 3)
+    );
+
+    let (error, requests, events) =
+        through_a_closing_server(&policy(2), |h, u| h.post(u).body("{}")).await;
+    assert_eq!(
+        (error.kind(), error.attempts(), requests),
+        (interrupted, 1, 1)
+    );
+    assert_eq!(
+        events,
+        ["started s1 a1", "failed s1 a1 transport:interrupted"]
+    );
+    assert!(!error.nothing_sent());
+
+    let (error, requests, _) = through_a_closing_server(&policy(2), |h, u| {
+        h.post(u).header("idempotency-key", "k-42").body("{}")
+    })
+    .await;
+    assert_eq!(
+        (error.kind(), error.attempts(), requests),
+        (interrupted, 3, 3)
+    );
+
+    let (error, requests, _) =
+        through_a_closing_server(&policy(2).idempotent(true), |h, u| h.post(u).body("{}")).await;
+    assert_eq!(
+        (error.kind(), error.attempts(), requests),
+        (interrupted, 3, 3)
+    );
+
+    // PUT and DELETE are idempotent methods; PATCH is not.
+    let (_, requests, _) = through_a_closing_server(&policy(2), |h, u| h.put(u)).await;
+    assert_eq!(requests, 3);
+    let (_, requests, _) = through_a_closing_server(&policy(2), |h, u| h.patch(u)).await;
+    assert_eq!(requests, 1);
+}

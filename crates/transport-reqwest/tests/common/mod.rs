@@ -1,0 +1,349 @@
+//! A fault server on 127.0.0.1 and helpers shared by the real-socket tests.
+//!
+//! Every server is started by its test and stops when dropped: its accept task is
+//! aborted, which drops the listener and the `JoinSet` holding every connection task.
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+use vantage_api_pool::{
+    CallPolicy, ClientError, ErrorKind, EventKind, Jitter, ResilientClient, RetryPolicy,
+};
+use vantage_api_pool_reqwest::ReqwestTransport;
+use vantage_api_pool_testkit::RecordingObserver;
+use vantage_api_pool_tokio::TokioRuntime;
+
+/// What the server does with one request, once it has read its head (and body).
+#[derive(Clone, Debug)]
+pub(crate) enum Act {
+    /// Write these bytes and keep the connection for the next request.
+    Respond(String),
+    /// Write these bytes, then close the connection (FIN).
+    RespondThenClose(String),
+    /// Write these bytes, wait, then close the idle connection (FIN).
+    RespondThenCloseAfter(String, Duration),
+    /// Close without answering (FIN).
+    Close,
+    /// Reset without answering (SO_LINGER 0, then close: RST).
+    Reset,
+    /// Never answer; keep the connection open.
+    Stall,
+    /// Write these bytes, then never write again; keep the connection open.
+    WriteThenStall(String),
+    /// Write these bytes, then reset the connection.
+    WriteThenReset(String),
+}
+
+/// One request as the server read it.
+#[derive(Clone, Debug)]
+pub(crate) struct Seen {
+    /// The connection it came on, numbered from 0 in accept order.
+    pub(crate) connection: usize,
+    /// The request head, lowercased (request line and headers).
+    pub(crate) head: String,
+}
+
+impl Seen {
+    /// The value of header `name` (lowercase), if present.
+    pub(crate) fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            (n.trim() == name).then(|| v.trim().to_owned())
+        })
+    }
+
+    /// The request line's method, uppercase.
+    pub(crate) fn method(&self) -> String {
+        self.head
+            .split(' ')
+            .next()
+            .unwrap_or_default()
+            .to_uppercase()
+    }
+}
+
+#[derive(Default)]
+struct Record {
+    connections: AtomicUsize,
+    requests: Mutex<Vec<Seen>>,
+}
+
+/// A script: the action for the request numbered `n` (from 0, over all connections).
+pub(crate) type Script = Arc<dyn Fn(usize, &Seen) -> Act + Send + Sync>;
+
+/// A raw HTTP/1.1 server on 127.0.0.1:0 that follows a script.
+pub(crate) struct FaultServer {
+    pub(crate) addr: SocketAddr,
+    record: Arc<Record>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FaultServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FaultServer {
+    /// Starts a server whose `n`-th request gets `script(n, request)`.
+    pub(crate) async fn start(
+        script: impl Fn(usize, &Seen) -> Act + Send + Sync + 'static,
+    ) -> Self {
+        FaultServer::start_with(script, |_| false).await
+    }
+
+    /// Like [`start`](FaultServer::start), but a connection `i` for which
+    /// `close_at_once(i)` is true is closed as soon as it is accepted, before reading.
+    pub(crate) async fn start_with(
+        script: impl Fn(usize, &Seen) -> Act + Send + Sync + 'static,
+        close_at_once: impl Fn(usize) -> bool + Send + 'static,
+    ) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let record = Arc::new(Record::default());
+        let script: Script = Arc::new(script);
+        let task = tokio::spawn({
+            let record = Arc::clone(&record);
+            async move {
+                let mut connections = JoinSet::new();
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        return;
+                    };
+                    let index = record.connections.fetch_add(1, Ordering::SeqCst);
+                    if close_at_once(index) {
+                        drop(stream);
+                        continue;
+                    }
+                    connections.spawn(serve(
+                        stream,
+                        index,
+                        Arc::clone(&script),
+                        Arc::clone(&record),
+                    ));
+                }
+            }
+        });
+        FaultServer { addr, record, task }
+    }
+
+    /// `http://127.0.0.1:port{path}`.
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Connections accepted so far.
+    pub(crate) fn connections(&self) -> usize {
+        self.record.connections.load(Ordering::SeqCst)
+    }
+
+    /// Requests read so far, in order.
+    pub(crate) fn requests(&self) -> Vec<Seen> {
+        self.record.requests.lock().unwrap().clone()
+    }
+}
+
+async fn serve(mut stream: TcpStream, connection: usize, script: Script, record: Arc<Record>) {
+    let _ = stream.set_nodelay(true);
+    while let Some(head) = read_request(&mut stream).await {
+        let seen = Seen { connection, head };
+        let n = {
+            let mut requests = record.requests.lock().unwrap();
+            requests.push(seen.clone());
+            requests.len() - 1
+        };
+        match script(n, &seen) {
+            Act::Respond(bytes) => {
+                if stream.write_all(bytes.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            Act::RespondThenClose(bytes) => {
+                let _ = stream.write_all(bytes.as_bytes()).await;
+                let _ = stream.shutdown().await;
+                return;
+            }
+            Act::RespondThenCloseAfter(bytes, idle) => {
+                let _ = stream.write_all(bytes.as_bytes()).await;
+                tokio::time::sleep(idle).await;
+                let _ = stream.shutdown().await;
+                return;
+            }
+            Act::Close => {
+                let _ = stream.shutdown().await;
+                return;
+            }
+            Act::Reset => {
+                reset(stream);
+                return;
+            }
+            Act::Stall => std::future::pending::<()>().await,
+            Act::WriteThenStall(bytes) => {
+                let _ = stream.write_all(bytes.as_bytes()).await;
+                let _ = stream.flush().await;
+                std::future::pending::<()>().await;
+            }
+            Act::WriteThenReset(bytes) => {
+                let _ = stream.write_all(bytes.as_bytes()).await;
+                let _ = stream.flush().await;
+                // Let the bytes leave before the RST overtakes them.
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                reset(stream);
+                return;
+            }
+        }
+    }
+}
+
+/// Closes `stream` with an RST instead of a FIN.
+pub(crate) fn reset(stream: TcpStream) {
+    stream.set_zero_linger().unwrap();
+    drop(stream);
+}
+
+/// Reads one request head (lowercased) and discards its `content-length` body; `None`
+/// at end of file.
+pub(crate) async fn read_request(stream: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.ok()?;
+    Some(head)
+}
+
+/// An HTTP/1.1 response with `status`, extra header lines and a body.
+pub(crate) fn response(status: &str, headers: &[&str], body: &str) -> String {
+    let mut text = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n", body.len());
+    for h in headers {
+        text.push_str(h);
+        text.push_str("\r\n");
+    }
+    text.push_str("\r\n");
+    text.push_str(body);
+    text
+}
+
+/// `200 OK` with `body`.
+pub(crate) fn ok(body: &str) -> String {
+    response("200 OK", &[], body)
+}
+
+/// A policy for real sockets: `retries` retries from 5 ms (so 5, 10, 20 ms… with no
+/// jitter) capped at 2 s, a 400 ms attempt timeout and a 10 s budget.
+pub(crate) fn policy(retries: u32) -> CallPolicy {
+    policy_with_timeout(retries, Duration::from_millis(400))
+}
+
+/// [`policy`] with another attempt timeout.
+pub(crate) fn policy_with_timeout(retries: u32, attempt_timeout: Duration) -> CallPolicy {
+    CallPolicy::bounded(
+        RetryPolicy::new(retries, Duration::from_millis(5), Duration::from_secs(2)).unwrap(),
+    )
+    .with_jitter(Jitter::None)
+    .unwrap()
+    .with_attempt_timeout(attempt_timeout)
+    .unwrap()
+    .with_budget(Some(Duration::from_secs(10)))
+    .unwrap()
+}
+
+/// A plain reqwest client: no pooling surprises beyond reqwest's defaults.
+pub(crate) fn reqwest_client() -> reqwest::Client {
+    reqwest::Client::builder().build().unwrap()
+}
+
+/// A client over `transport` on tokio, reporting to `observer` as `test-api`.
+pub(crate) fn client(
+    transport: ReqwestTransport,
+    observer: &RecordingObserver,
+) -> ResilientClient<ReqwestTransport, TokioRuntime> {
+    ResilientClient::builder(transport, TokioRuntime::new())
+        .observer("test-api", Arc::new(observer.clone()))
+        .build()
+        .unwrap()
+}
+
+/// A short name for an error: `503`, `timed_out`, `transport:interrupted`, ...
+pub(crate) fn short(error: &ClientError) -> String {
+    match error.kind() {
+        ErrorKind::Status(s) => s.as_u16().to_string(),
+        ErrorKind::Transport(k) => format!("transport:{k}"),
+        other => other.name().to_owned(),
+    }
+}
+
+/// The observer's events as short lines, checking the observer contract first.
+pub(crate) fn trace(observer: &RecordingObserver) -> Vec<String> {
+    observer
+        .check_contract()
+        .unwrap_or_else(|v| panic!("observer contract broken: {v}"));
+    observer
+        .events()
+        .iter()
+        .map(|e| match &e.event.kind {
+            EventKind::Started { send, attempt } => format!("started s{send} a{attempt}"),
+            EventKind::Succeeded {
+                send,
+                attempt,
+                status,
+                ..
+            } => format!("ok s{send} a{attempt} {}", status.as_u16()),
+            EventKind::Failed {
+                send,
+                attempt,
+                error,
+                sent,
+                ..
+            } => format!(
+                "failed s{send} a{attempt} {}{}",
+                short(error),
+                if *sent { "" } else { " unsent" }
+            ),
+            EventKind::Cancelled { send, attempt } => format!("cancelled s{send} a{attempt}"),
+            EventKind::Redialing { send, attempt } => format!("redialing s{send} a{attempt}"),
+            EventKind::RetryScheduled { attempt, after } => {
+                format!("retry a{attempt} after {}ms", after.as_millis())
+            }
+            other => other.name().to_owned(),
+        })
+        .collect()
+}
+
+/// Checks that nothing of a URL shows in `error`, its Debug, or its sources' texts.
+pub(crate) fn assert_no_url(error: &ClientError) {
+    let mut texts = vec![error.to_string(), format!("{error:?}")];
+    let mut source = std::error::Error::source(error);
+    while let Some(s) = source {
+        texts.push(s.to_string());
+        texts.push(format!("{s:?}"));
+        source = s.source();
+    }
+    for text in texts {
+        for needle in ["://", "secret", "hunter2"] {
+            assert!(!text.contains(needle), "{needle} in {text}");
+        }
+    }
+}
+
+/// The transport error's message under `error`, for the report of what was observed.
+pub(crate) fn message(error: &ClientError) -> String {
+    std::error::Error::source(error).map_or_else(String::new, |s| s.to_string())
+}

@@ -1,0 +1,418 @@
+//! `NotSent`: requests that provably never left, over HTTP/1.1 and HTTP/2, and what
+//! reqwest and hyper-util do about them before the pool sees anything.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod common;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use common::*;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+use vantage_api_pool::http::{Response, StatusCode};
+use vantage_api_pool::{ErrorKind, TransportErrorKind};
+use vantage_api_pool_reqwest::ReqwestTransport;
+use vantage_api_pool_testkit::RecordingObserver;
+
+const PATH: &str = "/secret/orders?token=hunter2";
+
+/// A connector layer that waits `0` after each connection is established, before
+/// hyper gets it: long enough for a server's immediate close to arrive first.
+#[derive(Clone)]
+struct DelayAfterConnect(Duration);
+
+impl<S> tower_layer::Layer<S> for DelayAfterConnect {
+    type Service = Delayed<S>;
+
+    fn layer(&self, inner: S) -> Delayed<S> {
+        Delayed {
+            inner,
+            delay: self.0,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Delayed<S> {
+    inner: S,
+    delay: Duration,
+}
+
+impl<S, R> tower_service::Service<R> for Delayed<S>
+where
+    S: tower_service::Service<R>,
+    S::Future: Send + 'static,
+    S::Response: Send,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        let connecting = self.inner.call(request);
+        let delay = self.delay;
+        Box::pin(async move {
+            let connection = connecting.await?;
+            tokio::time::sleep(delay).await;
+            Ok(connection)
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_connection_closed_before_the_request_left_is_not_sent_and_redialed() {
+    // Connection 0 is closed as soon as it is accepted; the client hands it to hyper
+    // only 100 ms later, so hyper sees the close before writing anything.
+    let server = FaultServer::start_with(
+        |_, _| Act::Respond(ok("done")),
+        |connection| connection == 0,
+    )
+    .await;
+    let transport = ReqwestTransport::with_builder(|| {
+        ReqwestTransport::default_client_builder()
+            .connector_layer(DelayAfterConnect(Duration::from_millis(100)))
+    })
+    .unwrap();
+    let observer = RecordingObserver::new();
+    let client = client(transport, &observer);
+    let url = server.url(PATH);
+    // A POST: a redial is free and allowed for any method, since nothing left.
+    let response = client
+        .execute_with(&policy(0), |http| http.post(&url).body("{}"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:not_sent",
+            "redialing s2 a1",
+            "started s2 a1",
+            "ok s2 a1 200",
+        ]
+    );
+    assert_eq!(server.connections(), 2);
+    assert_eq!(server.requests().len(), 1);
+    let failed = &observer.events()[1].event.kind;
+    let vantage_api_pool::EventKind::Failed { error, .. } = failed else {
+        panic!("{failed:?}")
+    };
+    assert!(error.nothing_sent());
+    assert_no_url(error);
+    eprintln!("not sent (h1): {}", message(error));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_fresh_connections_closed_before_sending_end_a_post_after_two_redials() {
+    let server = FaultServer::start_with(|_, _| Act::Respond(ok("done")), |_| true).await;
+    let transport = ReqwestTransport::with_builder(|| {
+        ReqwestTransport::default_client_builder()
+            .connector_layer(DelayAfterConnect(Duration::from_millis(50)))
+    })
+    .unwrap();
+    let observer = RecordingObserver::new();
+    let client = client(transport, &observer);
+    let url = server.url(PATH);
+    let error = client
+        .execute_with(&policy(3), |http| http.post(&url))
+        .await
+        .unwrap_err();
+    // The third NotSent is classified as Interrupted (final for a POST, breaker
+    // failure) but keeps its kind in the error.
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::NotSent)
+    );
+    assert_eq!(error.attempts(), 1);
+    assert!(error.nothing_sent());
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:not_sent",
+            "redialing s2 a1",
+            "started s2 a1",
+            "failed s2 a1 transport:not_sent",
+            "redialing s3 a1",
+            "started s3 a1",
+            "failed s3 a1 transport:not_sent",
+        ]
+    );
+    assert_eq!(server.connections(), 3);
+    assert_eq!(server.requests().len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_connection_the_server_closed_while_idle_is_not_reused() {
+    // The server answers, keeps the connection 50 ms, then closes it idle. The next
+    // call comes 200 ms later. Observed: hyper saw the close while the connection sat
+    // in the pool and dropped it, so the call dials afresh and the pool sees a plain
+    // success (no NotSent reaches it; had the close raced the checkout, hyper-util
+    // would have resent the unwritten request on a fresh connection by itself).
+    let server = FaultServer::start(|_, _| {
+        Act::RespondThenCloseAfter(ok("done"), Duration::from_millis(50))
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
+    let url = server.url(PATH);
+    for _ in 0..2 {
+        let response = client
+            .execute_with(&policy(0), |http| http.get(&url))
+            .await
+            .unwrap();
+        assert_eq!(response.into_inner().text().await.unwrap(), "done");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "ok s1 a1 200",
+            "started s1 a1",
+            "ok s1 a1 200"
+        ]
+    );
+    assert_eq!(server.connections(), 2);
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_racing_the_next_request_on_a_pooled_connection_never_fails_a_get() {
+    // The server closes every connection right after its answer, without saying so:
+    // the next request races the close. Each call either gets a fresh connection
+    // (hyper saw the close first, or hyper-util resent the unwritten request itself),
+    // or wrote its request into the closing connection (Interrupted, retried for a
+    // GET). NotSent never reaches the pool here: the connection was a reused one.
+    let server = FaultServer::start(|_, _| Act::RespondThenClose(ok("done"))).await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
+    let url = server.url(PATH);
+    let calls = 20;
+    for _ in 0..calls {
+        let response = client
+            .execute_with(&policy(2), |http| http.get(&url))
+            .await
+            .unwrap();
+        assert_eq!(response.into_inner().text().await.unwrap(), "done");
+    }
+    let events = trace(&observer);
+    let interrupted = events
+        .iter()
+        .filter(|e| e.ends_with("transport:interrupted"))
+        .count();
+    assert!(
+        events
+            .iter()
+            .all(|e| !e.contains("not_sent") && !e.contains("redialing")),
+        "{events:?}"
+    );
+    assert_eq!(server.requests().len(), calls + interrupted);
+    eprintln!(
+        "close racing reuse: {calls} calls, {interrupted} interrupted sends, {} connections",
+        server.connections()
+    );
+}
+
+/// What the HTTP/2 server does with the `n`-th stream (over all connections).
+#[derive(Clone, Copy, Debug)]
+enum H2Act {
+    Ok,
+    Refuse,
+    Stall,
+}
+
+/// An HTTP/2 (prior knowledge, cleartext) server on 127.0.0.1:0.
+struct H2Server {
+    addr: std::net::SocketAddr,
+    connections: Arc<AtomicUsize>,
+    streams: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for H2Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl H2Server {
+    async fn start(script: fn(usize) -> H2Act) -> H2Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let streams = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn({
+            let (connections, streams) = (Arc::clone(&connections), Arc::clone(&streams));
+            async move {
+                let mut tasks = JoinSet::new();
+                while let Ok((socket, _)) = listener.accept().await {
+                    connections.fetch_add(1, Ordering::SeqCst);
+                    let streams = Arc::clone(&streams);
+                    tasks.spawn(async move {
+                        let Ok(mut connection) = h2::server::handshake(socket).await else {
+                            return;
+                        };
+                        let mut stalled = Vec::new();
+                        while let Some(Ok((_request, mut respond))) = connection.accept().await {
+                            let n = streams.fetch_add(1, Ordering::SeqCst);
+                            match script(n) {
+                                H2Act::Ok => {
+                                    let _ = respond.send_response(Response::new(()), true);
+                                }
+                                H2Act::Refuse => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                                H2Act::Stall => stalled.push(respond),
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        H2Server {
+            addr,
+            connections,
+            streams,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}{PATH}", self.addr)
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    fn streams(&self) -> usize {
+        self.streams.load(Ordering::SeqCst)
+    }
+}
+
+fn first_refused(n: usize) -> H2Act {
+    if n == 0 { H2Act::Refuse } else { H2Act::Ok }
+}
+
+fn first_stalls(n: usize) -> H2Act {
+    if n == 0 { H2Act::Stall } else { H2Act::Ok }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_refused_stream_is_not_sent_and_redialed_by_the_pool() {
+    let server = H2Server::start(first_refused).await;
+    let transport = ReqwestTransport::with_builder(|| {
+        ReqwestTransport::default_client_builder().http2_prior_knowledge()
+    })
+    .unwrap();
+    let observer = RecordingObserver::new();
+    let client = client(transport, &observer);
+    let url = server.url();
+    let response = client
+        .execute_with(&policy(0), |http| http.post(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:not_sent",
+            "redialing s2 a1",
+            "started s2 a1",
+            "ok s2 a1 200",
+        ]
+    );
+    assert_eq!(server.streams(), 2);
+    let failed = &observer.events()[1].event.kind;
+    let vantage_api_pool::EventKind::Failed { error, .. } = failed else {
+        panic!("{failed:?}")
+    };
+    eprintln!("not sent (h2): {}", message(error));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwests_default_retry_resends_a_refused_stream_behind_the_pools_back() {
+    // A client with reqwest's default retry policy: the pool sees one clean send
+    // while the server saw two streams. The reason the adapter's own client sets
+    // `retry(never())`.
+    let server = H2Server::start(first_refused).await;
+    let plain = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(plain), &observer);
+    let url = server.url();
+    let response = client
+        .execute_with(&policy(0), |http| http.post(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(trace(&observer), ["started s1 a1", "ok s1 a1 200"]);
+    assert_eq!(server.streams(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_timeout_the_adapters_client_is_rebuilt_so_a_stuck_http2_connection_is_left() {
+    let server = H2Server::start(first_stalls).await;
+    let transport = ReqwestTransport::with_builder(|| {
+        ReqwestTransport::default_client_builder().http2_prior_knowledge()
+    })
+    .unwrap();
+    let observer = RecordingObserver::new();
+    let client = client(transport.clone(), &observer);
+    let url = server.url();
+    let policy = policy_with_timeout(1, Duration::from_millis(300));
+    let response = client
+        .execute_with(&policy, |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 timed_out",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "ok s2 a2 200",
+        ]
+    );
+    assert_eq!(transport.rebuilds(), 1);
+    // The retry went out on a new connection from the rebuilt client.
+    assert_eq!((server.connections(), server.streams()), (2, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_timeout_a_supplied_client_keeps_its_http2_connection() {
+    let server = H2Server::start(first_stalls).await;
+    let plain = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let transport = ReqwestTransport::new(plain);
+    let observer = RecordingObserver::new();
+    let client = client(transport.clone(), &observer);
+    let url = server.url();
+    let policy = policy_with_timeout(1, Duration::from_millis(300));
+    let response = client
+        .execute_with(&policy, |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(transport.rebuilds(), 0);
+    // Nothing could be done: the retry shared the first stream's connection (here it
+    // was healthy, so it worked).
+    assert_eq!((server.connections(), server.streams()), (1, 2));
+}

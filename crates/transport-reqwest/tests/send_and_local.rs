@@ -1,0 +1,202 @@
+//! The same client code, spawned on tokio's thread pool with `ReqwestTransport` +
+//! `TokioRuntime` (its future is `Send`), and run on a `LocalSet` with an `Rc`-based
+//! transport (its future is not).
+#![cfg(not(target_arch = "wasm32"))]
+
+mod common;
+
+use std::cell::Cell;
+use std::future::Future;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use common::*;
+use vantage_api_pool::auth::{AuthError, TokenSource, token_fn};
+use vantage_api_pool::http::{HeaderValue, StatusCode, header::AUTHORIZATION};
+use vantage_api_pool::{
+    CallPolicy, ClientError, ResilientClient, Runtime, Transport, TransportError, TransportResponse,
+};
+use vantage_api_pool_reqwest::{ReqwestRequest, ReqwestResponse, ReqwestTransport};
+use vantage_api_pool_testkit::RecordingObserver;
+use vantage_api_pool_tokio::TokioRuntime;
+
+/// The client code under test, generic over the transport and runtime: one GET, and
+/// the status.
+async fn fetch_status<T, R, A>(
+    client: &ResilientClient<T, R, A>,
+    url: &str,
+) -> Result<StatusCode, ClientError>
+where
+    T: Transport<Handle = reqwest::Client, Draft = reqwest::RequestBuilder>,
+    R: Runtime,
+    A: TokenSource,
+{
+    let response = client
+        .execute_with(&policy(1), |http| http.get(url))
+        .await?;
+    Ok(response.status())
+}
+
+fn assert_send<F: Future + Send>(future: F) -> F {
+    future
+}
+
+/// Compile-time proof: the futures of `execute_with`, `execute` and the generic client
+/// code are `Send` over `ReqwestTransport` + `TokioRuntime`, with and without auth.
+/// (Never called: it only has to compile.)
+#[allow(dead_code)]
+fn call_futures_are_send(
+    client: &ResilientClient<ReqwestTransport, TokioRuntime>,
+    policy: &CallPolicy,
+) {
+    fn assert_send_sync<T: Send + Sync>(_: &T) {}
+    assert_send_sync(client);
+    drop(assert_send(
+        client.execute_with(policy, |http| http.get("http://127.0.0.1/")),
+    ));
+    drop(assert_send(
+        client.execute(|http| http.get("http://127.0.0.1/")),
+    ));
+    drop(assert_send(fetch_status(client, "http://127.0.0.1/")));
+
+    let with_auth = ResilientClient::builder(
+        ReqwestTransport::new(reqwest::Client::new()),
+        TokioRuntime::new(),
+    )
+    .auth(token_fn(|| async {
+        Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer t")))
+    }))
+    .build()
+    .unwrap();
+    assert_send_sync(&with_auth);
+    drop(assert_send(
+        with_auth.execute_with(policy, |http| http.get("http://127.0.0.1/")),
+    ));
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_over_reqwest_and_tokio_can_be_spawned() {
+    let server = FaultServer::start(|n, _| match n {
+        0 => Act::Respond(response("503 Service Unavailable", &[], "")),
+        _ => Act::Respond(ok("spawned")),
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = ReqwestTransport::tokio_builder(reqwest_client())
+        .max_parallel(4)
+        .rate_limit(10.0)
+        .default_breaker()
+        .observer("orders-api", Arc::new(observer.clone()))
+        .build()
+        .unwrap();
+    let url = server.url("/orders");
+    let handle = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let policy = policy(2);
+            let response = client.execute_with(&policy, |http| http.get(&url)).await?;
+            let text = response.into_inner().text().await.unwrap();
+            Ok::<_, ClientError>((text, fetch_status(&client, &url).await?))
+        }
+    });
+    let (text, status) = handle.await.unwrap().unwrap();
+    assert_eq!((text.as_str(), status), ("spawned", StatusCode::OK));
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 503",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "ok s2 a2 200",
+            "started s1 a1",
+            "ok s1 a1 200",
+        ]
+    );
+    assert_eq!(server.requests().len(), 3);
+}
+
+/// `ReqwestTransport` with an `Rc` counter of sends: neither it nor its futures are
+/// `Send`.
+struct RcTransport {
+    inner: ReqwestTransport,
+    sends: Rc<Cell<u32>>,
+}
+
+impl Transport for RcTransport {
+    type Handle = reqwest::Client;
+    type Draft = reqwest::RequestBuilder;
+    type Request = ReqwestRequest;
+    type Response = ReqwestResponse;
+
+    fn handle(&self) -> &reqwest::Client {
+        self.inner.handle()
+    }
+
+    fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
+        self.inner.prepare(draft)
+    }
+
+    fn send(
+        &self,
+        request: ReqwestRequest,
+    ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> {
+        let sends = Rc::clone(&self.sends);
+        let sending = self.inner.send(request);
+        async move {
+            let response = sending.await;
+            // The Rc lives across the await: this future is not Send.
+            sends.set(sends.get() + 1);
+            response
+        }
+    }
+
+    fn distrust_connection(&self) {
+        self.inner.distrust_connection();
+    }
+}
+
+#[tokio::test]
+async fn the_same_client_code_runs_an_rc_transport_on_a_local_set() {
+    let server = FaultServer::start(|n, _| match n {
+        0 => Act::Close,
+        _ => Act::Respond(ok("local")),
+    })
+    .await;
+    let sends = Rc::new(Cell::new(0));
+    let observer = RecordingObserver::new();
+    let client = ResilientClient::builder(
+        RcTransport {
+            inner: ReqwestTransport::new(reqwest_client()),
+            sends: Rc::clone(&sends),
+        },
+        TokioRuntime::new(),
+    )
+    .observer("local-api", Arc::new(observer.clone()))
+    .build()
+    .unwrap();
+    let url = server.url("/orders");
+    let local = tokio::task::LocalSet::new();
+    let status = local
+        .run_until(async move {
+            tokio::task::spawn_local(async move { fetch_status(&client, &url).await })
+                .await
+                .unwrap()
+        })
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sends.get(), 2);
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:interrupted",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "ok s2 a2 200",
+        ]
+    );
+    assert_eq!(server.requests().len(), 2);
+}
