@@ -380,7 +380,13 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                             .get(&client.request_id_header)
                             .and_then(|v| v.to_str().ok())
                             .map(Arc::<str>::from);
-                        let body = read_error_body(&client.runtime, send_deadline, response).await;
+                        let body = read_error_body(
+                            &client.transport,
+                            &client.runtime,
+                            send_deadline,
+                            response,
+                        )
+                        .await;
                         Sent::ErrorStatus {
                             status,
                             wait,
@@ -519,10 +525,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
 
 /// Reads up to [`MAX_ERROR_BODY`] bytes of an error response's body, giving up at
 /// `deadline`, at the body's end, or at a read error; whatever was read is kept.
-async fn read_error_body<R: Runtime, Resp: TransportResponse>(
+/// A read cut by the deadline tells the transport to distrust the connection.
+async fn read_error_body<T: Transport, R: Runtime>(
+    transport: &T,
     runtime: &R,
     deadline: Instant,
-    mut response: Resp,
+    mut response: T::Response,
 ) -> Bytes {
     let mut body = BytesMut::new();
     while body.len() <= MAX_ERROR_BODY {
@@ -531,7 +539,11 @@ async fn read_error_body<R: Runtime, Resp: TransportResponse>(
                 let room = MAX_ERROR_BODY + 1 - body.len();
                 body.extend_from_slice(&chunk[..chunk.len().min(room)]);
             }
-            _ => break,
+            Ok(_) => break,
+            Err(_elapsed) => {
+                transport.distrust_connection();
+                break;
+            }
         }
     }
     // One byte past the limit tells truncation there was more; it cuts to 2048.

@@ -603,6 +603,11 @@ fn an_error_body_that_stalls_is_cut_by_the_time_limit_and_keeps_the_status() {
     assert_eq!(err.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
     assert_eq!(err.body(), Some(&b"partial"[..]));
     assert_eq!(w.now(), secs(10));
+    assert_eq!(
+        w.transport.distrusted(),
+        1,
+        "a body cut by the time limit distrusts its connection"
+    );
 }
 
 #[test]

@@ -1,0 +1,589 @@
+//! Seeded simulation: thousands of generated fault schedules, policy mixes, numbers of
+//! concurrent callers and cancellation points, with the client's promises checked on
+//! every run.
+//!
+//! - CI runs `SIM_SEEDS` seeds (default 2,000).
+//! - `SIM_SEEDS=100000 cargo test --release -p vantage-api-pool --test simulation`
+//!   runs 100,000.
+//! - A failing seed is printed; `SIM_SEED=<seed> cargo test -p vantage-api-pool --test
+//!   simulation` replays it alone.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{ms, secs};
+use http::{HeaderValue, header::AUTHORIZATION};
+use vantage_api_pool::auth::{AuthError, token_fn};
+use vantage_api_pool::{
+    BreakerMode, BreakerState, CallId, CallPolicy, ClientError, EventKind, Instant, Jitter,
+    ResilientClient, RetryMode, RetryPolicy, TransportErrorKind, TransportEvent, TransportObserver,
+};
+use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
+
+/// A small deterministic generator (splitmix64).
+#[derive(Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    fn ms(&mut self, max: u64) -> Duration {
+        ms(self.below(max + 1))
+    }
+}
+
+/// One call's plan and what became of it.
+struct CallPlan {
+    policy: CallPolicy,
+    start: Duration,
+    drop_at: Option<Duration>,
+}
+
+#[derive(Default)]
+struct CallRecord {
+    started: Option<Instant>,
+    ended: Option<Instant>,
+    result: Option<Result<(), ClientError>>,
+}
+
+/// The fault schedule: what each send is answered with.
+fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
+    if !auth_ok {
+        return Reply::status(401).after(rng.ms(50));
+    }
+    let reply = match rng.below(20) {
+        0..=5 => Reply::ok(),
+        6 => Reply::status(500),
+        7 => Reply::status(502),
+        8 => Reply::status(503),
+        9 => Reply::status(503).header("retry-after", "1"),
+        10 => Reply::status(408),
+        11 => Reply::status(429),
+        12 => Reply::status(429).header("retry-after-ms", "750"),
+        13 => Reply::status(404).body("gone"),
+        14 => Reply::status(401),
+        15 => Reply::fail(
+            [
+                TransportErrorKind::NotSent,
+                TransportErrorKind::Connect,
+                TransportErrorKind::Interrupted,
+                TransportErrorKind::TimedOut,
+                TransportErrorKind::Tls,
+                TransportErrorKind::TooLarge,
+            ][rng.below(6) as usize],
+            "simulated",
+        ),
+        16 => Reply::fail(TransportErrorKind::NotSent, "stale"),
+        17 => Reply::stall(),
+        _ => Reply::status(503).after(rng.ms(3000)),
+    };
+    reply.after(rng.ms(200))
+}
+
+fn policy(rng: &mut Rng) -> CallPolicy {
+    let base = match rng.below(4) {
+        0 => CallPolicy::essential(),
+        1 => CallPolicy::background(),
+        _ => CallPolicy::bounded(RetryPolicy {
+            max_retries: rng.below(5) as u32,
+            base: rng.ms(500),
+            max: ms(500) + rng.ms(5000),
+        }),
+    };
+    let base = if rng.chance(50) {
+        base.with_breaker_mode(BreakerMode::WaitForProbe)
+    } else {
+        base.with_breaker_mode(BreakerMode::FailFast)
+    };
+    let jitter = [Jitter::None, Jitter::Proportional(0.25), Jitter::Full][rng.below(3) as usize];
+    let base = base.with_jitter(jitter).unwrap();
+    let timeout = ms(200) + rng.ms(3000);
+    let base = match base.budget() {
+        Some(_) => base.with_attempt_timeout(timeout).unwrap(),
+        None => base
+            .with_attempt_timeout(timeout)
+            .unwrap()
+            .with_budget(if rng.chance(30) {
+                Some(timeout + rng.ms(20_000))
+            } else {
+                None
+            })
+            .unwrap(),
+    };
+    base.idempotent(rng.chance(20))
+}
+
+/// Checks, at every `Started`, that sends in flight stay within the cap.
+struct LiveChecks {
+    transport: ScriptedTransport,
+    max_parallel: usize,
+    violations: Mutex<Vec<String>>,
+}
+
+impl TransportObserver for LiveChecks {
+    fn on_event(&self, _api: &str, event: &TransportEvent) {
+        if matches!(event.kind, EventKind::Started { .. })
+            && self.transport.in_flight() > self.max_parallel
+        {
+            self.violations
+                .lock()
+                .unwrap()
+                .push(format!("in flight above the cap at {:?}", event.at));
+        }
+    }
+}
+
+/// At most one probe per epoch: while the breaker is open, no real send starts
+/// before its cooldown ends, and after it at most one is in flight at a time.
+fn check_probes(events: &[TransportEvent], problems: &mut Vec<String>) {
+    let synthetic: HashSet<(CallId, u32)> = events
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Failed {
+                send, sent: false, ..
+            } => Some((e.call.unwrap(), send)),
+            _ => None,
+        })
+        .collect();
+    let mut open: Option<(Instant, Duration)> = None;
+    let mut in_flight: HashSet<(CallId, u32)> = HashSet::new();
+    for e in events {
+        let key = e.call.zip(e.kind.send_and_attempt().map(|(s, _)| s));
+        match e.kind {
+            EventKind::Started { .. } if !synthetic.contains(&key.unwrap()) => {
+                if let Some((at, cooldown)) = open {
+                    if e.at < at + cooldown {
+                        problems.push(format!(
+                            "a send at {:?} inside the cooldown until {:?}",
+                            e.at,
+                            at + cooldown
+                        ));
+                    }
+                    if !in_flight.is_empty() {
+                        problems.push(format!("a second probe at {:?}", e.at));
+                    }
+                    in_flight.extend(key);
+                }
+            }
+            EventKind::Succeeded { .. }
+            | EventKind::Failed { .. }
+            | EventKind::Cancelled { .. } => {
+                in_flight.remove(&key.unwrap());
+            }
+            EventKind::BreakerOpened { cooldown } => {
+                open = Some((e.at, cooldown));
+                in_flight.clear();
+            }
+            EventKind::BreakerClosed => {
+                open = None;
+                in_flight.clear();
+            }
+            _ => {}
+        }
+    }
+}
+
+struct Both(RecordingObserver, Arc<LiveChecks>);
+
+impl TransportObserver for Both {
+    fn on_event(&self, api: &str, event: &TransportEvent) {
+        self.0.on_event(api, event);
+        self.1.on_event(api, event);
+    }
+}
+
+fn run_seed(seed: u64) -> Result<(), String> {
+    let mut rng = Rng(seed);
+    let rt = VirtualRuntime::new().with_seed(seed);
+    let transport = ScriptedTransport::new(&rt);
+    let recorder = RecordingObserver::new();
+    let mut max_parallel = 1 + rng.below(8) as usize;
+    let threshold = 1 + rng.below(5) as u32;
+    let cooldown = secs(1) + rng.ms(4000);
+    let max_cooldown = cooldown * (1 + rng.below(8) as u32);
+    let rate = if rng.chance(50) {
+        Some((1.0 + rng.below(50) as f64, 1 + rng.below(10) as u32))
+    } else {
+        None
+    };
+    let use_auth = rng.chance(40);
+    // Send times show the rate bucket's grants only when no send waits for a permit
+    // after taking its token (a token is not refunded; sends may bunch up after
+    // permits free): half the rate-limited runs get a cap no run can reach.
+    let sends_show_grants = rate.is_some() && rng.chance(50);
+    if sends_show_grants {
+        max_parallel = 64;
+    }
+
+    // The server: faults drawn per send; with auth, the server's valid token changes
+    // now and then, so 401s arrive for a token generation.
+    let server_token = Arc::new(AtomicU32::new(1));
+    let faults = Arc::new(Mutex::new(Rng(seed ^ 0xABCD)));
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let got_401: Arc<Mutex<HashSet<String>>> = Arc::default();
+    {
+        let (server_token, faults, healthy, got_401) = (
+            server_token.clone(),
+            faults.clone(),
+            healthy.clone(),
+            got_401.clone(),
+        );
+        transport.respond_with(move |req, _| {
+            if healthy.load(Ordering::SeqCst) {
+                return Reply::ok();
+            }
+            let mut rng = faults.lock().unwrap();
+            let auth_ok = !use_auth || {
+                let want = format!("Bearer t{}-", server_token.load(Ordering::SeqCst));
+                req.headers()
+                    .get(AUTHORIZATION)
+                    .is_some_and(|v| v.to_str().unwrap().starts_with(&want))
+            };
+            if use_auth && rng.chance(3) {
+                server_token.fetch_add(1, Ordering::SeqCst);
+            }
+            let reply = fault(&mut rng, auth_ok);
+            if reply.status_code().is_some_and(|s| s == 401)
+                && let Some(token) = req.headers().get(AUTHORIZATION)
+            {
+                got_401
+                    .lock()
+                    .unwrap()
+                    .insert(token.to_str().unwrap().to_owned());
+            }
+            reply
+        });
+    }
+    let live = Arc::new(LiveChecks {
+        transport: transport.clone(),
+        max_parallel,
+        violations: Mutex::default(),
+    });
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let mut builder = ResilientClient::builder(transport.clone(), rt.clone())
+        .max_parallel(max_parallel)
+        .breaker(threshold, cooldown, max_cooldown)
+        .observer("sim", Arc::new(Both(recorder.clone(), live.clone())));
+    if let Some((rate, burst)) = rate {
+        builder = builder.rate_limit_with_burst(rate, burst);
+    }
+    let source = {
+        let (fetches, server_token, rt) = (fetches.clone(), server_token.clone(), rt.clone());
+        token_fn(move || {
+            let fetch = fetches.fetch_add(1, Ordering::SeqCst);
+            // The source hands out the server's current token after a short delay.
+            let (server_token, rt) = (server_token.clone(), rt.clone());
+            async move {
+                rt.sleep(ms(20)).await;
+                let n = server_token.load(Ordering::SeqCst);
+                let token = format!("Bearer t{n}-{fetch}");
+                Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_str(&token).unwrap()))
+            }
+        })
+    };
+    let client = if use_auth {
+        builder
+            .auth(source)
+            .build()
+            .map(|c| Box::new(c) as Box<dyn SimClient>)
+    } else {
+        builder.build().map(|c| Box::new(c) as Box<dyn SimClient>)
+    }
+    .map_err(|e| format!("build: {e}"))?;
+
+    let n_calls = 1 + rng.below(32) as usize;
+    let plans: Vec<CallPlan> = (0..n_calls)
+        .map(|_| {
+            let policy = policy(&mut rng);
+            let start = rng.ms(20_000);
+            let forever = matches!(policy.retry(), RetryMode::UntilCancelled { .. });
+            let drop_at = (forever || rng.chance(30)).then(|| start + rng.ms(90_000));
+            CallPlan {
+                policy,
+                start,
+                drop_at,
+            }
+        })
+        .collect();
+    let records: Vec<Arc<Mutex<CallRecord>>> = plans.iter().map(|_| Arc::default()).collect();
+    let mut handles = Vec::new();
+    for (plan, record) in plans.iter().zip(&records) {
+        let fut = client.call(plan.policy.clone(), plan.start, record.clone(), rt.clone());
+        handles.push((rt.spawn(fut), plan.drop_at));
+    }
+    // Drop callers at their planned times, then let the rest finish.
+    let mut drops: Vec<_> = handles.into_iter().enumerate().collect();
+    drops.sort_by_key(|(_, (_, at))| at.unwrap_or(Duration::MAX));
+    let mut remaining = Vec::new();
+    for (i, (handle, at)) in drops {
+        match at {
+            Some(at) => {
+                rt.run_until(Instant::ORIGIN + at)
+                    .map_err(|e| e.to_string())?;
+                handle.abort();
+                let _ = i;
+            }
+            None => remaining.push(handle),
+        }
+    }
+    rt.run().map_err(|e| format!("drive: {e}"))?;
+    for handle in remaining {
+        assert!(handle.is_finished());
+    }
+
+    let mut problems: Vec<String> = live.violations.lock().unwrap().clone();
+    // Every Started has exactly one terminal event, nothing after it.
+    if let Err(v) = recorder.check_contract() {
+        if std::env::var("SIM_DEBUG").is_ok() {
+            for e in recorder.for_call(v.call.unwrap_or(CallId(0))) {
+                eprintln!("{:?} {:?}", e.at, e.kind);
+            }
+        }
+        problems.push(format!("contract: {v}"));
+    }
+    if client.in_flight() != 0 {
+        problems.push(format!(
+            "in_flight() == {} after every call ended",
+            client.in_flight()
+        ));
+    }
+    let events: Vec<TransportEvent> = recorder.events().into_iter().map(|r| r.event).collect();
+
+    // Attempts never exceed the policy's limit; no call outlives its budget.
+    let mut by_call: BTreeMap<CallId, Vec<&TransportEvent>> = BTreeMap::new();
+    for e in &events {
+        if let Some(c) = e.call {
+            by_call.entry(c).or_default().push(e);
+        }
+    }
+    for (plan, record) in plans.iter().zip(&records) {
+        let record = record.lock().unwrap();
+        if let (Some(start), Some(end), Some(budget)) =
+            (record.started, record.ended, plan.policy.budget())
+            && end - start > budget
+        {
+            problems.push(format!(
+                "a call took {:?}, over its budget {budget:?}",
+                end - start
+            ));
+        }
+        if let Some(Err(e)) = &record.result
+            && let RetryMode::Bounded(p) = plan.policy.retry()
+            && e.attempts() > p.max_retries + 2
+        {
+            problems.push(format!(
+                "{} attempts under {} retries (+1 replay)",
+                e.attempts(),
+                p.max_retries
+            ));
+        }
+    }
+    for (call, evs) in &by_call {
+        let mut last_failed: Option<(&TransportEvent, Option<Duration>)> = None;
+        for e in evs {
+            match &e.kind {
+                EventKind::Failed {
+                    error, sent: true, ..
+                } => last_failed = Some((e, error.retry_after())),
+                EventKind::RetryScheduled { after, .. } => {
+                    // No retry leaves before the server's delay, clamped to the ceiling:
+                    // the ceilings here are at least 500 ms and the delays 750 ms or 1 s.
+                    if let Some((_, Some(wait))) = last_failed
+                        && *after < wait.min(ms(500))
+                    {
+                        problems.push(format!(
+                            "{call:?}: retry after {after:?} before the server's {wait:?}"
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    check_probes(&events, &mut problems);
+
+    // A failure only doubles the cooldown when it is the probe's: every re-opening is
+    // caused by a send that started after the previous cooldown ended.
+    let mut prev_open: Option<(Instant, Duration)> = None;
+    let mut started_at: HashMap<(CallId, u32), Instant> = HashMap::new();
+    let mut last_send_of: HashMap<CallId, u32> = HashMap::new();
+    for e in &events {
+        match e.kind {
+            EventKind::Started { send, .. } => {
+                started_at.insert((e.call.unwrap(), send), e.at);
+            }
+            EventKind::Failed { send, .. } | EventKind::Succeeded { send, .. } => {
+                last_send_of.insert(e.call.unwrap(), send);
+            }
+            EventKind::BreakerOpened { cooldown } => {
+                if let Some((at, prev)) = prev_open {
+                    let call = e.call.unwrap();
+                    let cause = started_at[&(call, last_send_of[&call])];
+                    if cause < at + prev {
+                        problems.push(format!(
+                            "re-opened by a send from {cause:?}, before the probe time {:?}",
+                            at + prev
+                        ));
+                    }
+                    if cooldown != (prev * 2).min(max_cooldown) {
+                        problems.push(format!("cooldown {cooldown:?} after {prev:?}"));
+                    }
+                }
+                prev_open = Some((e.at, cooldown));
+            }
+            EventKind::BreakerClosed => prev_open = None,
+            _ => {}
+        }
+    }
+
+    // Rate tokens granted in any window of length T are at most burst + rate × T.
+    if let Some((rate, burst)) = rate.filter(|_| sends_show_grants) {
+        let times: Vec<Duration> = transport
+            .requests()
+            .iter()
+            .map(|r| r.at.since_origin())
+            .collect();
+        for i in 0..times.len() {
+            for j in i..times.len() {
+                let window = (times[j] - times[i]).as_secs_f64();
+                let n = (j - i + 1) as f64;
+                if n > f64::from(burst) + rate * window + 1e-6 {
+                    problems.push(format!("{n} sends in {window} s at {rate}/s burst {burst}"));
+                }
+            }
+        }
+    }
+
+    // Token fetches: one first fetch, then at most one per generation that drew a 401.
+    if use_auth {
+        // Completed fetches: one abandoned by a dropped caller makes no generation.
+        let fetched = client.token_fetches() as usize;
+        let generations = got_401.lock().unwrap().len();
+        if fetched > 1 + generations {
+            problems.push(format!(
+                "{fetched} token fetches for {generations} generations that drew a 401"
+            ));
+        }
+    }
+
+    // Liveness: once the API recovers, one cooldown and one success close the breaker.
+    healthy.store(true, Ordering::SeqCst);
+    rt.run_for(max_cooldown).map_err(|e| e.to_string())?;
+    let probe: Arc<Mutex<CallRecord>> = Arc::default();
+    rt.block_on(client.call(
+        CallPolicy::essential().with_breaker_mode(BreakerMode::WaitForProbe),
+        Duration::ZERO,
+        probe.clone(),
+        rt.clone(),
+    ))
+    .map_err(|e| e.to_string())?;
+    if !matches!(probe.lock().unwrap().result, Some(Ok(()))) {
+        problems.push("the call after recovery did not succeed".into());
+    }
+    if client.breaker_state() != BreakerState::Closed {
+        problems.push(format!(
+            "breaker {:?} after recovery",
+            client.breaker_state()
+        ));
+    }
+    if client.in_flight() != 0 {
+        problems.push("in flight after recovery".into());
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// The simulation runs clients with and without a token source through one interface.
+trait SimClient {
+    fn call(
+        &self,
+        policy: CallPolicy,
+        start: Duration,
+        record: Arc<Mutex<CallRecord>>,
+        rt: VirtualRuntime,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+    fn in_flight(&self) -> usize;
+    fn token_fetches(&self) -> u64;
+    fn breaker_state(&self) -> BreakerState;
+}
+
+impl<A: vantage_api_pool::TokenSource + 'static> SimClient
+    for ResilientClient<ScriptedTransport, VirtualRuntime, A>
+{
+    fn call(
+        &self,
+        policy: CallPolicy,
+        start: Duration,
+        record: Arc<Mutex<CallRecord>>,
+        rt: VirtualRuntime,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> {
+        let client = self.clone();
+        Box::pin(async move {
+            rt.sleep(start).await;
+            record.lock().unwrap().started = Some(rt.now());
+            let result = client
+                .execute_with(&policy, |h| h.get("/sim"))
+                .await
+                .map(|_| ());
+            let mut r = record.lock().unwrap();
+            r.ended = Some(rt.now());
+            r.result = Some(result);
+        })
+    }
+    fn in_flight(&self) -> usize {
+        ResilientClient::in_flight(self)
+    }
+    fn breaker_state(&self) -> BreakerState {
+        ResilientClient::breaker_state(self)
+    }
+    fn token_fetches(&self) -> u64 {
+        ResilientClient::token_fetches(self)
+    }
+}
+
+#[test]
+fn seeded_fault_schedules_keep_every_promise() {
+    let seeds: Vec<u64> = match std::env::var("SIM_SEED") {
+        Ok(one) => vec![one.parse().expect("SIM_SEED is a number")],
+        Err(_) => {
+            let n: u64 = std::env::var("SIM_SEEDS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(2000);
+            (0..n).collect()
+        }
+    };
+    let mut failed = Vec::new();
+    for &seed in &seeds {
+        if let Err(problems) = run_seed(seed) {
+            eprintln!(
+                "seed {seed} failed (replay: SIM_SEED={seed} cargo test -p vantage-api-pool --test simulation):\n{problems}\n"
+            );
+            failed.push(seed);
+            if failed.len() >= 5 {
+                break;
+            }
+        }
+    }
+    assert!(failed.is_empty(), "failing seeds: {failed:?}");
+    println!("{} seeds passed", seeds.len());
+}
