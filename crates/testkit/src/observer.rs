@@ -1,0 +1,641 @@
+//! [`RecordingObserver`]: keeps every event with its virtual timestamp and checks
+//! the observer contract.
+//!
+//! # The contract, as [`RecordingObserver::check_contract`] checks it
+//!
+//! Calls are identified by (api key, [`CallId`]). A *per-send event* is `Started`,
+//! `Succeeded`, `Failed`, `Cancelled` or `Redialing`; a *terminal* is `Succeeded`,
+//! `Failed` or `Cancelled`. Other kinds (`RetryScheduled`, breaker events, reports)
+//! are only checked where a rule names them.
+//!
+//! | rule ([`ContractRule`]) | what must hold |
+//! |---|---|
+//! | `TimeWentBackwards` | the `at` of one api's events never decreases |
+//! | `MissingCallId` | every per-send event and `RetryScheduled` carries a call id |
+//! | `SendOutOfOrder` | a call's `Started` events number their sends 1, 2, 3, … |
+//! | `StartedWhileInFlight` | a call starts a send only after its previous send's terminal |
+//! | `TerminalWithoutStarted` | a terminal ends the send in flight: same send number, started before |
+//! | `SecondTerminal` | a send has at most one terminal |
+//! | `AttemptMismatch` | a call's first `Started` has attempt 1; a `Started` right after `Redialing` repeats the redialed attempt; any other `Started` (and a `RetryScheduled`) has the previous attempt + 1; a terminal has its `Started`'s attempt |
+//! | `RedialNotAfterFailure` | `Redialing { send: s }` comes right after a `Failed` of send s − 1 (no per-send event between), with the same attempt |
+//! | `RedialNotFollowedByStart` | the next per-send event after `Redialing { send: s }`, if any, is `Started { send: s }` (none at all is fine: the caller may drop the call while the redial waits at the gate) |
+//! | `RetryWhileInFlight` | `RetryScheduled` comes only while no send of the call is in flight |
+//! | `EventAfterCallEnded` | after a call's `Succeeded` or `Cancelled`, no per-send event or `RetryScheduled` of that call |
+//! | `NeverEnded` | (end of the record) every `Started` has its terminal |
+//!
+//! Breaker events may carry the call that caused them and are not checked against
+//! the call's state; events without a call (reports) are checked for time order only.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use vantage_api_pool::TransportObserver;
+//! use vantage_api_pool_testkit::RecordingObserver;
+//!
+//! let observer = RecordingObserver::new();
+//! // Give the client a clone (`.observer("orders", Arc::new(observer.clone()))`),
+//! // run the calls, then:
+//! let for_client: Arc<dyn TransportObserver> = Arc::new(observer.clone());
+//! # drop(for_client);
+//! observer.check_contract()?;
+//! # Ok::<(), vantage_api_pool_testkit::ContractViolation>(())
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One event as the observer received it.
+///
+/// ```
+/// use vantage_api_pool::{EventKind, Instant, TransportEvent, TransportObserver};
+/// use vantage_api_pool_testkit::RecordingObserver;
+///
+/// let observer = RecordingObserver::new();
+/// observer.on_event("billing", &TransportEvent::new(Instant::ORIGIN, None, EventKind::WritePushed));
+/// let recorded = &observer.events()[0];
+/// assert_eq!(&*recorded.api, "billing");
+/// assert_eq!(recorded.event.kind.name(), "write_pushed");
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct RecordedEvent {
+    /// The api key of the client that emitted it.
+    pub api: Arc<str>,
+    /// The event.
+    pub event: TransportEvent,
+}
+
+#[derive(Default)]
+struct ObserverState {
+    events: Vec<RecordedEvent>,
+    last_api: Option<Arc<str>>,
+}
+
+#[derive(Default)]
+struct ObserverShared {
+    state: Mutex<ObserverState>,
+    /// Recording switched off: events are only counted, without taking the lock.
+    off: AtomicBool,
+    seen: AtomicUsize,
+}
+
+/// A [`TransportObserver`] that keeps every `(api key, event)` in order.
+///
+/// Cheap to clone; clones share one record, so a test keeps a clone of the observer
+/// it gave the client. `Send + Sync`. Recording can be switched off
+/// ([`record`](RecordingObserver::record)) so a benchmark pays only a counter.
+///
+/// ```
+/// use std::time::Duration;
+/// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+/// use vantage_api_pool_testkit::RecordingObserver;
+///
+/// let observer = RecordingObserver::new();
+/// let t = |ms| Instant::ORIGIN + Duration::from_millis(ms);
+/// let call = Some(CallId(1));
+/// observer.on_event("api", &TransportEvent::new(t(0), call, EventKind::Started { send: 1, attempt: 1 }));
+/// observer.on_event("api", &TransportEvent::new(t(40), call, EventKind::Cancelled { send: 1, attempt: 1 }));
+/// assert_eq!(observer.kinds(), ["started", "cancelled"]);
+/// assert!(observer.check_contract().is_ok());
+/// ```
+#[derive(Clone, Default)]
+pub struct RecordingObserver {
+    shared: Arc<ObserverShared>,
+}
+
+impl fmt::Debug for RecordingObserver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordingObserver")
+            .field("events", &self.len())
+            .field("seen", &self.seen())
+            .field("recording", &!self.shared.off.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl TransportObserver for RecordingObserver {
+    fn on_event(&self, api: &str, event: &TransportEvent) {
+        self.shared.seen.fetch_add(1, Ordering::Relaxed);
+        if self.shared.off.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut state = self.state();
+        // Keys repeat: share one allocation per run of the same key.
+        let api = match &state.last_api {
+            Some(last) if **last == *api => Arc::clone(last),
+            _ => {
+                let fresh: Arc<str> = Arc::from(api);
+                state.last_api = Some(Arc::clone(&fresh));
+                fresh
+            }
+        };
+        state.events.push(RecordedEvent {
+            api,
+            event: event.clone(),
+        });
+    }
+}
+
+impl RecordingObserver {
+    fn state(&self) -> MutexGuard<'_, ObserverState> {
+        lock(&self.shared.state)
+    }
+
+    /// An empty observer, recording.
+    ///
+    /// ```
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// assert!(RecordingObserver::new().is_empty());
+    /// ```
+    #[must_use]
+    pub fn new() -> RecordingObserver {
+        RecordingObserver::default()
+    }
+
+    /// Switches recording on or off (on by default). Off, events are only counted
+    /// ([`seen`](RecordingObserver::seen)).
+    ///
+    /// ```
+    /// use vantage_api_pool::{EventKind, Instant, TransportEvent, TransportObserver};
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// let observer = RecordingObserver::new();
+    /// observer.record(false);
+    /// observer.on_event("api", &TransportEvent::new(Instant::ORIGIN, None, EventKind::BreakerClosed));
+    /// assert_eq!((observer.len(), observer.seen()), (0, 1));
+    /// ```
+    pub fn record(&self, on: bool) -> &Self {
+        self.shared.off.store(!on, Ordering::Relaxed);
+        self
+    }
+
+    /// Every recorded event, in order.
+    ///
+    /// ```
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// assert!(RecordingObserver::new().events().is_empty());
+    /// ```
+    #[must_use]
+    pub fn events(&self) -> Vec<RecordedEvent> {
+        self.state().events.clone()
+    }
+
+    /// The recorded events of call `call` (of any api key), in order.
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// let observer = RecordingObserver::new();
+    /// for call in [1, 2, 1] {
+    ///     observer.on_event("api", &TransportEvent::new(Instant::ORIGIN, Some(CallId(call)), EventKind::BreakerClosed));
+    /// }
+    /// assert_eq!(observer.for_call(CallId(1)).len(), 2);
+    /// ```
+    #[must_use]
+    pub fn for_call(&self, call: CallId) -> Vec<TransportEvent> {
+        self.state()
+            .events
+            .iter()
+            .filter(|e| e.event.call == Some(call))
+            .map(|e| e.event.clone())
+            .collect()
+    }
+
+    /// The names ([`EventKind::name`]) of the recorded events, in order.
+    ///
+    /// ```
+    /// use vantage_api_pool::{EventKind, Instant, TransportEvent, TransportObserver};
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// let observer = RecordingObserver::new();
+    /// observer.on_event("api", &TransportEvent::new(Instant::ORIGIN, None, EventKind::RowsPulled { n: 5 }));
+    /// assert_eq!(observer.kinds(), ["rows_pulled"]);
+    /// ```
+    #[must_use]
+    pub fn kinds(&self) -> Vec<&'static str> {
+        self.state()
+            .events
+            .iter()
+            .map(|e| e.event.kind.name())
+            .collect()
+    }
+
+    /// How many events are recorded.
+    ///
+    /// ```
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// assert_eq!(RecordingObserver::new().len(), 0);
+    /// ```
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.state().events.len()
+    }
+
+    /// Whether no event is recorded.
+    ///
+    /// ```
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// assert!(RecordingObserver::new().is_empty());
+    /// ```
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.state().events.is_empty()
+    }
+
+    /// How many events were received, recorded or not, since creation (not reset by
+    /// [`clear`](RecordingObserver::clear)).
+    ///
+    /// ```
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// assert_eq!(RecordingObserver::new().seen(), 0);
+    /// ```
+    #[must_use]
+    pub fn seen(&self) -> usize {
+        self.shared.seen.load(Ordering::Relaxed)
+    }
+
+    /// Forgets the recorded events.
+    ///
+    /// ```
+    /// use vantage_api_pool::{EventKind, Instant, TransportEvent, TransportObserver};
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// let observer = RecordingObserver::new();
+    /// observer.on_event("api", &TransportEvent::new(Instant::ORIGIN, None, EventKind::WritePushed));
+    /// observer.clear();
+    /// assert!(observer.is_empty());
+    /// ```
+    pub fn clear(&self) -> &Self {
+        self.state().events.clear();
+        self
+    }
+
+    /// Checks the recorded events against the observer contract (see the
+    /// [module docs](crate::observer) for the rules) and names the first violation.
+    /// Call it when every call has finished: a send still in flight is a violation
+    /// ([`ContractRule::NeverEnded`]). For a check in the middle of a run, use
+    /// [`check_contract_so_far`](RecordingObserver::check_contract_so_far).
+    ///
+    /// # Errors
+    ///
+    /// The first [`ContractViolation`], in event order.
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+    /// use vantage_api_pool_testkit::{ContractRule, RecordingObserver};
+    ///
+    /// let observer = RecordingObserver::new();
+    /// let ev = |kind| TransportEvent::new(Instant::ORIGIN, Some(CallId(7)), kind);
+    /// observer.on_event("api", &ev(EventKind::Started { send: 1, attempt: 1 }));
+    /// observer.on_event("api", &ev(EventKind::Cancelled { send: 1, attempt: 1 }));
+    /// observer.on_event("api", &ev(EventKind::Cancelled { send: 1, attempt: 1 }));
+    /// let violation = observer.check_contract().unwrap_err();
+    /// assert_eq!(violation.rule, ContractRule::SecondTerminal);
+    /// assert_eq!((violation.index, violation.call, violation.send), (2, Some(CallId(7)), Some(1)));
+    /// assert_eq!(
+    ///     violation.to_string(),
+    ///     "observer contract broken at event #2 (api `api`, call 7, send 1, cancelled at +0ns): \
+    ///      a send has at most one terminal event"
+    /// );
+    /// ```
+    pub fn check_contract(&self) -> Result<(), ContractViolation> {
+        check(&self.state().events, true)
+    }
+
+    /// [`check_contract`](RecordingObserver::check_contract) without the end-of-record
+    /// rule: sends still in flight are fine.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ContractViolation`], in event order.
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// let observer = RecordingObserver::new();
+    /// observer.on_event("api", &TransportEvent::new(
+    ///     Instant::ORIGIN, Some(CallId(1)), EventKind::Started { send: 1, attempt: 1 }));
+    /// assert!(observer.check_contract_so_far().is_ok());
+    /// assert!(observer.check_contract().is_err());
+    /// ```
+    pub fn check_contract_so_far(&self) -> Result<(), ContractViolation> {
+        check(&self.state().events, false)
+    }
+}
+
+/// Which rule of the observer contract an event broke. See the
+/// [module docs](crate::observer) for the rules.
+///
+/// ```
+/// use vantage_api_pool_testkit::ContractRule;
+/// assert_eq!(ContractRule::NeverEnded.description(), "every Started has a terminal event");
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ContractRule {
+    /// One api's events went back in time.
+    TimeWentBackwards,
+    /// A per-send event or `RetryScheduled` without a call id.
+    MissingCallId,
+    /// A `Started` whose send number is not the call's previous one + 1.
+    SendOutOfOrder,
+    /// A `Started` while the call's previous send had no terminal yet.
+    StartedWhileInFlight,
+    /// A terminal for a send that was never started.
+    TerminalWithoutStarted,
+    /// A second terminal for the same send.
+    SecondTerminal,
+    /// An attempt number that does not follow.
+    AttemptMismatch,
+    /// A `Redialing` not right after a `Failed` of the previous send.
+    RedialNotAfterFailure,
+    /// A `Redialing` not followed by the `Started` of the send it announced.
+    RedialNotFollowedByStart,
+    /// A `RetryScheduled` while a send of the call was in flight.
+    RetryWhileInFlight,
+    /// A per-send event or `RetryScheduled` after the call's `Succeeded` or `Cancelled`.
+    EventAfterCallEnded,
+    /// At the end of the record, a send without its terminal.
+    NeverEnded,
+}
+
+impl ContractRule {
+    /// The rule, in a few words.
+    ///
+    /// ```
+    /// use vantage_api_pool_testkit::ContractRule;
+    /// assert_eq!(
+    ///     ContractRule::SendOutOfOrder.description(),
+    ///     "a call numbers its sends 1, 2, 3, ... in order"
+    /// );
+    /// ```
+    #[must_use]
+    pub const fn description(self) -> &'static str {
+        match self {
+            ContractRule::TimeWentBackwards => "the `at` of one api's events never decreases",
+            ContractRule::MissingCallId => "per-send events and RetryScheduled carry a call id",
+            ContractRule::SendOutOfOrder => "a call numbers its sends 1, 2, 3, ... in order",
+            ContractRule::StartedWhileInFlight => {
+                "a call starts a send only after its previous send ended"
+            }
+            ContractRule::TerminalWithoutStarted => {
+                "a terminal event ends the send in flight, which must have started"
+            }
+            ContractRule::SecondTerminal => "a send has at most one terminal event",
+            ContractRule::AttemptMismatch => {
+                "attempts number 1, 2, 3, ...; a redial repeats its attempt; a terminal has its Started's attempt"
+            }
+            ContractRule::RedialNotAfterFailure => {
+                "Redialing comes right after a Failed of the previous send, with its attempt"
+            }
+            ContractRule::RedialNotFollowedByStart => {
+                "Redialing is followed by the Started of the send it announced"
+            }
+            ContractRule::RetryWhileInFlight => {
+                "RetryScheduled comes only when no send is in flight"
+            }
+            ContractRule::EventAfterCallEnded => {
+                "nothing is sent or scheduled for a call after its Succeeded or Cancelled"
+            }
+            ContractRule::NeverEnded => "every Started has a terminal event",
+        }
+    }
+}
+
+impl fmt::Display for ContractRule {
+    /// The [`description`](ContractRule::description).
+    ///
+    /// ```
+    /// use vantage_api_pool_testkit::ContractRule;
+    /// assert_eq!(ContractRule::SecondTerminal.to_string(), "a send has at most one terminal event");
+    /// ```
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.description())
+    }
+}
+
+/// The first event that broke the observer contract.
+///
+/// ```
+/// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+/// use vantage_api_pool_testkit::{ContractRule, RecordingObserver};
+///
+/// let observer = RecordingObserver::new();
+/// observer.on_event("api", &TransportEvent::new(
+///     Instant::ORIGIN, Some(CallId(3)), EventKind::Started { send: 2, attempt: 1 }));
+/// let v = observer.check_contract().unwrap_err();
+/// assert_eq!((v.index, v.rule), (0, ContractRule::SendOutOfOrder));
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContractViolation {
+    /// The position of the offending event in [`RecordingObserver::events`]. For
+    /// [`ContractRule::NeverEnded`], the `Started` left open.
+    pub index: usize,
+    /// The api key of the offending event.
+    pub api: Arc<str>,
+    /// The call of the offending event, if it has one.
+    pub call: Option<CallId>,
+    /// The send number of the offending event, if it has one.
+    pub send: Option<u32>,
+    /// The offending event's kind ([`EventKind::name`]).
+    pub kind: &'static str,
+    /// The offending event's time.
+    pub at: Instant,
+    /// The rule broken.
+    pub rule: ContractRule,
+}
+
+impl fmt::Display for ContractViolation {
+    /// ```
+    /// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// let observer = RecordingObserver::new();
+    /// observer.on_event("api", &TransportEvent::new(
+    ///     Instant::ORIGIN, Some(CallId(1)), EventKind::Started { send: 1, attempt: 1 }));
+    /// assert_eq!(
+    ///     observer.check_contract().unwrap_err().to_string(),
+    ///     "observer contract broken at event #0 (api `api`, call 1, send 1, started at +0ns): \
+    ///      every Started has a terminal event"
+    /// );
+    /// ```
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "observer contract broken at event #{} (api `{}`",
+            self.index, self.api
+        )?;
+        if let Some(CallId(call)) = self.call {
+            write!(f, ", call {call}")?;
+        }
+        if let Some(send) = self.send {
+            write!(f, ", send {send}")?;
+        }
+        write!(
+            f,
+            ", {} at +{:?}): {}",
+            self.kind,
+            self.at.since_origin(),
+            self.rule.description()
+        )
+    }
+}
+
+impl std::error::Error for ContractViolation {}
+
+/// What the checker knows about one call.
+#[derive(Default)]
+struct CallState {
+    /// Highest send number started.
+    last_send: u32,
+    /// Attempt of the last `Started`.
+    last_attempt: u32,
+    /// The send in flight: (send, attempt, index of its `Started`).
+    in_flight: Option<(u32, u32, usize)>,
+    /// The last per-send event, when it was a `Failed`: (send, attempt).
+    last_failed: Option<(u32, u32)>,
+    /// A `Redialing` waiting for its `Started`: (send, attempt).
+    redial: Option<(u32, u32)>,
+    /// The call ended with `Succeeded` or `Cancelled`.
+    ended: bool,
+}
+
+fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolation> {
+    let mut last_at: HashMap<&str, Instant> = HashMap::new();
+    let mut calls: HashMap<(&str, CallId), CallState> = HashMap::new();
+    for (index, recorded) in events.iter().enumerate() {
+        let event = &recorded.event;
+        let api: &str = &recorded.api;
+        let violation = |rule: ContractRule| ContractViolation {
+            index,
+            api: Arc::clone(&recorded.api),
+            call: event.call,
+            send: event.kind.send_and_attempt().map(|(send, _)| send),
+            kind: event.kind.name(),
+            at: event.at,
+            rule,
+        };
+
+        let previous = last_at.entry(api).or_insert(event.at);
+        if event.at < *previous {
+            return Err(violation(ContractRule::TimeWentBackwards));
+        }
+        *previous = event.at;
+
+        let per_send = event.kind.send_and_attempt().is_some();
+        let retry = matches!(event.kind, EventKind::RetryScheduled { .. });
+        if !per_send && !retry {
+            continue;
+        }
+        let Some(call) = event.call else {
+            return Err(violation(ContractRule::MissingCallId));
+        };
+        let state = calls.entry((api, call)).or_default();
+        // A repeated terminal of the last send is reported as such, not as "after the end".
+        let repeats_terminal = event.kind.is_terminal()
+            && event
+                .kind
+                .send_and_attempt()
+                .is_some_and(|(send, _)| send >= 1 && send <= state.last_send);
+        if state.ended && !repeats_terminal {
+            return Err(violation(ContractRule::EventAfterCallEnded));
+        }
+        if let Some((redial_send, _)) = state.redial
+            && !matches!(event.kind, EventKind::Started { send, .. } if send == redial_send)
+        {
+            return Err(violation(ContractRule::RedialNotFollowedByStart));
+        }
+        match event.kind {
+            EventKind::Started { send, attempt } => {
+                if state.in_flight.is_some() {
+                    return Err(violation(ContractRule::StartedWhileInFlight));
+                }
+                if send != state.last_send.wrapping_add(1) {
+                    return Err(violation(ContractRule::SendOutOfOrder));
+                }
+                let expected = match state.redial.take() {
+                    Some((_, redialed)) => redialed,
+                    None => state.last_attempt.wrapping_add(1),
+                };
+                if attempt != expected {
+                    return Err(violation(ContractRule::AttemptMismatch));
+                }
+                state.last_send = send;
+                state.last_attempt = attempt;
+                state.in_flight = Some((send, attempt, index));
+                state.last_failed = None;
+            }
+            EventKind::Succeeded { send, attempt, .. }
+            | EventKind::Failed { send, attempt, .. }
+            | EventKind::Cancelled { send, attempt } => {
+                match state.in_flight {
+                    Some((open, open_attempt, _)) if open == send => {
+                        if attempt != open_attempt {
+                            return Err(violation(ContractRule::AttemptMismatch));
+                        }
+                    }
+                    Some((open, _, _)) if send < open => {
+                        return Err(violation(ContractRule::SecondTerminal));
+                    }
+                    None if send >= 1 && send <= state.last_send => {
+                        return Err(violation(ContractRule::SecondTerminal));
+                    }
+                    _ => return Err(violation(ContractRule::TerminalWithoutStarted)),
+                }
+                state.in_flight = None;
+                state.last_failed = None;
+                match event.kind {
+                    EventKind::Failed { .. } => state.last_failed = Some((send, attempt)),
+                    _ => state.ended = true,
+                }
+            }
+            EventKind::Redialing { send, attempt } => {
+                match state.last_failed {
+                    Some((failed, failed_attempt)) if failed.wrapping_add(1) == send => {
+                        if attempt != failed_attempt {
+                            return Err(violation(ContractRule::AttemptMismatch));
+                        }
+                    }
+                    _ => return Err(violation(ContractRule::RedialNotAfterFailure)),
+                }
+                state.last_failed = None;
+                state.redial = Some((send, attempt));
+            }
+            EventKind::RetryScheduled { attempt, .. } => {
+                if state.in_flight.is_some() {
+                    return Err(violation(ContractRule::RetryWhileInFlight));
+                }
+                if attempt != state.last_attempt.wrapping_add(1) {
+                    return Err(violation(ContractRule::AttemptMismatch));
+                }
+            }
+            _ => {}
+        }
+    }
+    if complete {
+        // The earliest open send, so the report is deterministic. A redial still
+        // waiting for its `Started` is not open: its call may have been dropped at
+        // the gate, where no send is in flight to be cancelled.
+        let open = calls
+            .values()
+            .filter_map(|state| state.in_flight.map(|(_, _, index)| index))
+            .min();
+        if let Some(index) = open {
+            let recorded = &events[index];
+            return Err(ContractViolation {
+                index,
+                api: Arc::clone(&recorded.api),
+                call: recorded.event.call,
+                send: recorded.event.kind.send_and_attempt().map(|(send, _)| send),
+                kind: recorded.event.kind.name(),
+                at: recorded.event.at,
+                rule: ContractRule::NeverEnded,
+            });
+        }
+    }
+    Ok(())
+}

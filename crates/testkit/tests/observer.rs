@@ -1,0 +1,319 @@
+//! The recording observer and its contract check, on hand-built event sequences.
+//!
+//! `EventKind::Failed` carries a `ClientError`, which only the pool can build, so the
+//! rules about failures are exercised here through their violations and through
+//! `Succeeded` / `Cancelled`.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+use vantage_api_pool_testkit::{ContractRule, RecordingObserver};
+
+fn at(ms: u64) -> Instant {
+    Instant::ORIGIN + Duration::from_millis(ms)
+}
+
+fn started(send: u32, attempt: u32) -> EventKind {
+    EventKind::Started { send, attempt }
+}
+
+fn succeeded(send: u32, attempt: u32) -> EventKind {
+    EventKind::Succeeded {
+        send,
+        attempt,
+        status: StatusCode::OK,
+        ms: 1,
+        bytes: None,
+    }
+}
+
+fn cancelled(send: u32, attempt: u32) -> EventKind {
+    EventKind::Cancelled { send, attempt }
+}
+
+/// Feeds `(ms, call, kind)` events for api "api" into a fresh observer.
+fn observe(events: Vec<(u64, u64, EventKind)>) -> RecordingObserver {
+    let observer = RecordingObserver::new();
+    for (ms, call, kind) in events {
+        observer.on_event(
+            "api",
+            &TransportEvent::new(at(ms), Some(CallId(call)), kind),
+        );
+    }
+    observer
+}
+
+/// The rule, index and send of the first violation.
+fn first_violation(events: Vec<(u64, u64, EventKind)>) -> (ContractRule, usize, Option<u32>) {
+    let v = observe(events).check_contract().unwrap_err();
+    (v.rule, v.index, v.send)
+}
+
+#[test]
+fn keeps_events_in_order_with_their_api_key() {
+    let observer = RecordingObserver::new();
+    observer.on_event(
+        "a",
+        &TransportEvent::new(at(0), Some(CallId(1)), started(1, 1)),
+    );
+    observer.on_event(
+        "b",
+        &TransportEvent::new(at(1), Some(CallId(1)), started(1, 1)),
+    );
+    observer.on_event(
+        "a",
+        &TransportEvent::new(at(2), Some(CallId(1)), succeeded(1, 1)),
+    );
+    observer.on_event(
+        "b",
+        &TransportEvent::new(at(3), None, EventKind::RowsPulled { n: 3 }),
+    );
+    let events = observer.events();
+    let apis: Vec<&str> = events.iter().map(|e| &*e.api).collect();
+    assert_eq!(apis, ["a", "b", "a", "b"]);
+    assert_eq!(
+        observer.kinds(),
+        ["started", "started", "succeeded", "rows_pulled"]
+    );
+    assert_eq!(events[2].event.at, at(2));
+    assert_eq!(observer.for_call(CallId(1)).len(), 3);
+    assert_eq!(observer.len(), 4);
+    // Call 1 of api "b" is still in flight.
+    let v = observer.check_contract().unwrap_err();
+    assert_eq!(
+        (v.rule, v.index, &*v.api),
+        (ContractRule::NeverEnded, 1, "b")
+    );
+    assert!(observer.check_contract_so_far().is_ok());
+
+    observer.clear();
+    assert!(observer.is_empty());
+    assert_eq!(observer.seen(), 4);
+    assert!(observer.check_contract().is_ok());
+}
+
+#[test]
+fn recording_off_keeps_only_the_count() {
+    let observer = RecordingObserver::new();
+    let clone = observer.clone();
+    clone.record(false);
+    observer.on_event(
+        "a",
+        &TransportEvent::new(at(0), None, EventKind::WritePushed),
+    );
+    clone.record(true);
+    observer.on_event(
+        "a",
+        &TransportEvent::new(at(0), None, EventKind::BreakerClosed),
+    );
+    assert_eq!(observer.kinds(), ["breaker_closed"]);
+    assert_eq!(clone.seen(), 2);
+}
+
+#[test]
+fn valid_sequences_pass() {
+    // Interleaved calls, a cancel, breaker events carrying a call, reports.
+    let observer = observe(vec![
+        (0, 1, started(1, 1)),
+        (0, 2, started(1, 1)),
+        (5, 2, cancelled(1, 1)),
+        (7, 1, succeeded(1, 1)),
+        (7, 1, EventKind::BreakerClosed),
+        (
+            8,
+            3,
+            EventKind::BreakerOpened {
+                cooldown: Duration::from_secs(1),
+            },
+        ),
+    ]);
+    observer.on_event(
+        "api",
+        &TransportEvent::new(at(9), None, EventKind::WritePushed),
+    );
+    // Another api may run on its own clock.
+    observer.on_event(
+        "other",
+        &TransportEvent::new(at(0), Some(CallId(1)), started(1, 1)),
+    );
+    observer.on_event(
+        "other",
+        &TransportEvent::new(at(0), Some(CallId(1)), succeeded(1, 1)),
+    );
+    assert_eq!(observer.check_contract(), Ok(()));
+}
+
+#[test]
+fn time_never_goes_backwards_within_an_api() {
+    assert_eq!(
+        first_violation(vec![(10, 1, started(1, 1)), (9, 1, succeeded(1, 1)),]),
+        (ContractRule::TimeWentBackwards, 1, Some(1))
+    );
+}
+
+#[test]
+fn per_send_events_need_a_call_id() {
+    let observer = RecordingObserver::new();
+    observer.on_event("api", &TransportEvent::new(at(0), None, started(1, 1)));
+    let v = observer.check_contract().unwrap_err();
+    assert_eq!((v.rule, v.call), (ContractRule::MissingCallId, None));
+    assert_eq!(
+        v.to_string(),
+        "observer contract broken at event #0 (api `api`, send 1, started at +0ns): \
+         per-send events and RetryScheduled carry a call id"
+    );
+}
+
+#[test]
+fn sends_are_numbered_one_two_three() {
+    assert_eq!(
+        first_violation(vec![(0, 1, started(2, 1))]),
+        (ContractRule::SendOutOfOrder, 0, Some(2))
+    );
+    assert_eq!(
+        first_violation(vec![(0, 1, started(0, 1))]),
+        (ContractRule::SendOutOfOrder, 0, Some(0))
+    );
+}
+
+#[test]
+fn a_send_starts_only_after_the_previous_one_ended() {
+    assert_eq!(
+        first_violation(vec![(0, 1, started(1, 1)), (1, 1, started(2, 2))]),
+        (ContractRule::StartedWhileInFlight, 1, Some(2))
+    );
+}
+
+#[test]
+fn a_terminal_needs_its_started() {
+    assert_eq!(
+        first_violation(vec![(0, 1, succeeded(1, 1))]),
+        (ContractRule::TerminalWithoutStarted, 0, Some(1))
+    );
+    // Send 2 never started while send 1 is in flight.
+    assert_eq!(
+        first_violation(vec![(0, 1, started(1, 1)), (0, 1, cancelled(2, 1))]),
+        (ContractRule::TerminalWithoutStarted, 1, Some(2))
+    );
+    // Another call's Started does not count.
+    assert_eq!(
+        first_violation(vec![(0, 1, started(1, 1)), (0, 2, succeeded(1, 1))]),
+        (ContractRule::TerminalWithoutStarted, 1, Some(1))
+    );
+}
+
+#[test]
+fn a_send_has_one_terminal() {
+    assert_eq!(
+        first_violation(vec![
+            (0, 1, started(1, 1)),
+            (1, 1, succeeded(1, 1)),
+            (2, 1, cancelled(1, 1)),
+        ]),
+        (ContractRule::SecondTerminal, 2, Some(1))
+    );
+}
+
+#[test]
+fn attempts_follow() {
+    // The first attempt is 1.
+    assert_eq!(
+        first_violation(vec![(0, 1, started(1, 2))]),
+        (ContractRule::AttemptMismatch, 0, Some(1))
+    );
+    // A terminal repeats its Started's attempt.
+    assert_eq!(
+        first_violation(vec![(0, 1, started(1, 1)), (1, 1, succeeded(1, 2))]),
+        (ContractRule::AttemptMismatch, 1, Some(1))
+    );
+    // A retry is announced with the next attempt.
+    assert_eq!(
+        first_violation(vec![(
+            0,
+            1,
+            EventKind::RetryScheduled {
+                attempt: 3,
+                after: Duration::from_secs(1)
+            }
+        )]),
+        (ContractRule::AttemptMismatch, 0, None)
+    );
+}
+
+#[test]
+fn a_redial_follows_a_failure_of_the_previous_send() {
+    let redial = |send, attempt| EventKind::Redialing { send, attempt };
+    assert_eq!(
+        first_violation(vec![(0, 1, redial(2, 1))]),
+        (ContractRule::RedialNotAfterFailure, 0, Some(2))
+    );
+    assert_eq!(
+        first_violation(vec![(0, 1, started(1, 1)), (0, 1, redial(2, 1))]),
+        (ContractRule::RedialNotAfterFailure, 1, Some(2))
+    );
+    // After a success the call is over.
+    assert_eq!(
+        first_violation(vec![
+            (0, 1, started(1, 1)),
+            (0, 1, succeeded(1, 1)),
+            (0, 1, redial(2, 1)),
+        ]),
+        (ContractRule::EventAfterCallEnded, 2, Some(2))
+    );
+}
+
+#[test]
+fn a_retry_is_scheduled_only_between_sends() {
+    let retry = EventKind::RetryScheduled {
+        attempt: 2,
+        after: Duration::from_millis(250),
+    };
+    assert_eq!(
+        first_violation(vec![(0, 1, started(1, 1)), (0, 1, retry)]),
+        (ContractRule::RetryWhileInFlight, 1, None)
+    );
+}
+
+#[test]
+fn nothing_is_sent_for_a_call_after_it_ended() {
+    assert_eq!(
+        first_violation(vec![
+            (0, 1, started(1, 1)),
+            (1, 1, cancelled(1, 1)),
+            (2, 1, started(2, 2)),
+        ]),
+        (ContractRule::EventAfterCallEnded, 2, Some(2))
+    );
+}
+
+#[test]
+fn the_earliest_open_send_is_reported_at_the_end() {
+    let v = observe(vec![
+        (0, 1, started(1, 1)),
+        (0, 2, started(1, 1)),
+        (0, 1, succeeded(1, 1)),
+        (0, 3, started(1, 1)),
+    ])
+    .check_contract()
+    .unwrap_err();
+    assert_eq!(
+        (v.rule, v.index, v.call),
+        (ContractRule::NeverEnded, 1, Some(CallId(2)))
+    );
+    assert_eq!((v.kind, v.at), ("started", Instant::ORIGIN));
+}
+
+#[test]
+fn the_first_violation_wins() {
+    let v = observe(vec![
+        (0, 1, started(1, 1)),
+        (0, 1, started(3, 1)),   // out of order (and in flight): first
+        (0, 1, succeeded(9, 1)), // would be another violation
+    ])
+    .check_contract()
+    .unwrap_err();
+    assert_eq!((v.rule, v.index), (ContractRule::StartedWhileInFlight, 1));
+    let as_error: &dyn std::error::Error = &v;
+    assert!(as_error.to_string().contains("event #1"));
+}
