@@ -1,9 +1,9 @@
 //! How fast the real attempt loop runs on virtual time.
 //!
 //! Drives `ResilientClient` over the testkit's `VirtualRuntime` and
-//! `ScriptedTransport` (recording off) through a long failure/success script: every
-//! call fails three times with a 503 and succeeds on its fourth attempt, with a 1 ms
-//! back-off between attempts. Two set-ups run interleaved, in the same process:
+//! `ScriptedTransport` (recording off) through a long failure/success script: three
+//! sends in four get a 503 and the fourth a 200, with a 1 ms back-off before every
+//! retry, from 64 concurrent callers. Two set-ups run interleaved, in the same process:
 //!
 //! - `bare`: no breaker, no rate bucket, the default permit cap, a null observer;
 //! - `full`: a breaker (threshold high enough not to open), a rate bucket with a huge rate, a cap of 1024 and a
@@ -21,8 +21,16 @@ use vantage_api_pool::{CallPolicy, Jitter, NullObserver, ResilientClient, RetryP
 use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
 
 const CALLS_PER_BATCH: usize = 64;
-const BATCHES: usize = 400;
 const ROUNDS: usize = 7;
+
+/// Batches of 64 calls per round; `VIRTUAL_LOOP_BATCHES` overrides (for a short run
+/// under `valgrind --tool=callgrind`, which counts instructions instead of time).
+fn batches() -> usize {
+    std::env::var("VIRTUAL_LOOP_BATCHES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(400)
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Setup {
@@ -36,17 +44,17 @@ fn round(setup: Setup) -> (usize, f64) {
     let rt = VirtualRuntime::new();
     let transport = ScriptedTransport::new(&rt);
     transport.record(false);
-    // Each call's fourth attempt (its third retry) succeeds.
-    let retry = http::HeaderName::from_static("x-retry");
-    transport.respond_with(|request, _| {
-        if request.headers().get("x-retry").is_some_and(|v| v == "3") {
+    // Every fourth send succeeds, the others get a 503. Each success ends one call,
+    // so a batch of 64 calls makes exactly 256 attempts, whatever the interleaving.
+    transport.respond_with(|_, n| {
+        if n % 4 == 3 {
             Reply::ok()
         } else {
             Reply::status(503)
         }
     });
     let recorder = RecordingObserver::new();
-    let builder = ResilientClient::builder(transport.clone(), rt.clone()).retry_count_header(retry);
+    let builder = ResilientClient::builder(transport.clone(), rt.clone());
     let client = match setup {
         Setup::Bare => builder.observer("bench", Arc::new(NullObserver)).build(),
         Setup::Full => builder
@@ -60,7 +68,7 @@ fn round(setup: Setup) -> (usize, f64) {
     }
     .expect("valid settings");
     let policy = CallPolicy::bounded(RetryPolicy {
-        max_retries: 3,
+        max_retries: 1000,
         base: Duration::from_millis(1),
         max: Duration::from_millis(1),
     })
@@ -68,20 +76,25 @@ fn round(setup: Setup) -> (usize, f64) {
     .expect("valid jitter");
 
     let start = std::time::Instant::now();
-    for _ in 0..BATCHES {
-        for _ in 0..CALLS_PER_BATCH {
-            let client = client.clone();
-            let policy = policy.clone();
-            drop(rt.spawn(async move {
+    // 64 callers, each making `batches()` calls one after another; the first also
+    // empties the recording observer now and then so memory stays flat.
+    let calls = batches();
+    for caller in 0..CALLS_PER_BATCH {
+        let (client, policy, recorder) = (client.clone(), policy.clone(), recorder.clone());
+        rt.spawn(async move {
+            for call in 0..calls {
                 let response = client
                     .execute_with(&policy, |http| http.get("/orders"))
                     .await;
                 assert!(response.is_ok());
-            }));
-        }
-        rt.run().expect("the batch completes");
-        recorder.clear();
+                if caller == 0 && call % 16 == 0 {
+                    recorder.clear();
+                }
+            }
+        })
+        .detach();
     }
+    rt.run().expect("every caller finishes");
     let wall = start.elapsed().as_secs_f64();
     (transport.request_count(), wall)
 }
@@ -92,6 +105,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    // `VIRTUAL_LOOP_ONLY=bare|full`: one round of one set-up, nothing printed but the
+    // attempt count (for instruction counting).
+    if let Ok(only) = std::env::var("VIRTUAL_LOOP_ONLY") {
+        let (attempts, _) = round(if only == "full" {
+            Setup::Full
+        } else {
+            Setup::Bare
+        });
+        println!("{attempts} attempts");
+        return;
+    }
     // Warm up both paths once.
     round(Setup::Bare);
     round(Setup::Full);
@@ -99,14 +123,14 @@ fn main() {
     for _ in 0..ROUNDS {
         for (setup, out) in [(Setup::Bare, &mut bare), (Setup::Full, &mut full)] {
             let (attempts, wall) = round(setup);
-            assert_eq!(attempts, BATCHES * CALLS_PER_BATCH * 4);
+            assert_eq!(attempts, batches() * CALLS_PER_BATCH * 4);
             out.push(attempts as f64 / wall);
         }
     }
     let (bare, full) = (median(bare), median(full));
     println!(
         "virtual-time attempt loop, {ROUNDS} interleaved rounds of {} attempts each",
-        BATCHES * CALLS_PER_BATCH * 4
+        batches() * CALLS_PER_BATCH * 4
     );
     println!(
         "  bare (null observer, no breaker/bucket):        {:>12.0} attempts/s",

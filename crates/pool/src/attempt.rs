@@ -80,13 +80,11 @@ struct InFlight<'a, T, R: Runtime, A> {
 }
 
 impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
-    /// Reports the send's terminal event; the guard then reports nothing on drop.
-    fn finish(mut self, kind: EventKind) {
+    /// Reports the send's terminal event at `at`; the guard then reports nothing on
+    /// drop.
+    fn finish(mut self, at: Instant, kind: EventKind) {
         self.armed = false;
-        let rt = &self.client.runtime;
-        self.client
-            .events
-            .emit(|| rt.now(), Some(self.call), || kind);
+        self.client.events.emit(|| at, Some(self.call), || kind);
     }
 }
 
@@ -138,6 +136,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         self.client.events.emit(|| rt.now(), Some(self.id), kind);
     }
 
+    /// Reports an event at a time already read from the clock.
+    fn emit_at(&self, at: Instant, kind: impl FnOnce() -> EventKind) {
+        self.client.events.emit(|| at, Some(self.id), kind);
+    }
+
     /// Ends the call before a send: a synthetic `Started` + `Failed { sent: false }`
     /// pair carrying `error`, which is returned.
     fn refuse(&mut self, error: ClientError) -> ClientError {
@@ -156,11 +159,6 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             sent: false,
         });
         error
-    }
-
-    fn budget_left(&self) -> Option<Duration> {
-        self.deadline
-            .map(|d| d.saturating_duration_since(self.now()))
     }
 
     /// Sleeps `wait` at the gate, unless the budget would end first: then the call
@@ -218,17 +216,24 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     async fn wait_for_gate(
         &mut self,
     ) -> Result<(Option<ProbeGuard<'c>>, Option<Token>), ClientError> {
-        let before_admit = self.now();
-        self.client.transport.admit().await;
-        let admitted = self.now().saturating_duration_since(before_admit);
-        if let Some(d) = self.deadline.as_mut() {
-            *d = d.saturating_add(admitted);
-        }
-        if self.budget_left().is_some_and(|left| left.is_zero()) {
-            return Err(self.timed_out_at_gate());
+        if let Some(deadline) = self.deadline {
+            let before_admit = self.now();
+            self.client.transport.admit().await;
+            let now = self.now();
+            let deadline = deadline.saturating_add(now.saturating_duration_since(before_admit));
+            self.deadline = Some(deadline);
+            if now >= deadline {
+                return Err(self.timed_out_at_gate());
+            }
+        } else {
+            self.client.transport.admit().await;
         }
         let probe = self.pass_breaker().await?;
-        let token = self.auth_token(None).await?;
+        let token = if self.client.auth.is_configured() {
+            self.auth_token(None).await?
+        } else {
+            None
+        };
         self.take_token().await?;
         Ok((probe, token))
     }
@@ -262,19 +267,20 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         &self,
         effect: BreakerEffect,
         probe: Option<ProbeGuard<'c>>,
+        now: Instant,
     ) -> Option<Transition> {
         let breaker = self.client.breaker.as_ref()?;
-        let transition = breaker.record(effect, probe.as_ref().map(ProbeGuard::epoch), self.now());
+        let transition = breaker.record(effect, probe.as_ref().map(ProbeGuard::epoch), now);
         drop(probe);
         transition
     }
 
-    fn report_transition(&self, transition: Option<Transition>) {
+    fn report_transition(&self, at: Instant, transition: Option<Transition>) {
         match transition {
             Some(Transition::Opened { cooldown }) => {
-                self.emit(|| EventKind::BreakerOpened { cooldown })
+                self.emit_at(at, || EventKind::BreakerOpened { cooldown })
             }
-            Some(Transition::Closed) => self.emit(|| EventKind::BreakerClosed),
+            Some(Transition::Closed) => self.emit_at(at, || EventKind::BreakerClosed),
             None => {}
         }
     }
@@ -347,7 +353,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             }
             self.send += 1;
             let (send, attempt) = (self.send, self.attempt);
-            self.emit(|| EventKind::Started { send, attempt });
+            let started = self.now();
+            self.emit_at(started, || EventKind::Started { send, attempt });
             let guard = InFlight {
                 client,
                 call: self.id,
@@ -355,11 +362,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 attempt,
                 armed: true,
             };
-            let limit = match self.budget_left() {
-                Some(left) => left.min(self.policy.attempt_timeout()),
+            let limit = match self.deadline {
+                Some(deadline) => deadline
+                    .saturating_duration_since(started)
+                    .min(self.policy.attempt_timeout()),
                 None => self.policy.attempt_timeout(),
             };
-            let started = self.now();
             let send_deadline = started.saturating_add(limit);
             let head = timeout_at(
                 &client.runtime,
@@ -368,6 +376,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             )
             .await;
             drop(permit);
+            // `ms` runs from just before the send to the response head.
+            let head_at = self.now();
+            let ms = millis(head_at.saturating_duration_since(started));
             let sent = match head {
                 Ok(Ok(response)) => {
                     let status = response.status();
@@ -404,7 +415,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     ))
                 }
             };
-            let ms = millis(self.now().saturating_duration_since(started));
+            // An error body read after the head moves the clock; otherwise reuse it.
+            let ended = match sent {
+                Sent::ErrorStatus { .. } => self.now(),
+                _ => head_at,
+            };
 
             // ---- record: tell the breaker, free the probe slot, report the terminal
             // event and any breaker transition, then decide.
@@ -413,16 +428,19 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     self.reached = true;
                     let status = response.status();
                     let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
-                    let transition = self.tell_breaker(effect, probe);
+                    let transition = self.tell_breaker(effect, probe, ended);
                     let bytes = response.content_length();
-                    guard.finish(EventKind::Succeeded {
-                        send,
-                        attempt,
-                        status,
-                        ms,
-                        bytes,
-                    });
-                    self.report_transition(transition);
+                    guard.finish(
+                        ended,
+                        EventKind::Succeeded {
+                            send,
+                            attempt,
+                            status,
+                            ms,
+                            bytes,
+                        },
+                    );
+                    self.report_transition(ended, transition);
                     return Ok(response);
                 }
                 Sent::ErrorStatus {
@@ -459,15 +477,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     has_server_delay: server_wait.is_some(),
                 },
             );
-            let transition = self.tell_breaker(verdict.breaker, probe);
-            guard.finish(EventKind::Failed {
-                send,
-                attempt,
-                error: error.clone(),
-                ms,
-                sent: true,
-            });
-            self.report_transition(transition);
+            let transition = self.tell_breaker(verdict.breaker, probe, ended);
+            guard.finish(
+                ended,
+                EventKind::Failed {
+                    send,
+                    attempt,
+                    error: error.clone(),
+                    ms,
+                    sent: true,
+                },
+            );
+            self.report_transition(ended, transition);
 
             match verdict.action {
                 Action::Replay => {
@@ -490,17 +511,16 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 }
                 Action::Retry if self.policy.retry().allows_retry(self.retries) => {
                     let delay = self.retry_delay(server_wait);
-                    if let Some(deadline) = self.deadline
-                        && self.now().saturating_add(delay) >= deadline
-                    {
+                    let wake = ended.saturating_add(delay);
+                    if self.deadline.is_some_and(|deadline| wake >= deadline) {
                         return Err(error);
                     }
                     let next = attempt + 1;
-                    self.emit(|| EventKind::RetryScheduled {
+                    self.emit_at(ended, || EventKind::RetryScheduled {
                         attempt: next,
                         after: delay,
                     });
-                    client.runtime.sleep(delay).await;
+                    client.runtime.sleep_until(wake).await;
                     self.retries += 1;
                     self.redialing = false;
                 }

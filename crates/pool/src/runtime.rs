@@ -6,10 +6,11 @@
 //! microseconds.
 
 use std::future::Future;
-use std::pin::pin;
-use std::time::{Duration, SystemTime};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use futures::future::{Either, select};
+use pin_project_lite::pin_project;
+use std::time::{Duration, SystemTime};
 
 use crate::time::Instant;
 
@@ -78,7 +79,9 @@ pub struct Elapsed;
 /// whichever comes first.
 ///
 /// This is a select of the work against the runtime's own sleep, so virtual time
-/// covers it. When the deadline wins, `work` is dropped, which cancels it.
+/// covers it. When the deadline wins, `work` is dropped, which cancels it. Work
+/// that is ready on its first poll never arms a timer. Dropping the returned future
+/// drops the work and the timer.
 ///
 /// ```
 /// use std::time::Duration;
@@ -101,18 +104,73 @@ pub struct Elapsed;
 /// ));
 /// assert!(result.is_err());
 /// ```
-pub async fn timeout_at<R, F>(runtime: &R, deadline: Instant, work: F) -> Result<F::Output, Elapsed>
+pub fn timeout_at<R, F>(
+    runtime: &R,
+    deadline: Instant,
+    work: F,
+) -> impl Future<Output = Result<F::Output, Elapsed>>
 where
-    R: Runtime + ?Sized,
+    R: Runtime,
     F: Future,
 {
-    if deadline == Instant::FAR_FUTURE {
-        return Ok(work.await);
+    Timeout {
+        work,
+        sleep: None,
+        arm: Some(move || runtime.sleep_until(deadline)),
+        forever: deadline == Instant::FAR_FUTURE,
     }
-    let work = pin!(work);
-    let sleep = pin!(runtime.sleep_until(deadline));
-    match select(work, sleep).await {
-        Either::Left((output, _)) => Ok(output),
-        Either::Right(((), _)) => Err(Elapsed),
+}
+
+/// Makes the timer of a [`Timeout`], once the work turned out not to be ready.
+trait Arm {
+    type Sleep: Future<Output = ()>;
+    fn arm(self) -> Self::Sleep;
+}
+
+impl<M, S> Arm for M
+where
+    M: FnOnce() -> S,
+    S: Future<Output = ()>,
+{
+    type Sleep = S;
+    fn arm(self) -> S {
+        self()
+    }
+}
+
+pin_project! {
+    /// The future of [`timeout_at`]: the work and, once armed, the timer, side by side
+    /// (no copy of the work is made).
+    struct Timeout<F, M>
+    where
+        M: Arm,
+    {
+        #[pin]
+        work: F,
+        #[pin]
+        sleep: Option<M::Sleep>,
+        arm: Option<M>,
+        forever: bool,
+    }
+}
+
+impl<F: Future, M: Arm> Future for Timeout<F, M> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Poll::Ready(output) = this.work.poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        if *this.forever {
+            return Poll::Pending;
+        }
+        if let Some(arm) = this.arm.take() {
+            this.sleep.set(Some(arm.arm()));
+        }
+        match this.sleep.as_pin_mut() {
+            Some(sleep) => sleep.poll(cx).map(|()| Err(Elapsed)),
+            None => Poll::Pending,
+        }
     }
 }

@@ -47,11 +47,14 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::HeaderMap;
 use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName};
 
 /// Header name constant for `retry-after-ms`.
 pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+
+/// [`RETRY_AFTER_MS`] as a header name: looked up without parsing a string each time.
+const RETRY_AFTER_MS_NAME: HeaderName = HeaderName::from_static(RETRY_AFTER_MS);
 
 const NANOS_PER_MILLI: u128 = 1_000_000;
 const NANOS_PER_SEC: u128 = 1_000_000_000;
@@ -78,10 +81,10 @@ const MS_FRACTION_DIGITS: u32 = 6;
 /// ```
 #[must_use]
 pub fn server_delay(headers: &HeaderMap, wall_now: SystemTime) -> Option<Duration> {
-    single_value(headers, RETRY_AFTER_MS)
+    single_value(headers, &RETRY_AFTER_MS_NAME)
         .and_then(parse_retry_after_ms)
         .or_else(|| {
-            single_value(headers, RETRY_AFTER.as_str()).and_then(|v| parse_retry_after(v, wall_now))
+            single_value(headers, &RETRY_AFTER).and_then(|v| parse_retry_after(v, wall_now))
         })
 }
 
@@ -101,7 +104,7 @@ pub fn clamped_server_delay(
 
 /// The header's value with optional whitespace trimmed, if it occurs exactly once,
 /// is visible ASCII and is not empty.
-fn single_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+fn single_value<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
     let mut all = headers.get_all(name).iter();
     let value = all.next()?;
     if all.next().is_some() {

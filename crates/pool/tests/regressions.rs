@@ -77,3 +77,27 @@ fn a_send_that_waited_for_a_permit_while_the_breaker_opened_does_not_go_out() {
     );
     w.assert_contract();
 }
+
+#[test]
+fn ms_excludes_the_error_body_read() {
+    let w = World::new();
+    w.transport.push(
+        Reply::status(500)
+            .after(ms(40))
+            .body("abcdef")
+            .chunk_size(2)
+            .chunk_delay(ms(100)),
+    );
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.body(), Some(&b"abcdef"[..]));
+    let failed = w.events().into_iter().find_map(|e| match e.kind {
+        EventKind::Failed { ms, .. } => Some((ms, e.at)),
+        _ => None,
+    });
+    // The head came at 40 ms; the body took until 340 ms.
+    assert_eq!(failed, Some((40, at(ms(340)))));
+}
