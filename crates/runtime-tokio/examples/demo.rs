@@ -1,0 +1,1382 @@
+//! # The vantage-api-pool demo: three APIs, one flaky server, a live health view
+//!
+//! ```text
+//! cargo run --example demo               # about 30 s, from the workspace root
+//! cargo run --example demo -- --quick    # about 6 s (or DEMO_QUICK=1), e.g. for a CI smoke test
+//! cargo run --example demo -- --plain    # periodic plain-text snapshots even on a terminal
+//! ```
+//!
+//! It starts an HTTP server on `127.0.0.1` (an ephemeral port; nothing but loopback is
+//! used) that plays a script, and drives three APIs on it, each through its own
+//! [`ResilientClient`] with its own policy:
+//!
+//! | API | server script | client |
+//! |---|---|---|
+//! | `orders-api` → `/orders` | healthy, then an outage of 503s (6 s → 14 s), then recovery | `CallPolicy::essential()` (retry until dropped, wait for the breaker's probe), the default breaker (5 failures, 5 s doubling), 4 in parallel |
+//! | `search-api` → `/search` | a quota of 12 requests a second, cut to 4 (10 s → 20 s): above it, `429` with `Retry-After: 1` | `CallPolicy::bounded` (2 retries), its own rate limit of 8/s |
+//! | `profile-api` → `/profile` | tokens from `/token` live 5 s, then `401`; a spell of 500s (17 s → 21 s) | `CallPolicy::background()` (one attempt, fail fast), a breaker of 3 failures, auth through `auth::token_fn` |
+//!
+//! What to watch: the orders breaker opens, its probe fails and the cooldown doubles,
+//! and the waiting calls go through once it closes; search calls slow down on 429s and
+//! leave no earlier than the server asked, without touching the breaker; profile calls
+//! refresh their token once per 401 (single-flight) and are refused at once, nothing
+//! sent, while the breaker is open.
+//!
+//! The health view is built only from the observer events and `breaker_state()`: the
+//! shipped [`HealthObserver`] keeps the figures per API (breaker, in flight, success
+//! rate and latency over a window, retries, last error), and the shipped
+//! [`TracingObserver`] writes every event, with its API key, to a log file in the OS
+//! temp directory (its path is printed; `DEBUG` and up). On a terminal the view is
+//! redrawn in place four times a second; otherwise (CI, a pipe) plain-text snapshots are
+//! printed every couple of seconds. At the end a summary per API is printed, and the
+//! exit code is 0 when every API had at least one successful call. A watchdog ends the
+//! process if anything hangs, so the demo always finishes by itself.
+
+use std::collections::{BTreeMap, HashMap};
+use std::error::Error;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::io::{IsTerminal, Write as _};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use vantage_api_pool::auth::{AuthError, TokenSource, token_fn};
+use vantage_api_pool::health::{ApiHealth, BreakerView, HealthObserver};
+use vantage_api_pool::http::{HeaderName, HeaderValue, header::AUTHORIZATION};
+use vantage_api_pool::tracing_observer::TracingObserver;
+use vantage_api_pool::{
+    BreakerState, CallPolicy, ClientError, EventKind, Instant, ResilientClient, RetryPolicy,
+    Runtime, TransportEvent, TransportObserver,
+};
+use vantage_api_pool_reqwest::{ReqwestResponse, ReqwestTransport, reqwest};
+use vantage_api_pool_tokio::TokioRuntime;
+
+type BoxError = Box<dyn Error + Send + Sync + 'static>;
+
+// ---------------------------------------------------------------------------------
+// Settings and the script
+// ---------------------------------------------------------------------------------
+
+/// Script seconds of traffic. The full run plays them in real seconds; `--quick`
+/// plays them five times faster.
+const RUN: f64 = 30.0;
+/// `/orders` answers 503 in this span.
+const ORDERS_OUTAGE: (f64, f64) = (6.0, 14.0);
+/// `/search` allows `SEARCH_QUOTA_TIGHT` requests a second in this span,
+/// `SEARCH_QUOTA` outside it.
+const SEARCH_TIGHT: (f64, f64) = (10.0, 20.0);
+const SEARCH_QUOTA: u32 = 12;
+const SEARCH_QUOTA_TIGHT: u32 = 4;
+/// `/profile` answers 500 in this span.
+const PROFILE_BROKEN: (f64, f64) = (17.0, 21.0);
+/// How long a token from `/token` is accepted, in script seconds.
+const TOKEN_TTL: f64 = 5.0;
+
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    quick: bool,
+    /// Real seconds per script second.
+    scale: f64,
+    /// Redraw in place with ANSI escapes (a terminal), or print plain snapshots.
+    live: bool,
+    color: bool,
+}
+
+impl Settings {
+    fn from_env() -> Result<Settings, String> {
+        let mut quick = std::env::var("DEMO_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let mut plain = false;
+        for arg in std::env::args().skip(1) {
+            match arg.as_str() {
+                "--quick" | "-q" => quick = true,
+                "--plain" => plain = true,
+                "--help" | "-h" => return Err(String::new()),
+                other => return Err(format!("unknown argument `{other}`")),
+            }
+        }
+        let terminal =
+            std::io::stdout().is_terminal() && !std::env::var("TERM").is_ok_and(|t| t == "dumb");
+        let live = terminal && !plain;
+        Ok(Settings {
+            quick,
+            scale: if quick { 0.2 } else { 1.0 },
+            live,
+            color: live && std::env::var_os("NO_COLOR").is_none(),
+        })
+    }
+
+    /// `script_secs` of the script in real time.
+    fn real(&self, script_secs: f64) -> Duration {
+        Duration::from_secs_f64(script_secs * self.scale)
+    }
+
+    fn run_for(&self) -> Duration {
+        self.real(RUN)
+    }
+
+    /// The watchdog's limit: far past the end, well inside a minute.
+    fn hard_deadline(&self) -> Duration {
+        if self.quick {
+            Duration::from_secs(25)
+        } else {
+            Duration::from_secs(55)
+        }
+    }
+
+    /// The health view's window for success rate and latency.
+    fn window(&self) -> Duration {
+        self.real(10.0).max(Duration::from_secs(2))
+    }
+}
+
+const USAGE: &str = "usage: cargo run --example demo [-- --quick] [-- --plain]
+  --quick   play the 30 s script five times faster (about 6 s); also DEMO_QUICK=1
+  --plain   print plain-text snapshots instead of redrawing (automatic when stdout is not a terminal)";
+
+/// Where the script is: real time since the shared clock's origin, in script seconds.
+#[derive(Debug, Clone)]
+struct Script {
+    settings: Settings,
+    clock: TokioRuntime,
+}
+
+impl Script {
+    fn now(&self) -> f64 {
+        self.clock.now().since_origin().as_secs_f64() / self.settings.scale
+    }
+
+    fn orders_down(t: f64) -> bool {
+        (ORDERS_OUTAGE.0..ORDERS_OUTAGE.1).contains(&t)
+    }
+
+    fn search_quota(t: f64) -> u32 {
+        if (SEARCH_TIGHT.0..SEARCH_TIGHT.1).contains(&t) {
+            SEARCH_QUOTA_TIGHT
+        } else {
+            SEARCH_QUOTA
+        }
+    }
+
+    fn profile_broken(t: f64) -> bool {
+        (PROFILE_BROKEN.0..PROFILE_BROKEN.1).contains(&t)
+    }
+
+    /// What each endpoint is doing at `t`, for the view's header line.
+    fn describe(&self, t: f64) -> String {
+        let orders = if Script::orders_down(t) {
+            "OUTAGE: 503"
+        } else if t >= ORDERS_OUTAGE.1 {
+            "recovered"
+        } else {
+            "healthy"
+        };
+        let quota = Script::search_quota(t);
+        let above = if quota < SEARCH_QUOTA {
+            ", 429 above"
+        } else {
+            ""
+        };
+        let profile = if Script::profile_broken(t) {
+            "FAILING: 500".to_owned()
+        } else {
+            format!("ok, tokens live {}", secs(self.settings.real(TOKEN_TTL)))
+        };
+        format!("/orders {orders} | /search quota {quota}/s{above} | /profile {profile}")
+    }
+
+    /// The script's turning points, in script seconds, in order.
+    fn turns() -> Vec<(f64, String)> {
+        let mut turns = vec![
+            (ORDERS_OUTAGE.0, "/orders goes down: 503".to_owned()),
+            (ORDERS_OUTAGE.1, "/orders is back up".to_owned()),
+            (
+                SEARCH_TIGHT.0,
+                format!(
+                    "/search quota cut to {SEARCH_QUOTA_TIGHT}/s: 429 + Retry-After: 1 above it"
+                ),
+            ),
+            (
+                SEARCH_TIGHT.1,
+                format!("/search quota back to {SEARCH_QUOTA}/s"),
+            ),
+            (PROFILE_BROKEN.0, "/profile fails: 500".to_owned()),
+            (PROFILE_BROKEN.1, "/profile is back up".to_owned()),
+        ];
+        turns.sort_by(|a, b| a.0.total_cmp(&b.0));
+        turns
+    }
+}
+
+/// Notes each turn of the script as a moment, when it happens.
+async fn narrate(script: Script, moments: Arc<Moments>) {
+    for (at, text) in Script::turns() {
+        let when = script.settings.real(at);
+        script.clock.sleep_until(Instant::from_origin(when)).await;
+        moments.push(when, format!("server: {text}"));
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The flaky server
+// ---------------------------------------------------------------------------------
+
+/// One answer of the server, sent after `delay`.
+struct Reply {
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: String,
+    delay: Duration,
+}
+
+impl Reply {
+    fn new(status: u16, body: impl Into<String>, delay_ms: u64) -> Reply {
+        Reply {
+            status,
+            headers: Vec::new(),
+            body: body.into(),
+            delay: Duration::from_millis(delay_ms),
+        }
+    }
+
+    fn header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    fn encode(&self, request_id: u64) -> Vec<u8> {
+        let reason = match self.status {
+            200 => "OK",
+            401 => "Unauthorized",
+            404 => "Not Found",
+            429 => "Too Many Requests",
+            500 => "Internal Server Error",
+            503 => "Service Unavailable",
+            _ => "Unknown",
+        };
+        let mut head = format!(
+            "HTTP/1.1 {} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nx-request-id: req-{request_id}\r\n",
+            self.status,
+            self.body.len()
+        );
+        for (name, value) in &self.headers {
+            let _ = write!(head, "{name}: {value}\r\n");
+        }
+        head.push_str("\r\n");
+        let mut bytes = head.into_bytes();
+        bytes.extend_from_slice(self.body.as_bytes());
+        bytes
+    }
+}
+
+/// The server's state: a small random generator, the search quota's window, the
+/// tokens it issued, and what it answered.
+struct ServerState {
+    rng: u64,
+    search_window: u64,
+    search_count: u32,
+    /// When token `n` (1-based) was issued, as time since the origin.
+    tokens: Vec<Duration>,
+    /// Per endpoint, per status: how many answers.
+    seen: BTreeMap<&'static str, BTreeMap<u16, u64>>,
+}
+
+impl ServerState {
+    /// A number in `[0, 1)` (xorshift64*; plenty for latencies).
+    fn random(&mut self) -> f64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A latency between `lo` and `hi` ms.
+    fn ms(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + (self.random() * (hi - lo) as f64) as u64
+    }
+}
+
+struct FlakyServer {
+    script: Script,
+    state: Mutex<ServerState>,
+    requests: AtomicU64,
+}
+
+impl FlakyServer {
+    fn new(script: Script) -> FlakyServer {
+        FlakyServer {
+            script,
+            state: Mutex::new(ServerState {
+                rng: 0x9E37_79B9_7F4A_7C15,
+                search_window: u64::MAX,
+                search_count: 0,
+                tokens: Vec::new(),
+                seen: BTreeMap::new(),
+            }),
+            requests: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ServerState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The answer to one request: the whole script is here.
+    fn answer(&self, method: &str, target: &str, auth: Option<&str>) -> Reply {
+        let t = self.script.now();
+        let elapsed = self.script.clock.now().since_origin();
+        let path = target.split('?').next().unwrap_or(target);
+        let mut st = self.lock();
+        let (endpoint, reply) = match (method, path) {
+            ("GET", "/orders") => {
+                let reply = if Script::orders_down(t) {
+                    let ms = st.ms(5, 20);
+                    Reply::new(503, "orders database unavailable", ms)
+                } else {
+                    let ms = if st.random() < 0.03 {
+                        st.ms(250, 400)
+                    } else {
+                        st.ms(20, 80)
+                    };
+                    Reply::new(200, r#"{"orders":[{"id":1,"total":42}]}"#, ms)
+                };
+                ("/orders", reply)
+            }
+            ("GET", "/search") => {
+                let window = elapsed.as_secs();
+                if window != st.search_window {
+                    st.search_window = window;
+                    st.search_count = 0;
+                }
+                st.search_count += 1;
+                let reply = if st.search_count > Script::search_quota(t) {
+                    Reply::new(429, "slow down", 2).header("retry-after", "1")
+                } else {
+                    let ms = if st.random() < 0.05 {
+                        st.ms(400, 600)
+                    } else {
+                        st.ms(30, 150)
+                    };
+                    Reply::new(200, r#"{"hits":3}"#, ms)
+                };
+                ("/search", reply)
+            }
+            ("GET", "/token") => {
+                st.tokens.push(elapsed);
+                let token = format!("tok-{}", st.tokens.len());
+                ("/token", Reply::new(200, token, 30))
+            }
+            ("GET", "/profile") => {
+                let ttl = self.script.settings.real(TOKEN_TTL);
+                let valid = auth
+                    .and_then(|a| a.strip_prefix("Bearer tok-"))
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .and_then(|n| n.checked_sub(1))
+                    .and_then(|i| st.tokens.get(i))
+                    .is_some_and(|issued| elapsed.saturating_sub(*issued) < ttl);
+                let ms = st.ms(10, 40);
+                let reply = if Script::profile_broken(t) {
+                    Reply::new(500, "profile store crashed", ms)
+                } else if valid {
+                    Reply::new(200, r#"{"name":"Ada"}"#, ms)
+                } else {
+                    Reply::new(401, "token expired", 2)
+                        .header("www-authenticate", r#"Bearer error="invalid_token""#)
+                };
+                ("/profile", reply)
+            }
+            _ => ("other", Reply::new(404, "no such endpoint", 1)),
+        };
+        *st.seen
+            .entry(endpoint)
+            .or_default()
+            .entry(reply.status)
+            .or_default() += 1;
+        reply
+    }
+
+    /// Per endpoint, per status: how many answers so far.
+    fn seen(&self) -> BTreeMap<&'static str, BTreeMap<u16, u64>> {
+        self.lock().seen.clone()
+    }
+
+    fn tokens_issued(&self) -> usize {
+        self.lock().tokens.len()
+    }
+}
+
+/// Accepts connections until the task is aborted; aborting it drops the `JoinSet`,
+/// which aborts every connection.
+async fn serve(listener: TcpListener, server: Arc<FlakyServer>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let server = Arc::clone(&server);
+                    connections.spawn(async move {
+                        // A broken connection only ends itself.
+                        let _ = connection(stream, server).await;
+                    });
+                }
+                // For example too many open files: wait a little and go on.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// Serves HTTP/1.1 requests on one keep-alive connection.
+async fn connection(stream: TcpStream, server: Arc<FlakyServer>) -> std::io::Result<()> {
+    const MAX_LINE: usize = 8 * 1024;
+    let _ = stream.set_nodelay(true);
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).await? == 0 || line.len() > MAX_LINE {
+            return Ok(());
+        }
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or_default().to_owned();
+        let target = parts.next().unwrap_or_default().to_owned();
+        let (mut auth, mut content_length, mut close) = (None, 0usize, false);
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).await? == 0 || header.len() > MAX_LINE {
+                return Ok(());
+            }
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':') {
+                let value = value.trim();
+                match name.trim().to_ascii_lowercase().as_str() {
+                    "authorization" => auth = Some(value.to_owned()),
+                    "content-length" => content_length = value.parse().unwrap_or(0),
+                    "connection" => close = value.eq_ignore_ascii_case("close"),
+                    _ => {}
+                }
+            }
+        }
+        if content_length > 0 {
+            let mut body = vec![0; content_length.min(1 << 20)];
+            reader.read_exact(&mut body).await?;
+        }
+        let id = server.requests.fetch_add(1, Ordering::Relaxed) + 1;
+        let reply = server.answer(&method, &target, auth.as_deref());
+        tokio::time::sleep(reply.delay).await;
+        write.write_all(&reply.encode(id)).await?;
+        if close {
+            return Ok(());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Observers: the two shipped ones, plus a tally for the summary and the ticker
+// ---------------------------------------------------------------------------------
+
+/// Hands every event to each observer in turn (a client takes one observer).
+struct Tee(Vec<Arc<dyn TransportObserver>>);
+
+impl TransportObserver for Tee {
+    fn on_event(&self, api: &str, event: &TransportEvent) {
+        for observer in &self.0 {
+            observer.on_event(api, event);
+        }
+    }
+}
+
+/// Notable moments (breaker changes, server phases, token fetches), time-stamped on
+/// the shared clock, for the view's "recent" list and the plain-text log.
+#[derive(Default)]
+struct Moments(Mutex<Vec<(Duration, String)>>);
+
+impl Moments {
+    fn push(&self, at: Duration, text: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((at, text));
+    }
+
+    fn since(&self, from: usize) -> Vec<(Duration, String)> {
+        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        all.get(from..).unwrap_or_default().to_vec()
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// All-time counts per API that the health view does not keep.
+#[derive(Debug, Default, Clone, Copy)]
+struct ApiTotals {
+    sends: u64,
+    refused: u64,
+    unauthorized: u64,
+    breaker_openings: u64,
+}
+
+/// Counts sends and breaker openings, and notes breaker changes as moments.
+struct Totals {
+    per_api: Mutex<HashMap<String, ApiTotals>>,
+    moments: Arc<Moments>,
+}
+
+impl Totals {
+    fn get(&self, api: &str) -> ApiTotals {
+        let map = self.per_api.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(api).copied().unwrap_or_default()
+    }
+}
+
+impl TransportObserver for Totals {
+    fn on_event(&self, api: &str, event: &TransportEvent) {
+        let mut note = None;
+        {
+            let mut map = self.per_api.lock().unwrap_or_else(PoisonError::into_inner);
+            let totals = map.entry(api.to_owned()).or_default();
+            match &event.kind {
+                EventKind::Succeeded { .. } | EventKind::Cancelled { .. } => totals.sends += 1,
+                EventKind::Failed {
+                    sent: true, error, ..
+                } => {
+                    totals.sends += 1;
+                    if error.status().is_some_and(|s| s.as_u16() == 401) {
+                        totals.unauthorized += 1;
+                    }
+                }
+                EventKind::Failed { sent: false, .. } => totals.refused += 1,
+                EventKind::BreakerOpened { cooldown } => {
+                    totals.breaker_openings += 1;
+                    note = Some(format!("{api}: breaker OPENED for {}", secs(*cooldown)));
+                }
+                EventKind::BreakerClosed => note = Some(format!("{api}: breaker closed")),
+                _ => {}
+            }
+        }
+        if let Some(text) = note {
+            self.moments.push(event.at.since_origin(), text);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The APIs and their workers
+// ---------------------------------------------------------------------------------
+
+/// What the view asks of a client, whatever its token source.
+trait ApiClient: Send + Sync {
+    fn breaker(&self) -> BreakerNow;
+    fn token_fetches(&self) -> u64;
+}
+
+impl<A> ApiClient for ResilientClient<ReqwestTransport, TokioRuntime, A>
+where
+    A: TokenSource + Send + Sync,
+{
+    fn breaker(&self) -> BreakerNow {
+        match self.breaker_state() {
+            BreakerState::Open { until } => BreakerNow::Open {
+                left: until.saturating_duration_since(self.runtime().now()),
+            },
+            BreakerState::HalfOpen => BreakerNow::HalfOpen,
+            _ => BreakerNow::Closed,
+        }
+    }
+
+    fn token_fetches(&self) -> u64 {
+        ResilientClient::token_fetches(self)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum BreakerNow {
+    Closed,
+    Open { left: Duration },
+    HalfOpen,
+}
+
+/// How the calls of one API ended, as the workers saw them.
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    abandoned: AtomicU64,
+    reasons: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Tally {
+    fn failed(&self, error: &ClientError) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        let reason = match error.status() {
+            Some(status) => format!("HTTP {}", status.as_u16()),
+            None => error.kind_name().replace('_', " "),
+        };
+        *self
+            .reasons
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(reason)
+            .or_default() += 1;
+    }
+}
+
+/// One API as the view and the summary see it.
+struct Api {
+    name: &'static str,
+    endpoint: &'static str,
+    about: String,
+    client: Arc<dyn ApiClient>,
+    tally: Arc<Tally>,
+}
+
+/// Starts `workers` tasks that make calls with `call` until `stop_at`, pausing `think`
+/// between calls. A call still running at `stop_at` is dropped, which cancels it.
+fn spawn_workers<F, Fut>(
+    tasks: &mut JoinSet<()>,
+    workers: u32,
+    think: Duration,
+    stop_at: tokio::time::Instant,
+    tally: &Arc<Tally>,
+    call: F,
+) where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<ReqwestResponse, ClientError>> + Send + 'static,
+{
+    for i in 0..workers {
+        let call = call.clone();
+        let tally = Arc::clone(tally);
+        let stagger = Duration::from_millis(40) * i;
+        tasks.spawn(async move {
+            tokio::time::sleep(stagger).await;
+            while tokio::time::Instant::now() < stop_at {
+                match tokio::time::timeout_at(stop_at, call()).await {
+                    Err(_) => {
+                        tally.abandoned.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    Ok(Ok(response)) => {
+                        // Read the body so the connection can be reused.
+                        let body = response.into_inner().bytes();
+                        let _ = tokio::time::timeout(Duration::from_secs(2), body).await;
+                        tally.ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(Err(error)) => tally.failed(&error),
+                }
+                let next = tokio::time::Instant::now() + think;
+                tokio::time::sleep_until(next.min(stop_at)).await;
+            }
+        });
+    }
+}
+
+/// The token source of profile-api: asks the server's `/token` for a new token.
+async fn fetch_token(
+    http: reqwest::Client,
+    url: String,
+    moments: Arc<Moments>,
+    at: Duration,
+) -> Result<(HeaderName, HeaderValue), AuthError> {
+    let response = http
+        .get(&url)
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(reqwest::Error::without_url)?;
+    let token = response.text().await.map_err(reqwest::Error::without_url)?;
+    let token = token.trim();
+    moments.push(at, format!("profile-api: fetched a token ({token})"));
+    Ok((
+        AUTHORIZATION,
+        HeaderValue::try_from(format!("Bearer {token}"))?,
+    ))
+}
+
+/// A `reqwest::Client` for one API: the adapter's recommended settings (read timeout,
+/// no hidden retries), and no proxy, since the server is on loopback.
+fn http_client() -> Result<reqwest::Client, BoxError> {
+    Ok(ReqwestTransport::default_client_builder()
+        .no_proxy()
+        .build()?)
+}
+
+// ---------------------------------------------------------------------------------
+// The view
+// ---------------------------------------------------------------------------------
+
+struct View {
+    settings: Settings,
+    script: Script,
+    health: Arc<HealthObserver>,
+    apis: Vec<Api>,
+    moments: Arc<Moments>,
+    base: String,
+    log: Option<PathBuf>,
+}
+
+const RESET: &str = "\x1b[0m";
+const BOLD: &str = "\x1b[1m";
+const DIM: &str = "\x1b[2m";
+const RED: &str = "\x1b[31m";
+const GREEN: &str = "\x1b[32m";
+const YELLOW: &str = "\x1b[33m";
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+impl View {
+    fn paint(&self, style: &str, text: &str) -> String {
+        if self.settings.color {
+            format!("{style}{text}{RESET}")
+        } else {
+            text.to_owned()
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.script.clock.now()
+    }
+
+    /// The breaker cell: state from `breaker_state()`, the cooldown from the events.
+    fn breaker_cell(breaker: BreakerNow, health: Option<&ApiHealth>) -> (String, &'static str) {
+        match breaker {
+            BreakerNow::Closed => ("closed".to_owned(), GREEN),
+            BreakerNow::HalfOpen => ("half-open (probe)".to_owned(), YELLOW),
+            BreakerNow::Open { left } => {
+                let of = match health.map(|h| h.breaker) {
+                    Some(BreakerView::Open { cooldown, .. }) => format!(" of {}", secs(cooldown)),
+                    _ => String::new(),
+                };
+                (format!("OPEN {} left{of}", secs(left)), RED)
+            }
+        }
+    }
+
+    fn success_cell(health: Option<&ApiHealth>) -> (String, &'static str) {
+        match health.and_then(|h| h.success_rate.map(|r| (r, h))) {
+            Some((rate, h)) => {
+                let style = if rate >= 0.95 {
+                    GREEN
+                } else if rate >= 0.5 {
+                    YELLOW
+                } else {
+                    RED
+                };
+                let text = format!(
+                    "{:>3.0}% ({}/{})",
+                    rate * 100.0,
+                    h.successes_in_window,
+                    h.sends_in_window
+                );
+                (text, style)
+            }
+            None => ("-".to_owned(), DIM),
+        }
+    }
+
+    fn latency_cell(health: Option<&ApiHealth>) -> String {
+        match health.and_then(|h| Some((h.mean_latency_ms?, h.max_latency_ms?))) {
+            Some((mean, max)) => format!("{mean:.0} / {max} ms"),
+            None => "-".to_owned(),
+        }
+    }
+
+    fn last_error(&self, health: Option<&ApiHealth>) -> String {
+        match health.and_then(|h| h.last_error.as_ref()) {
+            Some(last) => format!(
+                "{} ({} ago)",
+                last.error,
+                secs(self.now().saturating_duration_since(last.at))
+            ),
+            None => "none".to_owned(),
+        }
+    }
+
+    /// The health figures run on event time: with no events (calls waiting out an
+    /// open breaker send nothing) the window stands still. Say so.
+    fn quiet(&self, health: Option<&ApiHealth>) -> Option<String> {
+        let idle = self.now().saturating_duration_since(health?.updated_at);
+        (idle >= Duration::from_secs(1)).then(|| {
+            format!(
+                "no events for {}: the window's figures are as of the last one",
+                secs(idle)
+            )
+        })
+    }
+
+    /// The whole view, one string per line.
+    fn frame(&self) -> Vec<String> {
+        let now = self.now().since_origin();
+        let t = self.script.now().min(RUN);
+        let health: HashMap<Arc<str>, ApiHealth> = self.health.snapshots().into_iter().collect();
+        let mut lines = Vec::new();
+        lines.push(format!(
+            "{}  t = {} of {}{}   server {}",
+            self.paint(BOLD, "vantage-api-pool demo"),
+            secs(now.min(self.settings.run_for())),
+            secs(self.settings.run_for()),
+            if self.settings.quick {
+                " (--quick)"
+            } else {
+                ""
+            },
+            self.base
+        ));
+        lines.push(format!("server now: {}", self.script.describe(t)));
+        lines.push(String::new());
+        let window = format!("SUCCESS ({:.0}s)", self.settings.window().as_secs_f64());
+        lines.push(self.paint(
+            BOLD,
+            &format!(
+                "{:<12} {:<24} {:>9}  {:<15} {:>17} {:>8} {:>8}",
+                "API", "BREAKER", "IN FLIGHT", window, "LATENCY mean/max", "RETRIES", "REFUSED"
+            ),
+        ));
+        for api in &self.apis {
+            let h = health.get(api.name);
+            let (breaker, breaker_style) = View::breaker_cell(api.client.breaker(), h);
+            let (success, success_style) = View::success_cell(h);
+            lines.push(format!(
+                "{:<12} {} {:>9}  {} {:>17} {:>8} {:>8}",
+                api.name,
+                self.paint(breaker_style, &format!("{breaker:<24}")),
+                h.map_or(0, |h| h.in_flight),
+                self.paint(success_style, &format!("{success:<15}")),
+                View::latency_cell(h),
+                h.map_or(0, |h| h.retries),
+                h.map_or(0, |h| h.refused_in_window),
+            ));
+            lines.push(self.paint(DIM, &format!("{:<12} {}", "", api.about)));
+            lines.push(format!("{:<12} last error: {}", "", self.last_error(h)));
+            if let Some(quiet) = self.quiet(h) {
+                lines.push(self.paint(DIM, &format!("{:<12} {quiet}", "")));
+            }
+        }
+        lines.push(String::new());
+        lines.push(self.paint(BOLD, "recent"));
+        let count = self.moments.len();
+        for (at, text) in self.moments.since(count.saturating_sub(5)) {
+            lines.push(format!("  {:>6}  {text}", secs(at)));
+        }
+        lines.push(String::new());
+        if let Some(log) = &self.log {
+            lines.push(self.paint(
+                DIM,
+                &format!("tracing events (DEBUG and up) -> {}", log.display()),
+            ));
+        }
+        lines
+    }
+
+    /// One plain line per API, for logs and CI.
+    fn snapshot_lines(&self) -> Vec<String> {
+        let now = self.now().since_origin();
+        let health: HashMap<Arc<str>, ApiHealth> = self.health.snapshots().into_iter().collect();
+        self.apis
+            .iter()
+            .map(|api| {
+                let h = health.get(api.name);
+                let (breaker, _) = View::breaker_cell(api.client.breaker(), h);
+                let (success, _) = View::success_cell(h);
+                let line = format!(
+                    "[{:>6}] {:<12} breaker={breaker:<24} in_flight={} success={:<14} latency={} retries={} refused={} last_error={}",
+                    secs(now),
+                    api.name,
+                    h.map_or(0, |h| h.in_flight),
+                    success.trim(),
+                    View::latency_cell(h).replace(' ', ""),
+                    h.map_or(0, |h| h.retries),
+                    h.map_or(0, |h| h.refused_in_window),
+                    self.last_error(h),
+                );
+                match h.map(|h| self.now().saturating_duration_since(h.updated_at)) {
+                    Some(idle) if idle >= Duration::from_secs(1) => {
+                        format!("{line} quiet_for={}", secs(idle))
+                    }
+                    _ => line,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Redraws the view (or prints snapshots and moments) until `stop_at`.
+async fn dashboard(view: Arc<View>, stop_at: tokio::time::Instant) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let snapshot_every = if view.settings.quick { 4 } else { 8 };
+    let mut printed = 0;
+    let mut ticks = 0u64;
+    let mut stdout = std::io::stdout();
+    if view.settings.live {
+        let _ = write!(stdout, "\x1b[2J");
+    }
+    while tokio::time::Instant::now() < stop_at {
+        tick.tick().await;
+        ticks += 1;
+        if view.settings.live {
+            draw(&view);
+        } else {
+            let mut out = String::new();
+            for (at, text) in view.moments.since(printed) {
+                printed += 1;
+                let _ = writeln!(out, "[{:>6}] * {text}", secs(at));
+            }
+            if ticks.is_multiple_of(snapshot_every) {
+                for line in view.snapshot_lines() {
+                    let _ = writeln!(out, "{line}");
+                }
+            }
+            let _ = stdout.write_all(out.as_bytes());
+            let _ = stdout.flush();
+        }
+    }
+}
+
+/// Redraws the view in place: cursor home, each line cleared to its end, the rest of
+/// the screen cleared, all in one write.
+fn draw(view: &View) {
+    let mut out = String::from("\x1b[H");
+    for line in view.frame() {
+        out.push_str(&line);
+        out.push_str("\x1b[K\n");
+    }
+    out.push_str("\x1b[J");
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(out.as_bytes());
+    let _ = stdout.flush();
+}
+
+// ---------------------------------------------------------------------------------
+// The run
+// ---------------------------------------------------------------------------------
+
+/// Sets up a `tracing` subscriber that writes to a log file in the temp directory.
+fn log_to_file() -> Result<PathBuf, BoxError> {
+    let path =
+        std::env::temp_dir().join(format!("vantage-api-pool-demo-{}.log", std::process::id()));
+    let file = std::fs::File::create(&path)?;
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(Mutex::new(file))
+        .with_max_level(tracing_subscriber::filter::LevelFilter::DEBUG)
+        .finish();
+    tracing::subscriber::set_global_default(subscriber)?;
+    Ok(path)
+}
+
+async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError> {
+    // One clock for everything: the clients' runtimes are clones of it (clones share
+    // the origin), so the events' `at` of every API, the script and the view agree.
+    let clock = TokioRuntime::new();
+    let script = Script {
+        settings,
+        clock: clock.clone(),
+    };
+
+    // The server.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let server = Arc::new(FlakyServer::new(script.clone()));
+    let server_task = tokio::spawn(serve(listener, Arc::clone(&server)));
+
+    // The observers: both shipped ones, and the demo's tally, behind one `Tee`.
+    let moments = Arc::new(Moments::default());
+    let health = Arc::new(HealthObserver::new(settings.window()));
+    let totals = Arc::new(Totals {
+        per_api: Mutex::new(HashMap::new()),
+        moments: Arc::clone(&moments),
+    });
+    let observer: Arc<dyn TransportObserver> = Arc::new(Tee(vec![
+        health.clone(),
+        Arc::new(TracingObserver),
+        totals.clone(),
+    ]));
+
+    // orders-api: someone is waiting, so retry until dropped and wait out the breaker.
+    // `ResilientClient::builder(ReqwestTransport::new(http), TokioRuntime::new())` is
+    // what `ReqwestTransport::tokio_builder(http)` does in one call; here the runtime
+    // is a clone of the shared clock.
+    let builder = ResilientClient::builder(ReqwestTransport::new(http_client()?), clock.clone())
+        .max_parallel(4)
+        .observer("orders-api", Arc::clone(&observer));
+    let orders = if settings.quick {
+        // The default breaker's timing, five times faster.
+        builder.breaker(5, settings.real(5.0), settings.real(60.0))
+    } else {
+        builder.default_breaker()
+    }
+    .build()?;
+
+    // search-api: bounded retries, and a rate limit of our own.
+    let search = ResilientClient::builder(ReqwestTransport::new(http_client()?), clock.clone())
+        .max_parallel(4)
+        .rate_limit(8.0)
+        .default_breaker()
+        .observer("search-api", Arc::clone(&observer))
+        .build()?;
+    let search_policy = CallPolicy::bounded(RetryPolicy::new(
+        2,
+        Duration::from_millis(200),
+        Duration::from_secs(2),
+    )?);
+
+    // profile-api: nobody waits (one attempt, fail fast), with a token from /token.
+    let token_http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let token_url = format!("{base}/token");
+    let token_clock = clock.clone();
+    let token_moments = Arc::clone(&moments);
+    let tokens = token_fn(move || {
+        let http = token_http.clone();
+        let url = token_url.clone();
+        let at = token_clock.now().since_origin();
+        fetch_token(http, url, Arc::clone(&token_moments), at)
+    });
+    let profile = ResilientClient::builder(ReqwestTransport::new(http_client()?), clock.clone())
+        .max_parallel(2)
+        .breaker(3, settings.real(2.0), settings.real(8.0))
+        .auth(tokens)
+        .observer("profile-api", Arc::clone(&observer))
+        .build()?;
+    let profile_policy = CallPolicy::background();
+
+    let tallies: [Arc<Tally>; 3] = Default::default();
+    let apis = vec![
+        Api {
+            name: "orders-api",
+            endpoint: "/orders",
+            about: format!(
+                "essential (retry until dropped, wait for the probe), 4 parallel, breaker 5 x {}",
+                secs(settings.real(5.0))
+            ),
+            client: Arc::new(orders.clone()),
+            tally: Arc::clone(&tallies[0]),
+        },
+        Api {
+            name: "search-api",
+            endpoint: "/search",
+            about: "bounded (2 retries, 200ms..2s, Retry-After honoured), 8/s rate limit"
+                .to_owned(),
+            client: Arc::new(search.clone()),
+            tally: Arc::clone(&tallies[1]),
+        },
+        Api {
+            name: "profile-api",
+            endpoint: "/profile",
+            about: format!(
+                "background (one attempt, fail fast), token_fn auth, breaker 3 x {}",
+                secs(settings.real(2.0))
+            ),
+            client: Arc::new(profile.clone()),
+            tally: Arc::clone(&tallies[2]),
+        },
+    ];
+
+    // The traffic.
+    let start = tokio::time::Instant::now();
+    let stop_at = start + settings.run_for();
+    let mut workers = JoinSet::new();
+    let orders_url = format!("{base}/orders");
+    spawn_workers(
+        &mut workers,
+        4,
+        Duration::from_millis(150),
+        stop_at,
+        &tallies[0],
+        move || {
+            let (client, url) = (orders.clone(), orders_url.clone());
+            async move {
+                let policy = CallPolicy::essential();
+                client.execute_with(&policy, |http| http.get(&url)).await
+            }
+        },
+    );
+    let search_url = format!("{base}/search");
+    spawn_workers(
+        &mut workers,
+        3,
+        Duration::ZERO,
+        stop_at,
+        &tallies[1],
+        move || {
+            let (client, url, policy) = (search.clone(), search_url.clone(), search_policy.clone());
+            async move { client.execute_with(&policy, |http| http.get(&url)).await }
+        },
+    );
+    let profile_url = format!("{base}/profile");
+    spawn_workers(
+        &mut workers,
+        2,
+        Duration::from_millis(200),
+        stop_at,
+        &tallies[2],
+        move || {
+            let (client, url, policy) =
+                (profile.clone(), profile_url.clone(), profile_policy.clone());
+            async move { client.execute_with(&policy, |http| http.get(&url)).await }
+        },
+    );
+
+    // The view, until the traffic stops.
+    let view = Arc::new(View {
+        settings,
+        script,
+        health,
+        apis,
+        moments,
+        base: base.clone(),
+        log: log.clone(),
+    });
+    if !settings.live {
+        println!(
+            "vantage-api-pool demo: flaky server on {base}, {} of traffic{}",
+            secs(settings.run_for()),
+            if settings.quick { " (--quick)" } else { "" }
+        );
+        if let Some(log) = &log {
+            println!("tracing events (DEBUG and up) -> {}", log.display());
+        }
+    }
+    let narrator = tokio::spawn(narrate(view.script.clone(), Arc::clone(&view.moments)));
+    let dashboard_task = tokio::spawn(dashboard(Arc::clone(&view), stop_at));
+
+    // Workers stop at `stop_at` (a call still running is dropped); give them a moment
+    // to read their last bodies, then abort whatever is left.
+    tokio::time::sleep_until(stop_at).await;
+    let drained = tokio::time::timeout(Duration::from_secs(3), async {
+        while workers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        workers.abort_all();
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), dashboard_task).await;
+    if settings.live {
+        draw(&view);
+    } else {
+        println!("final:");
+        for line in view.snapshot_lines() {
+            println!("{line}");
+        }
+    }
+    narrator.abort();
+    server_task.abort();
+
+    Ok(summary(
+        &view,
+        &server,
+        &totals,
+        log.as_deref(),
+        start.elapsed(),
+    ))
+}
+
+/// Prints the summary; returns whether every API had at least one successful call.
+fn summary(
+    view: &View,
+    server: &FlakyServer,
+    totals: &Totals,
+    log: Option<&std::path::Path>,
+    took: Duration,
+) -> bool {
+    let seen = server.seen();
+    let health: HashMap<Arc<str>, ApiHealth> = view.health.snapshots().into_iter().collect();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n{} after {} (server stopped)",
+        view.paint(BOLD, "summary"),
+        secs(took)
+    );
+    let _ = writeln!(
+        out,
+        "{:<12} {:>9} {:>7} {:>8} {:>7} {:>11} {:>8} {:>9} {:>8} {:>7}",
+        "API",
+        "calls ok",
+        "failed",
+        "dropped",
+        "sends",
+        "server saw",
+        "retries",
+        "refused",
+        "breaker",
+        "tokens"
+    );
+    let mut all_ok = true;
+    for api in &view.apis {
+        let t = totals.get(api.name);
+        let h = health.get(api.name);
+        let ok = api.tally.ok.load(Ordering::Relaxed);
+        all_ok &= ok > 0;
+        let server_saw: u64 = seen.get(api.endpoint).map_or(0, |s| s.values().sum());
+        let fetches = api.client.token_fetches();
+        let _ = writeln!(
+            out,
+            "{:<12} {:>9} {:>7} {:>8} {:>7} {:>11} {:>8} {:>9} {:>8} {:>7}",
+            api.name,
+            ok,
+            api.tally.failed.load(Ordering::Relaxed),
+            api.tally.abandoned.load(Ordering::Relaxed),
+            t.sends,
+            server_saw,
+            h.map_or(0, |h| h.retries),
+            t.refused,
+            format!("{}x open", t.breaker_openings),
+            if fetches == 0 {
+                "-".to_owned()
+            } else {
+                fetches.to_string()
+            },
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  (dropped: calls still running when the traffic stopped, cancelled by dropping them;\n   refused: calls failed fast while a breaker was open, nothing sent; breaker: times it opened)"
+    );
+    for (i, api) in view.apis.iter().enumerate() {
+        let reasons = api
+            .tally
+            .reasons
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let list = reasons
+            .iter()
+            .map(|(reason, n)| format!("{reason} x{n}"))
+            .collect::<Vec<_>>();
+        let list = if list.is_empty() {
+            "none".to_owned()
+        } else {
+            list.join(", ")
+        };
+        let label = if i == 0 { "failed calls" } else { "" };
+        let _ = writeln!(out, "{label:<16} {:<12} {list}", api.name);
+    }
+    for (i, (endpoint, statuses)) in seen.iter().enumerate() {
+        let statuses = statuses
+            .iter()
+            .map(|(status, n)| format!("{status} x{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let label = if i == 0 { "server answered" } else { "" };
+        let _ = writeln!(out, "{label:<16} {endpoint:<12} {statuses}");
+    }
+    let fetches = server.tokens_issued();
+    let _ = writeln!(
+        out,
+        "auth             {fetches} tokens from /token (first use + {} refreshes); {} sends answered 401, \
+         replayed",
+        fetches.saturating_sub(1),
+        totals.get("profile-api").unauthorized,
+    );
+    let _ = writeln!(out, "timeline:");
+    let moments = view.moments.since(0);
+    let shown = 30;
+    for (at, text) in moments.iter().take(shown) {
+        let _ = writeln!(out, "  {:>6}  {text}", secs(*at));
+    }
+    if moments.len() > shown {
+        let _ = writeln!(out, "  ... and {} more", moments.len() - shown);
+    }
+    match log {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let lines = text.lines().count();
+            let warns = text.lines().filter(|l| l.contains(" WARN ")).count();
+            let _ = writeln!(
+                out,
+                "tracing log: {} ({lines} events, {warns} at WARN), for example:",
+                path.display(),
+            );
+            // One line of each kind the story is about, without the timestamp.
+            for kind in ["event=\"breaker_opened\"", "status=429", "status=401"] {
+                if let Some(line) = text.lines().find(|l| l.contains(kind)) {
+                    let line = line.split_once("  ").map_or(line, |(_, rest)| rest);
+                    let mut sample: String = line.chars().take(95).collect();
+                    if sample.len() < line.len() {
+                        sample.push_str("...");
+                    }
+                    let _ = writeln!(out, "  {sample}");
+                }
+            }
+        }
+        None => {
+            let _ = writeln!(out, "tracing log: none (the log file could not be created)");
+        }
+    }
+    if !all_ok {
+        let _ = writeln!(
+            out,
+            "demo: an API had no successful call at all; something is wrong"
+        );
+    }
+    print!("{out}");
+    let _ = std::io::stdout().flush();
+    all_ok
+}
+
+fn main() -> ExitCode {
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
+        Err(message) if message.is_empty() => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("demo: {message}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+
+    // The watchdog: whatever happens, the demo ends.
+    let limit = settings.hard_deadline();
+    let _watchdog = std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        eprintln!("\ndemo: still running after {}; giving up", secs(limit));
+        std::process::exit(3);
+    });
+
+    let log = match log_to_file() {
+        Ok(path) => Some(path),
+        Err(error) => {
+            eprintln!("demo: no tracing log ({error}); going on without it");
+            None
+        }
+    };
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("demo: cannot start tokio: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(settings, log));
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("demo failed: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
