@@ -178,15 +178,38 @@ impl HealthObserver {
         Some(figures(state))
     }
 
-    /// The figures of every API seen, sorted by name.
+    /// The figures of `api` with the window ending at `now` (the client runtime's
+    /// clock), so figures age out while an API is quiet, for example while its
+    /// breaker is open and nothing is sent. `None` if no event of it was seen yet.
+    #[must_use]
+    pub fn snapshot_at(&self, api: &str, now: Instant) -> Option<ApiHealth> {
+        let mut apis = self.lock();
+        let state = apis.get_mut(api)?;
+        state.prune(now.max(state.updated_at), self.window);
+        Some(figures(state))
+    }
+
+    /// The figures of every API seen, sorted by name, each with the window ending at
+    /// its latest event.
     #[must_use]
     pub fn snapshots(&self) -> Vec<(Arc<str>, ApiHealth)> {
+        self.collect(None)
+    }
+
+    /// The figures of every API seen, sorted by name, with the window ending at `now`
+    /// (see [`snapshot_at`](HealthObserver::snapshot_at)).
+    #[must_use]
+    pub fn snapshots_at(&self, now: Instant) -> Vec<(Arc<str>, ApiHealth)> {
+        self.collect(Some(now))
+    }
+
+    fn collect(&self, now: Option<Instant>) -> Vec<(Arc<str>, ApiHealth)> {
         let mut apis = self.lock();
         let mut all: Vec<_> = apis
             .iter_mut()
             .map(|(name, state)| {
-                let now = state.updated_at;
-                state.prune(now, self.window);
+                let end = now.map_or(state.updated_at, |n| n.max(state.updated_at));
+                state.prune(end, self.window);
                 (Arc::clone(name), figures(state))
             })
             .collect();
@@ -391,6 +414,10 @@ mod tests {
             }
         );
         assert_eq!(b.success_rate, None);
+        // Read at a later time, the window has moved on even with no new event.
+        let later = h.snapshot_at("a", at(10_110)).unwrap();
+        assert_eq!((later.sends_in_window, later.successes_in_window), (1, 1));
+        assert_eq!(h.snapshots_at(at(60_000))[0].1.sends_in_window, 0);
         // Samples older than the window drop out.
         h.on_event(
             "a",

@@ -805,13 +805,13 @@ impl View {
         }
     }
 
-    /// The health figures run on event time: with no events (calls waiting out an
-    /// open breaker send nothing) the window stands still. Say so.
+    /// With no events for a while (calls waiting out an open breaker send nothing),
+    /// say so: the window keeps moving (`snapshots_at`), so its figures thin out.
     fn quiet(&self, health: Option<&ApiHealth>) -> Option<String> {
         let idle = self.now().saturating_duration_since(health?.updated_at);
         (idle >= Duration::from_secs(1)).then(|| {
             format!(
-                "no events for {}: the window's figures are as of the last one",
+                "no events for {}: nothing sent, the window empties",
                 secs(idle)
             )
         })
@@ -821,7 +821,8 @@ impl View {
     fn frame(&self) -> Vec<String> {
         let now = self.now().since_origin();
         let t = self.script.now().min(RUN);
-        let health: HashMap<Arc<str>, ApiHealth> = self.health.snapshots().into_iter().collect();
+        let health: HashMap<Arc<str>, ApiHealth> =
+            self.health.snapshots_at(self.now()).into_iter().collect();
         let mut lines = Vec::new();
         lines.push(format!(
             "{}  t = {} of {}{}   server {}",
@@ -884,7 +885,8 @@ impl View {
     /// One plain line per API, for logs and CI.
     fn snapshot_lines(&self) -> Vec<String> {
         let now = self.now().since_origin();
-        let health: HashMap<Arc<str>, ApiHealth> = self.health.snapshots().into_iter().collect();
+        let health: HashMap<Arc<str>, ApiHealth> =
+            self.health.snapshots_at(self.now()).into_iter().collect();
         self.apis
             .iter()
             .map(|api| {
