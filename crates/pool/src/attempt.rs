@@ -6,7 +6,10 @@
 //! how long to wait from [`backoff`](crate::backoff) and
 //! [`server_delay`](crate::server_delay).
 
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -29,6 +32,25 @@ use crate::transport::{
     PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse,
 };
 
+/// What the gate hands to `send_once`.
+struct Ticket<'c> {
+    /// The probe slot, when this send is the half-open probe.
+    probe: Option<ProbeGuard<'c>>,
+    /// The auth token to apply.
+    token: Option<Token>,
+    /// The clock as the gate let the send through.
+    now: Instant,
+    /// Whether the call gave way to other tasks after the breaker let it through
+    /// (an auth fetch or a rate-token sleep), so the breaker may have changed.
+    yielded: bool,
+}
+
+/// Polls `future` once, without waiting: `Pending` leaves it registered to wake this
+/// task, so the caller can go on to await it.
+async fn poll_once<F: Future + ?Sized>(mut future: Pin<&mut F>) -> Poll<F::Output> {
+    poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await
+}
+
 /// One call's state, for the life of one `execute_with` future.
 pub(crate) struct Call<'c, T, R, A> {
     client: &'c Shared<T, R, A>,
@@ -50,6 +72,8 @@ pub(crate) struct Call<'c, T, R, A> {
     replayed: bool,
     /// The token generation of the last send's auth header.
     token_generation: Option<u64>,
+    /// The budget not yet turned into a deadline (the first gate does that).
+    budget: Option<Duration>,
     /// When the budget ends; pushed later by time spent in `admit()`.
     deadline: Option<Instant>,
 }
@@ -108,9 +132,6 @@ fn millis(d: Duration) -> u64 {
 
 impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     pub(crate) fn new(client: &'c Shared<T, R, A>, policy: &'c CallPolicy, id: CallId) -> Self {
-        let deadline = policy
-            .budget()
-            .map(|b| client.runtime.now().saturating_add(b));
         Call {
             client,
             policy,
@@ -123,7 +144,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             redialing: false,
             replayed: false,
             token_generation: None,
-            deadline,
+            budget: policy.budget(),
+            deadline: None,
         }
     }
 
@@ -161,17 +183,16 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         error
     }
 
-    /// Sleeps `wait` at the gate, unless the budget would end first: then the call
-    /// ends at once with `TimedOut` (waiting for a deadline it cannot meet helps
-    /// nobody).
-    async fn gate_sleep(&self, wait: Duration) -> Result<(), ClientError> {
-        if let Some(deadline) = self.deadline
-            && self.now().saturating_add(wait) >= deadline
-        {
+    /// Sleeps `wait` from `now` at the gate, unless the budget would end first: then
+    /// the call ends at once with `TimedOut` (waiting for a deadline it cannot meet
+    /// helps nobody). Returns the clock after the sleep.
+    async fn gate_sleep(&self, now: Instant, wait: Duration) -> Result<Instant, ClientError> {
+        let wake = now.saturating_add(wait);
+        if self.deadline.is_some_and(|deadline| wake >= deadline) {
             return Err(self.timed_out_at_gate());
         }
-        self.client.runtime.sleep(wait).await;
-        Ok(())
+        self.client.runtime.sleep_until(wake).await;
+        Ok(self.now())
     }
 
     fn timed_out_at_gate(&self) -> ClientError {
@@ -180,17 +201,20 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
 
     /// Asks the breaker until it lets this send through: `FailFast` gives up at once,
     /// `WaitForProbe` sleeps and asks again.
-    async fn pass_breaker(&self) -> Result<Option<ProbeGuard<'c>>, ClientError> {
+    async fn pass_breaker(
+        &self,
+        mut now: Instant,
+    ) -> Result<(Option<ProbeGuard<'c>>, Instant), ClientError> {
         let Some(breaker) = &self.client.breaker else {
-            return Ok(None);
+            return Ok((None, now));
         };
         loop {
-            match breaker.check(self.now()) {
+            match breaker.check(now) {
                 Gate::Allow { probe } => {
-                    return Ok(probe.map(|epoch| ProbeGuard::new(breaker, epoch)));
+                    return Ok((probe.map(|epoch| ProbeGuard::new(breaker, epoch)), now));
                 }
                 Gate::OpenFor(wait) => match self.policy.breaker_mode() {
-                    BreakerMode::WaitForProbe => self.gate_sleep(wait).await?,
+                    BreakerMode::WaitForProbe => now = self.gate_sleep(now, wait).await?,
                     _ => {
                         return Err(ClientError::new(ErrorKind::BreakerOpen, self.attempt)
                             .with_reached(self.reached));
@@ -201,41 +225,59 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     }
 
     /// Takes a rate token, sleeping until one is due.
-    async fn take_token(&self) -> Result<(), ClientError> {
+    async fn take_token(&self, mut now: Instant) -> Result<Instant, ClientError> {
         if let Some(bucket) = &self.client.bucket {
-            while let Err(wait) = bucket.try_take(self.now()) {
-                self.gate_sleep(wait).await?;
+            while let Err(wait) = bucket.try_take(now) {
+                now = self.gate_sleep(now, wait).await?;
             }
         }
-        Ok(())
+        Ok(now)
     }
 
     /// `wait_for_gate`: the transport's shared limiter (not charged to the budget),
     /// the breaker, the auth token, then a rate token (last, so a long token fetch
-    /// does not sit on a rate token). Holds no permit.
-    async fn wait_for_gate(
-        &mut self,
-    ) -> Result<(Option<ProbeGuard<'c>>, Option<Token>), ClientError> {
-        if let Some(deadline) = self.deadline {
-            let before_admit = self.now();
-            self.client.transport.admit().await;
-            let now = self.now();
-            let deadline = deadline.saturating_add(now.saturating_duration_since(before_admit));
-            self.deadline = Some(deadline);
-            if now >= deadline {
-                return Err(self.timed_out_at_gate());
-            }
+    /// does not sit on a rate token). Holds no permit. Returns the clock as the gate
+    /// let the send through; the clock is read again only after a wait.
+    async fn wait_for_gate(&mut self) -> Result<Ticket<'c>, ClientError> {
+        let mut admit = pin!(self.client.transport.admit());
+        let mut now = if poll_once(admit.as_mut()).await.is_ready() {
+            self.now()
         } else {
-            self.client.transport.admit().await;
+            let before = self.now();
+            admit.await;
+            let after = self.now();
+            if let Some(deadline) = self.deadline.as_mut() {
+                *deadline = deadline.saturating_add(after.saturating_duration_since(before));
+            }
+            after
+        };
+        // The budget starts when the call first reaches the gate.
+        if self.deadline.is_none()
+            && let Some(budget) = self.budget.take()
+        {
+            self.deadline = Some(now.saturating_add(budget));
         }
-        let probe = self.pass_breaker().await?;
-        let token = if self.client.auth.is_configured() {
-            self.auth_token(None).await?
+        if self.deadline.is_some_and(|deadline| now >= deadline) {
+            return Err(self.timed_out_at_gate());
+        }
+        let probe;
+        (probe, now) = self.pass_breaker(now).await?;
+        let breaker_at = now;
+        let configured = self.client.auth.is_configured();
+        let token = if configured {
+            let token = self.auth_token(None).await?;
+            now = self.now();
+            token
         } else {
             None
         };
-        self.take_token().await?;
-        Ok((probe, token))
+        now = self.take_token(now).await?;
+        Ok(Ticket {
+            probe,
+            token,
+            now,
+            yielded: configured || now != breaker_at,
+        })
     }
 
     /// The auth token to apply, if the client has a token source: fetched on first
@@ -292,7 +334,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         let client = self.client;
         loop {
             // ---- wait_for_gate.
-            let (mut probe, token) = match self.wait_for_gate().await {
+            let Ticket {
+                mut probe,
+                token,
+                mut now,
+                mut yielded,
+            } = match self.wait_for_gate().await {
                 Ok(ticket) => ticket,
                 Err(error) => return Err(self.refuse(error)),
             };
@@ -327,21 +374,31 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
 
             // ---- send_once: the permit (its wait counts toward the budget), then
             // Started, the send under its time limit, and the permit back at the head.
-            let permit = match self.deadline {
-                Some(deadline) => {
-                    match timeout_at(&client.runtime, deadline, client.limiter.acquire()).await {
-                        Ok(permit) => permit,
-                        Err(_) => return Err(self.refuse(self.timed_out_at_gate())),
-                    }
+            let mut acquire = pin!(client.limiter.acquire());
+            let permit = match poll_once(acquire.as_mut()).await {
+                Poll::Ready(permit) => permit,
+                Poll::Pending => {
+                    let permit = match self.deadline {
+                        Some(deadline) => {
+                            match timeout_at(&client.runtime, deadline, acquire).await {
+                                Ok(permit) => permit,
+                                Err(_) => return Err(self.refuse(self.timed_out_at_gate())),
+                            }
+                        }
+                        None => acquire.await,
+                    };
+                    now = self.now();
+                    yielded = true;
+                    permit
                 }
-                None => client.limiter.acquire().await,
             };
             // The breaker may have opened while this send waited for its token or
             // permit: a send that is not the probe asks again, from the top.
             if probe.is_none()
+                && yielded
                 && let Some(breaker) = &client.breaker
             {
-                match breaker.check(self.now()) {
+                match breaker.check(now) {
                     Gate::Allow { probe: granted } => {
                         probe = granted.map(|epoch| ProbeGuard::new(breaker, epoch));
                     }
