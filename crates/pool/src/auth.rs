@@ -13,14 +13,63 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use http::{HeaderName, HeaderValue};
 
+use crate::sync::{Mutex, MutexGuard, PoisonError};
+
 /// The error a [`TokenSource`] returns; it becomes the source of an
 /// [`ErrorKind::Auth`](crate::ErrorKind::Auth) client error.
-pub type AuthError = Box<dyn std::error::Error + Send + Sync + 'static>;
+///
+/// Anything that converts into `Box<dyn Error + Send + Sync>` converts into it (a
+/// string, any error type), so `?` and `.into()` work in a token source. It is a
+/// struct rather than a boxed trait object so that a token source written as a
+/// closure returning an `async` block keeps the call's future `Send` (a bare
+/// `Box<dyn Error>` in the future's output trips the compiler's higher-ranked
+/// lifetime check when the call is `tokio::spawn`ed). Like `anyhow::Error`, it does
+/// not implement `Error` itself (that would clash with the blanket `From`); its
+/// message and source are reachable through `Display` and [`AuthError::as_error`].
+///
+/// ```
+/// use vantage_api_pool::auth::AuthError;
+/// let e: AuthError = "identity provider down".into();
+/// assert_eq!(e.to_string(), "identity provider down");
+/// ```
+pub struct AuthError(Box<dyn std::error::Error + Send + Sync + 'static>);
+
+impl AuthError {
+    /// The error the token source gave.
+    #[must_use]
+    pub fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+
+    /// The boxed error the token source gave.
+    #[must_use]
+    pub fn into_inner(self) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self.0
+    }
+}
+
+impl<E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>> From<E> for AuthError {
+    fn from(error: E) -> Self {
+        AuthError(error.into())
+    }
+}
+
+impl std::fmt::Display for AuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::fmt::Debug for AuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
 
 /// Produces the auth header a client applies to every send.
 pub trait TokenSource {
@@ -151,10 +200,8 @@ impl AuthState {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, AuthInner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, AuthInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Fetches done so far (for tests and figures).
@@ -307,6 +354,6 @@ impl std::fmt::Display for SharedAuthError {
 
 impl std::error::Error for SharedAuthError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
+        self.0.as_error().source()
     }
 }

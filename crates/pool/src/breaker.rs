@@ -24,11 +24,11 @@
 //! The breaker is a synchronous state machine: it takes `now` and returns a decision.
 //! Its lock is held only inside its methods, never across an `.await` or a callback.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::classify::BreakerEffect;
 use crate::error::ConfigError;
+use crate::sync::{Mutex, MutexGuard, PoisonError};
 use crate::time::Instant;
 
 /// How long a caller that finds the probe slot taken waits before asking again.
@@ -195,12 +195,10 @@ impl CircuitBreaker {
         self.config
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // The state stays consistent even if a holder panicked: every method
         // writes whole fields.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// May a send go at `now`? Grants the probe slot to exactly one caller once the

@@ -10,9 +10,9 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
+
+use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering, PoisonError};
 
 #[derive(Debug)]
 struct Waiter {
@@ -52,10 +52,8 @@ impl Limiter {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The number of permits.

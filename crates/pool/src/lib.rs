@@ -50,6 +50,7 @@ pub mod policy;
 pub mod rate;
 pub mod runtime;
 pub mod server_delay;
+mod sync;
 pub mod time;
 #[cfg(feature = "tracing")]
 pub mod tracing_observer;

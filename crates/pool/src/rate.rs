@@ -10,10 +10,10 @@
 //! A caller that waits is not holding a reservation: it sleeps until the next token
 //! is due and asks again, so a caller dropped while waiting takes nothing with it.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::sync::{Mutex, PoisonError};
 use crate::time::Instant;
 
 /// The bucket's settings: a rate and a burst.
@@ -107,10 +107,7 @@ impl TokenBucket {
 
     /// Takes one token at `now`, or says how long until one is due.
     pub fn try_take(&self, now: Instant) -> Result<(), Duration> {
-        let mut tat = self
-            .tat
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut tat = self.tat.lock().unwrap_or_else(PoisonError::into_inner);
         let theoretical = tat.map_or(now, |t| t.max(now));
         let allowed_at = theoretical.saturating_sub(self.tolerance);
         if allowed_at <= now {

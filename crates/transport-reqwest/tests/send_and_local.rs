@@ -200,3 +200,29 @@ async fn the_same_client_code_runs_an_rc_transport_on_a_local_set() {
     );
     assert_eq!(server.requests().len(), 2);
 }
+
+/// A token source written as a closure returning an `async` block: spawning a call
+/// on its client must compile (a bare `Box<dyn Error>` in the source's output once
+/// tripped the compiler's higher-ranked lifetime check here).
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_with_a_closure_token_source_can_be_spawned() {
+    let server = FaultServer::start(|_, _| Act::Respond(ok("authed"))).await;
+    let client = ReqwestTransport::tokio_builder(reqwest_client())
+        .auth(token_fn(|| async {
+            Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer t")))
+        }))
+        .build()
+        .unwrap();
+    let url = server.url("/orders");
+    let status = tokio::spawn(async move {
+        let policy = policy(0);
+        let response = client.execute_with(&policy, |http| http.get(&url)).await?;
+        Ok::<_, ClientError>(response.status())
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(server.requests().len(), 1);
+}

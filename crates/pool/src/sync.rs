@@ -1,0 +1,152 @@
+//! The synchronisation primitives behind the pool's shared state (breaker, permit
+//! limiter, auth state, rate bucket), in one place so a model checker can stand in
+//! for them.
+//!
+//! Normally these are `std::sync`'s own, re-exported: no wrapper, no cost.
+//!
+//! Under the internal-testing feature `shuttle` (not for users; see the crate's
+//! `Cargo.toml`) each primitive decides when it is created: inside a
+//! [shuttle](https://docs.rs/shuttle) execution it is shuttle's, so every lock and
+//! atomic access is a scheduling point the model checker controls
+//! (`crates/pool/tests/model_check.rs`); anywhere else it is `std`'s, so the rest of
+//! the test suite still passes with `--all-features`. The choice is made once per
+//! primitive, and every operation then goes to the same implementation.
+
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use std::sync::atomic::AtomicUsize;
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
+
+#[cfg(feature = "shuttle")]
+pub(crate) use model::{AtomicUsize, Mutex, MutexGuard};
+
+pub(crate) use std::sync::PoisonError;
+pub(crate) use std::sync::atomic::Ordering;
+
+#[cfg(feature = "shuttle")]
+mod model {
+    use std::fmt;
+    use std::ops::{Deref, DerefMut};
+    use std::sync::atomic::Ordering;
+    use std::sync::{LockResult, PoisonError};
+
+    /// Whether the caller runs inside a shuttle execution (a task of
+    /// `shuttle::check_*`), where shuttle's primitives must be used.
+    fn in_model() -> bool {
+        shuttle::current::try_get_current_task().is_some()
+    }
+
+    /// `std::sync::Mutex`, or shuttle's inside a shuttle execution.
+    pub(crate) enum Mutex<T> {
+        Std(std::sync::Mutex<T>),
+        Model(shuttle::sync::Mutex<T>),
+    }
+
+    /// The guard of [`Mutex`].
+    pub(crate) enum MutexGuard<'a, T> {
+        Std(std::sync::MutexGuard<'a, T>),
+        Model(shuttle::sync::MutexGuard<'a, T>),
+    }
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            if in_model() {
+                Mutex::Model(shuttle::sync::Mutex::new(value))
+            } else {
+                Mutex::Std(std::sync::Mutex::new(value))
+            }
+        }
+
+        pub(crate) fn lock(&self) -> LockResult<MutexGuard<'_, T>> {
+            match self {
+                Mutex::Std(m) => m
+                    .lock()
+                    .map(MutexGuard::Std)
+                    .map_err(|e| PoisonError::new(MutexGuard::Std(e.into_inner()))),
+                Mutex::Model(m) => m
+                    .lock()
+                    .map(MutexGuard::Model)
+                    .map_err(|e| PoisonError::new(MutexGuard::Model(e.into_inner()))),
+            }
+        }
+    }
+
+    impl<T: fmt::Debug> fmt::Debug for Mutex<T> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self {
+                Mutex::Std(m) => m.fmt(f),
+                Mutex::Model(m) => m.fmt(f),
+            }
+        }
+    }
+
+    impl<T> Deref for MutexGuard<'_, T> {
+        type Target = T;
+
+        fn deref(&self) -> &T {
+            match self {
+                MutexGuard::Std(g) => g,
+                MutexGuard::Model(g) => g,
+            }
+        }
+    }
+
+    impl<T> DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            match self {
+                MutexGuard::Std(g) => g,
+                MutexGuard::Model(g) => g,
+            }
+        }
+    }
+
+    /// `std::sync::atomic::AtomicUsize`, or shuttle's inside a shuttle execution.
+    pub(crate) enum AtomicUsize {
+        Std(std::sync::atomic::AtomicUsize),
+        Model(shuttle::sync::atomic::AtomicUsize),
+    }
+
+    impl AtomicUsize {
+        pub(crate) fn new(value: usize) -> Self {
+            if in_model() {
+                AtomicUsize::Model(shuttle::sync::atomic::AtomicUsize::new(value))
+            } else {
+                AtomicUsize::Std(std::sync::atomic::AtomicUsize::new(value))
+            }
+        }
+
+        pub(crate) fn load(&self, order: Ordering) -> usize {
+            match self {
+                AtomicUsize::Std(a) => a.load(order),
+                AtomicUsize::Model(a) => a.load(order),
+            }
+        }
+
+        pub(crate) fn fetch_add(&self, value: usize, order: Ordering) -> usize {
+            match self {
+                AtomicUsize::Std(a) => a.fetch_add(value, order),
+                AtomicUsize::Model(a) => a.fetch_add(value, order),
+            }
+        }
+
+        pub(crate) fn fetch_sub(&self, value: usize, order: Ordering) -> usize {
+            match self {
+                AtomicUsize::Std(a) => a.fetch_sub(value, order),
+                AtomicUsize::Model(a) => a.fetch_sub(value, order),
+            }
+        }
+
+        pub(crate) fn fetch_max(&self, value: usize, order: Ordering) -> usize {
+            match self {
+                AtomicUsize::Std(a) => a.fetch_max(value, order),
+                AtomicUsize::Model(a) => a.fetch_max(value, order),
+            }
+        }
+    }
+
+    impl fmt::Debug for AtomicUsize {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            fmt::Debug::fmt(&self.load(Ordering::Relaxed), f)
+        }
+    }
+}
