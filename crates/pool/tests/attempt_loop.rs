@@ -348,10 +348,7 @@ fn until_cancelled_keeps_going_through_1000_failures_until_dropped() {
     w.transport.default_reply(Reply::status(503).after(ms(10)));
     let client = w.client();
     let policy = forever(ms(1));
-    let call = {
-        let client = client.clone();
-        w.rt.spawn(async move { client.execute_with(&policy, |h| h.get("/x")).await })
-    };
+    let call = w.spawn_call(&client, policy, "/x");
     // Each attempt takes 10 ms and is followed by a 1 ms back-off: after 1000
     // failures (11 s) the 1001st attempt is in flight at 11.005 s.
     w.rt.run_until(at(ms(11_005))).unwrap();
@@ -390,10 +387,7 @@ fn dropping_a_call_mid_back_off_reports_nothing_more() {
     w.transport.default_reply(Reply::status(503));
     let client = w.client();
     let policy = bounded(3, secs(5));
-    let call = {
-        let client = client.clone();
-        w.rt.spawn(async move { client.execute_with(&policy, |h| h.get("/x")).await })
-    };
+    let call = w.spawn_call(&client, policy, "/x");
     w.rt.run_until(at(secs(1))).unwrap();
     assert_eq!(w.kinds(), ["started", "failed", "retry_scheduled"]);
     call.abort();
@@ -487,14 +481,7 @@ fn dropping_a_call_mid_redial_keeps_the_contract() {
         .push(Reply::fail(TransportErrorKind::NotSent, "stale").after(ms(5)));
     w.transport.push(Reply::stall());
     let client = w.client();
-    let call = {
-        let client = client.clone();
-        w.rt.spawn(async move {
-            client
-                .execute_with(&CallPolicy::background(), |h| h.get("/x"))
-                .await
-        })
-    };
+    let call = w.spawn_call(&client, CallPolicy::background(), "/x");
     w.rt.run_until(at(ms(6))).unwrap();
     call.abort();
     assert_eq!(

@@ -229,15 +229,7 @@ fn extreme_back_offs_saturate_without_panicking() {
             max: Duration::MAX,
         })
         .unwrap();
-    let call = {
-        let client = client.clone();
-        w.rt.spawn(async move {
-            client
-                .execute_with(&policy, |h| h.get("/x"))
-                .await
-                .map(|_| ())
-        })
-    };
+    let call = w.spawn_call(&client, policy, "/x");
     w.rt.run_for(secs(3600)).unwrap();
     assert!(!call.is_finished());
     call.abort();

@@ -184,14 +184,7 @@ fn a_prober_dropped_mid_send_does_not_wedge_the_breaker() {
     w.transport.push(Reply::ok());
     let client = w.builder().default_breaker().build().unwrap();
     open_breaker(&w, &client);
-    let prober = {
-        let client = client.clone();
-        w.rt.spawn(async move {
-            client
-                .execute_with(&CallPolicy::essential(), |h| h.get("/x"))
-                .await
-        })
-    };
+    let prober = w.spawn_call(&client, CallPolicy::essential(), "/x");
     w.rt.run_until(at(secs(6))).unwrap();
     assert_eq!(
         w.sent_at().last(),
@@ -219,24 +212,10 @@ fn a_failure_from_before_the_opening_is_not_a_failed_probe() {
     w.transport.push_many((0..5).map(|_| Reply::status(503)));
     w.transport.push(Reply::ok().after(secs(4)));
     let client = w.builder().default_breaker().build().unwrap();
-    let slow = {
-        let client = client.clone();
-        w.rt.spawn(async move {
-            client
-                .execute_with(&CallPolicy::background(), |h| h.get("/slow"))
-                .await
-        })
-    };
+    let slow = w.spawn_call(&client, CallPolicy::background(), "/slow");
     w.rt.run_until_idle().unwrap();
     open_breaker(&w, &client);
-    let probe = {
-        let client = client.clone();
-        w.rt.spawn(async move {
-            client
-                .execute_with(&CallPolicy::essential(), |h| h.get("/x"))
-                .await
-        })
-    };
+    let probe = w.spawn_call(&client, CallPolicy::essential(), "/x");
     w.rt.run().unwrap();
     assert!(w.rt.block_on(slow).unwrap().is_err());
     assert!(w.rt.block_on(probe).unwrap().is_ok());
@@ -266,14 +245,7 @@ fn fifty_waiting_callers_send_one_probe_per_cooldown_then_all_complete() {
         .unwrap();
     open_breaker(&w, &client);
     let calls: Vec<_> = (0..50)
-        .map(|_| {
-            let client = client.clone();
-            w.rt.spawn(async move {
-                client
-                    .execute_with(&CallPolicy::essential(), |h| h.get("/x"))
-                    .await
-            })
-        })
+        .map(|_| w.spawn_call(&client, CallPolicy::essential(), "/x"))
         .collect();
     w.rt.run().unwrap();
     for call in calls {
@@ -305,14 +277,7 @@ fn a_fail_fast_caller_is_not_held_up_by_a_sleeping_caller() {
         .build()
         .unwrap();
     open_breaker(&w, &client);
-    let sleeper = {
-        let client = client.clone();
-        w.rt.spawn(async move {
-            client
-                .execute_with(&CallPolicy::essential(), |h| h.get("/x"))
-                .await
-        })
-    };
+    let sleeper = w.spawn_call(&client, CallPolicy::essential(), "/x");
     w.rt.run_until(at(secs(1))).unwrap();
     assert_eq!(
         client.in_flight(),
@@ -387,15 +352,7 @@ fn rate_ten_per_second_sends_the_hundredth_request_at_nine_seconds() {
         .build()
         .unwrap();
     let calls: Vec<_> = (0..100)
-        .map(|_| {
-            let client = client.clone();
-            w.rt.spawn(async move {
-                client
-                    .execute_with(&CallPolicy::background(), |h| h.get("/x"))
-                    .await
-                    .map(|_| ())
-            })
-        })
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
         .collect();
     w.rt.run().unwrap();
     assert!(calls.into_iter().all(|c| w.rt.block_on(c).unwrap().is_ok()));
@@ -436,15 +393,7 @@ fn max_parallel_caps_in_flight_and_cancelled_calls_give_permits_back() {
     w.transport.default_reply(Reply::ok().after(secs(1)));
     let client = w.builder().max_parallel(4).build().unwrap();
     let calls: Vec<_> = (0..32)
-        .map(|_| {
-            let client = client.clone();
-            w.rt.spawn(async move {
-                client
-                    .execute_with(&CallPolicy::background(), |h| h.get("/x"))
-                    .await
-                    .map(|_| ())
-            })
-        })
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
         .collect();
     w.rt.run_until(at(ms(2500))).unwrap();
     assert_eq!(client.in_flight(), 4);
@@ -464,15 +413,7 @@ fn max_parallel_caps_in_flight_and_cancelled_calls_give_permits_back() {
     // The permits are all back.
     w.transport.default_reply(Reply::ok());
     let many: Vec<_> = (0..4)
-        .map(|_| {
-            let client = client.clone();
-            w.rt.spawn(async move {
-                client
-                    .execute_with(&CallPolicy::background(), |h| h.get("/x"))
-                    .await
-                    .map(|_| ())
-            })
-        })
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
         .collect();
     w.rt.run().unwrap();
     assert!(many.into_iter().all(|c| w.rt.block_on(c).unwrap().is_ok()));
@@ -578,15 +519,7 @@ fn sixteen_concurrent_401s_share_one_refresh_and_one_first_fetch() {
         .build()
         .unwrap();
     let calls: Vec<_> = (0..16)
-        .map(|_| {
-            let client = client.clone();
-            w.rt.spawn(async move {
-                client
-                    .execute_with(&CallPolicy::background(), |h| h.get("/x"))
-                    .await
-                    .map(|_| ())
-            })
-        })
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
         .collect();
     w.rt.run().unwrap();
     assert!(calls.into_iter().all(|c| w.rt.block_on(c).unwrap().is_ok()));
@@ -625,24 +558,8 @@ fn a_dropped_fetching_caller_hands_the_fetch_to_a_waiter() {
         .auth(counting_tokens(&w.rt, &fetches))
         .build()
         .unwrap();
-    let first = {
-        let client = client.clone();
-        w.rt.spawn(async move {
-            client
-                .execute_with(&CallPolicy::background(), |h| h.get("/x"))
-                .await
-                .map(|_| ())
-        })
-    };
-    let second = {
-        let client = client.clone();
-        w.rt.spawn(async move {
-            client
-                .execute_with(&CallPolicy::background(), |h| h.get("/x"))
-                .await
-                .map(|_| ())
-        })
-    };
+    let first = w.spawn_call(&client, CallPolicy::background(), "/x");
+    let second = w.spawn_call(&client, CallPolicy::background(), "/x");
     w.rt.run_until(at(ms(20))).unwrap();
     assert_eq!(fetches.load(Ordering::SeqCst), 1);
     first.abort();

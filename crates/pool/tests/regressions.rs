@@ -47,24 +47,8 @@ fn a_send_that_waited_for_a_permit_while_the_breaker_opened_does_not_go_out() {
         .breaker(1, secs(5), secs(5))
         .build()
         .unwrap();
-    let first = {
-        let client = client.clone();
-        w.rt.spawn(async move {
-            client
-                .execute_with(&CallPolicy::background(), |h| h.get("/a"))
-                .await
-                .map(|_| ())
-        })
-    };
-    let second = {
-        let client = client.clone();
-        w.rt.spawn(async move {
-            client
-                .execute_with(&CallPolicy::background(), |h| h.get("/b"))
-                .await
-                .map(|_| ())
-        })
-    };
+    let first = w.spawn_call(&client, CallPolicy::background(), "/a");
+    let second = w.spawn_call(&client, CallPolicy::background(), "/b");
     w.rt.run().unwrap();
     assert!(w.rt.block_on(first).unwrap().is_err());
     let err = w.rt.block_on(second).unwrap().unwrap_err();

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vantage_api_pool::{
-    CallPolicy, ClientBuilder, EventKind, Instant, Jitter, NoAuth, ResilientClient, RetryMode,
-    RetryPolicy, TransportEvent,
+    CallPolicy, ClientBuilder, ClientError, EventKind, Instant, Jitter, NoAuth, ResilientClient,
+    RetryMode, RetryPolicy, TokenSource, TransportEvent,
 };
-use vantage_api_pool_testkit::{RecordingObserver, ScriptedTransport, VirtualRuntime};
+use vantage_api_pool_testkit::{JoinHandle, RecordingObserver, ScriptedTransport, VirtualRuntime};
 
 pub type Client<A = NoAuth> = ResilientClient<ScriptedTransport, VirtualRuntime, A>;
 
@@ -69,6 +69,22 @@ impl World {
 
     pub fn now(&self) -> Duration {
         self.rt.now().since_origin()
+    }
+
+    /// Spawns one call of `client` under `policy` (a GET of `path`) on the driver.
+    pub fn spawn_call<A: TokenSource + 'static>(
+        &self,
+        client: &Client<A>,
+        policy: CallPolicy,
+        path: &'static str,
+    ) -> JoinHandle<Result<(), ClientError>> {
+        let client = client.clone();
+        self.rt.spawn(async move {
+            client
+                .execute_with(&policy, |h| h.get(path))
+                .await
+                .map(|_| ())
+        })
     }
 }
 
