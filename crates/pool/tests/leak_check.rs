@@ -36,6 +36,8 @@
 //! ```
 #![cfg(not(target_arch = "wasm32"))]
 
+mod common;
+
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -54,6 +56,8 @@ use vantage_api_pool::{
 };
 use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
 
+use common::{Rng, ms};
+
 /// Calls per batch.
 const BATCH: usize = 5_000;
 /// The most the resident set's level may grow from just after warm-up to the end.
@@ -65,29 +69,6 @@ const MAX_PARALLEL: usize = 8;
 const THRESHOLD: u32 = 3;
 const COOLDOWN: Duration = Duration::from_millis(200);
 const MAX_COOLDOWN: Duration = Duration::from_millis(1600);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// A small deterministic generator (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn ms(&mut self, max: u64) -> Duration {
-        ms(self.below(max + 1))
-    }
-}
 
 // ------------------------------------------------------------------------------------
 // Where a call is: every task is tagged while it is polled or dropped, and the

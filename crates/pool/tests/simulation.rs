@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{ms, secs};
+use common::{Rng, ms, secs};
 use http::{HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, token_fn};
 use vantage_api_pool::{
@@ -23,29 +23,6 @@ use vantage_api_pool::{
     ResilientClient, RetryMode, RetryPolicy, TransportErrorKind, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
-
-/// A small deterministic generator (splitmix64).
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-    fn ms(&mut self, max: u64) -> Duration {
-        ms(self.below(max + 1))
-    }
-}
 
 /// One call's plan and what became of it.
 struct CallPlan {
