@@ -193,7 +193,8 @@ async fn a_close_racing_the_next_request_on_a_pooled_connection_never_fails_a_ge
     // the next request races the close. Each call either gets a fresh connection
     // (hyper saw the close first, or hyper-util resent the unwritten request itself),
     // or wrote its request into the closing connection (Interrupted, retried for a
-    // GET). NotSent never reaches the pool here: the connection was a reused one.
+    // GET), or, when the close wins the race before the request left, NotSent and a
+    // redial. Whichever happens, a GET never fails.
     let server = FaultServer::start(|_, _| Act::RespondThenClose(ok("done"))).await;
     let observer = RecordingObserver::new();
     let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
@@ -207,19 +208,20 @@ async fn a_close_racing_the_next_request_on_a_pooled_connection_never_fails_a_ge
         assert_eq!(response.into_inner().text().await.unwrap(), "done");
     }
     let events = trace(&observer);
-    let interrupted = events
+    let retried = events
         .iter()
-        .filter(|e| e.ends_with("transport:interrupted"))
+        .filter(|e| e.ends_with("transport:interrupted") || e.contains("not_sent"))
         .count();
+    // Every call succeeded (above). The server saw each call's answered request, and
+    // at most one more per broken send: a request written into a closing connection
+    // may or may not have been read before the close, so the count is a range.
+    let seen = server.requests().len();
     assert!(
-        events
-            .iter()
-            .all(|e| !e.contains("not_sent") && !e.contains("redialing")),
-        "{events:?}"
+        (calls..=calls + retried).contains(&seen),
+        "{seen} requests for {calls} calls and {retried} broken sends: {events:?}"
     );
-    assert_eq!(server.requests().len(), calls + interrupted);
     eprintln!(
-        "close racing reuse: {calls} calls, {interrupted} interrupted sends, {} connections",
+        "close racing reuse: {calls} calls, {retried} broken sends, {} connections",
         server.connections()
     );
 }
