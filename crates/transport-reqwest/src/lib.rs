@@ -454,3 +454,9 @@ impl Transport for ReqwestTransport {
         }
     }
 }
+
+/// Every Rust example of the workspace README, compiled (and the runnable ones run)
+/// as doctests of this crate, whose dev-dependencies cover them all.
+#[cfg(all(doctest, feature = "tokio", not(target_arch = "wasm32")))]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
