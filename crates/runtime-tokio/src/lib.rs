@@ -6,7 +6,7 @@
 //! |---|---|
 //! | [`Runtime::now`] | [`tokio::time::Instant::now`], measured from an origin taken when the runtime is made |
 //! | [`Runtime::wall_clock`] | [`SystemTime::now`] |
-//! | [`Runtime::sleep_until`] | [`tokio::time::sleep_until`], in steps of at most 30 years, so any deadline is safe |
+//! | [`Runtime::sleep_until`] | [`tokio::time::sleep_until`] at `origin + deadline` (checked: an unrepresentable deadline never comes) |
 //! | [`Runtime::random`] | a per-runtime SplitMix64 generator seeded from the wall clock and a counter (or a seed of yours: [`TokioRuntime::with_seed`]) |
 //!
 //! Because time is read through [`tokio::time::Instant`], a test on tokio's paused
@@ -39,11 +39,6 @@ use std::time::{Duration, SystemTime};
 
 use vantage_api_pool::{Instant, Runtime};
 
-/// The longest single tokio sleep; longer waits are taken in steps of this size.
-///
-/// tokio adds a sleep's length to its `Instant`, which panics on overflow, and its
-/// own "far future" is 30 years; 30 years keeps every sleep well inside both.
-const MAX_STEP: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
 /// Counts runtimes made in this process, so two made in the same nanosecond still
 /// get different seeds.
@@ -146,9 +141,9 @@ impl Runtime for TokioRuntime {
 
     /// Sleeps with [`tokio::time::sleep_until`] until `deadline`, never before it.
     ///
-    /// [`Instant::FAR_FUTURE`] never completes. Other deadlines more than 30 years
-    /// away are slept in 30-year steps, so no deadline can make tokio's instant
-    /// arithmetic overflow. Dropping the future drops the tokio timer. Panics, as
+    /// [`Instant::FAR_FUTURE`], and any deadline tokio's instant cannot represent,
+    /// never completes; the deadline is converted with checked arithmetic, so none
+    /// can overflow it, and the clock is not read. Dropping the future drops the tokio timer. Panics, as
     /// tokio does, if polled outside a tokio runtime with time enabled.
     ///
     /// The future is `Send + 'static` (it does not borrow the runtime), and this
@@ -176,22 +171,22 @@ impl Runtime for TokioRuntime {
 }
 
 /// A sleep on tokio's clock until `deadline`, an instant measured from `origin`.
-async fn sleep_until(origin: tokio::time::Instant, deadline: Instant) {
-    if deadline == Instant::FAR_FUTURE {
-        return std::future::pending().await;
-    }
-    loop {
-        let now = tokio::time::Instant::now();
-        let left = deadline
-            .since_origin()
-            .saturating_sub(now.saturating_duration_since(origin));
-        if left.is_zero() {
-            return;
-        }
-        match now.checked_add(left.min(MAX_STEP)) {
+///
+/// The deadline is turned into a tokio instant once, without reading the clock; a
+/// deadline that tokio's clock cannot represent (`Instant::FAR_FUTURE`, or one past
+/// what `tokio::time::Instant` can hold) never comes, so the sleep never ends.
+fn sleep_until(
+    origin: tokio::time::Instant,
+    deadline: Instant,
+) -> impl Future<Output = ()> + Send + 'static {
+    let at = if deadline == Instant::FAR_FUTURE {
+        None
+    } else {
+        origin.checked_add(deadline.since_origin())
+    };
+    async move {
+        match at {
             Some(at) => tokio::time::sleep_until(at).await,
-            // Thirty years past now is not representable here: the deadline cannot
-            // come either.
             None => std::future::pending().await,
         }
     }
