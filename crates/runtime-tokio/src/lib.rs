@@ -39,7 +39,6 @@ use std::time::{Duration, SystemTime};
 
 use vantage_api_pool::{Instant, Runtime};
 
-
 /// Counts runtimes made in this process, so two made in the same nanosecond still
 /// get different seeds.
 static RUNTIMES: AtomicU64 = AtomicU64::new(0);
