@@ -22,6 +22,7 @@ use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotent,
 };
 use crate::client::Shared;
+use crate::concurrency::Permit;
 use crate::error::{ClientError, ErrorKind, MAX_ERROR_BODY};
 use crate::observer::{CallId, EventKind};
 use crate::policy::{BreakerMode, CallPolicy};
@@ -101,6 +102,10 @@ struct InFlight<'a, T, R: Runtime, A> {
     send: u32,
     attempt: u32,
     armed: bool,
+    /// The send's permit, until the response head.
+    permit: Option<Permit<'a>>,
+    /// The probe slot, when the send is the probe, until the breaker is told.
+    probe: Option<ProbeGuard<'a>>,
 }
 
 impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
@@ -115,6 +120,9 @@ impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
 impl<T, R: Runtime, A> Drop for InFlight<'_, T, R, A> {
     fn drop(&mut self) {
         if self.armed {
+            // The permit and the probe slot go back before the observer hears of it.
+            drop(self.permit.take());
+            drop(self.probe.take());
             let (send, attempt) = (self.send, self.attempt);
             let rt = &self.client.runtime;
             self.client.events.emit(
@@ -354,6 +362,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                         self.attempt,
                     )
                     .with_reached(self.reached);
+                    drop(probe);
                     return Err(self.refuse(error));
                 }
             };
@@ -382,7 +391,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                         Some(deadline) => {
                             match timeout_at(&client.runtime, deadline, acquire).await {
                                 Ok(permit) => permit,
-                                Err(_) => return Err(self.refuse(self.timed_out_at_gate())),
+                                Err(_) => {
+                                    drop(probe);
+                                    return Err(self.refuse(self.timed_out_at_gate()));
+                                }
                             }
                         }
                         None => acquire.await,
@@ -402,22 +414,33 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     Gate::Allow { probe: granted } => {
                         probe = granted.map(|epoch| ProbeGuard::new(breaker, epoch));
                     }
+                    // Back through the whole gate; the rate token taken for this pass
+                    // is not refunded (a held token would let sends bunch up when
+                    // the breaker closes, the moment the API is most fragile).
                     Gate::OpenFor(_) => continue,
                 }
             }
-            if !self.redialing {
-                self.attempt += 1;
+            // A permit or token wait may have run into the end of the budget: then
+            // nothing is sent.
+            if self.deadline.is_some_and(|deadline| now >= deadline) {
+                drop((permit, probe));
+                return Err(self.refuse(self.timed_out_at_gate()));
             }
-            self.send += 1;
+            if !self.redialing {
+                self.attempt = self.attempt.saturating_add(1);
+            }
+            self.send = self.send.saturating_add(1);
             let (send, attempt) = (self.send, self.attempt);
             let started = self.now();
             self.emit_at(started, || EventKind::Started { send, attempt });
-            let guard = InFlight {
+            let mut guard = InFlight {
                 client,
                 call: self.id,
                 send,
                 attempt,
                 armed: true,
+                permit: Some(permit),
+                probe,
             };
             let limit = match self.deadline {
                 Some(deadline) => deadline
@@ -432,7 +455,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 client.transport.send(request),
             )
             .await;
-            drop(permit);
+            drop(guard.permit.take());
             // `ms` runs from just before the send to the response head.
             let head_at = self.now();
             let ms = millis(head_at.saturating_duration_since(started));
@@ -485,7 +508,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     self.reached = true;
                     let status = response.status();
                     let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
-                    let transition = self.tell_breaker(effect, probe, ended);
+                    let transition = self.tell_breaker(effect, guard.probe.take(), ended);
                     let bytes = response.content_length();
                     guard.finish(
                         ended,
@@ -534,7 +557,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     has_server_delay: server_wait.is_some(),
                 },
             );
-            let transition = self.tell_breaker(verdict.breaker, probe, ended);
+            let transition = self.tell_breaker(verdict.breaker, guard.probe.take(), ended);
             guard.finish(
                 ended,
                 EventKind::Failed {
@@ -558,7 +581,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     }
                 }
                 Action::Redial => {
-                    self.redials += 1;
+                    self.redials = self.redials.saturating_add(1);
                     self.redialing = true;
                     let next = self.send + 1;
                     self.emit(|| EventKind::Redialing {
@@ -578,7 +601,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                         after: delay,
                     });
                     client.runtime.sleep_until(wake).await;
-                    self.retries += 1;
+                    self.retries = self.retries.saturating_add(1);
                     self.redialing = false;
                 }
                 _ => return Err(error),
@@ -612,6 +635,8 @@ async fn read_error_body<T: Transport, R: Runtime>(
     let mut body = BytesMut::new();
     while body.len() <= MAX_ERROR_BODY {
         match timeout_at(runtime, deadline, response.chunk()).await {
+            // An empty chunk makes no progress: take it as the end rather than spin.
+            Ok(Ok(Some(chunk))) if chunk.is_empty() => break,
             Ok(Ok(Some(chunk))) => {
                 let room = MAX_ERROR_BODY + 1 - body.len();
                 body.extend_from_slice(&chunk[..chunk.len().min(room)]);

@@ -85,3 +85,87 @@ fn ms_excludes_the_error_body_read() {
     // The head came at 40 ms; the body took until 340 ms.
     assert_eq!(failed, Some((40, at(ms(340)))));
 }
+
+#[test]
+fn a_budget_that_ends_during_the_permit_wait_sends_nothing() {
+    let w = World::new();
+    w.transport.push(Reply::stall());
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().max_parallel(1).build().unwrap();
+    let policy = bounded(0, ms(10))
+        .with_attempt_timeout(secs(10))
+        .unwrap()
+        .with_budget(Some(secs(10)))
+        .unwrap();
+    let first = w.spawn_call(&client, policy.clone(), "/a");
+    let second = w.spawn_call(&client, policy, "/b");
+    w.rt.run().unwrap();
+    assert_eq!(
+        w.rt.block_on(first).unwrap().unwrap_err().kind(),
+        ErrorKind::TimedOut
+    );
+    let err = w.rt.block_on(second).unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.attempts(), 0);
+    assert!(err.nothing_sent());
+    assert_eq!(
+        w.transport.request_count(),
+        1,
+        "the queued call sent nothing"
+    );
+    let second_call = w.events().iter().filter_map(|e| e.call).max().unwrap();
+    let kinds: Vec<_> = w
+        .observer
+        .for_call(second_call)
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(kinds, ["started", "failed"]);
+    assert!(matches!(
+        w.observer.for_call(second_call)[1].kind,
+        EventKind::Failed {
+            sent: false,
+            ms: 0,
+            ..
+        }
+    ));
+    w.assert_contract();
+}
+
+/// Reads the client's in-flight count when it hears `Cancelled`.
+struct InFlightAtCancel {
+    client: std::sync::Mutex<Option<Client>>,
+    seen: std::sync::Mutex<Vec<usize>>,
+}
+
+impl vantage_api_pool::TransportObserver for InFlightAtCancel {
+    fn on_event(&self, _api: &str, event: &vantage_api_pool::TransportEvent) {
+        if matches!(event.kind, EventKind::Cancelled { .. })
+            && let Some(client) = &*self.client.lock().unwrap()
+        {
+            self.seen.lock().unwrap().push(client.in_flight());
+        }
+    }
+}
+
+#[test]
+fn cancelled_is_reported_after_the_permit_is_back() {
+    let w = World::new();
+    w.transport.push(Reply::stall());
+    let watcher = std::sync::Arc::new(InFlightAtCancel {
+        client: std::sync::Mutex::new(None),
+        seen: std::sync::Mutex::new(Vec::new()),
+    });
+    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", watcher.clone())
+        .build()
+        .unwrap();
+    *watcher.client.lock().unwrap() = Some(client.clone());
+    let call = w.spawn_call(&client, CallPolicy::background(), "/x");
+    w.rt.run_until(at(secs(1))).unwrap();
+    assert_eq!(client.in_flight(), 1);
+    call.abort();
+    assert_eq!(*watcher.seen.lock().unwrap(), [0]);
+    // Break the observer's cycle with the client.
+    watcher.client.lock().unwrap().take();
+}
