@@ -223,6 +223,11 @@ impl CallPolicy {
     }
 
     /// The classic bounded retry with `FailFast`, a 10 s attempt timeout and a 30 s budget.
+    ///
+    /// A preset, so infallible: `retry` is taken as written. A schedule whose `max` is
+    /// below its `base` waits `max` before every retry (the back-off is capped at the
+    /// ceiling, and never under 1 ms); build it with [`RetryPolicy::new`] to have that
+    /// refused instead.
     #[must_use]
     pub fn bounded(retry: RetryPolicy) -> Self {
         Self::preset(
