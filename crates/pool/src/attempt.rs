@@ -431,8 +431,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             }
             self.send = self.send.saturating_add(1);
             let (send, attempt) = (self.send, self.attempt);
+            // `Started` carries the gate's reading; the send's own clock starts after the
+            // callback, so a slow observer counts neither into `ms` nor into the limit.
+            self.emit_at(now, || EventKind::Started { send, attempt });
             let started = self.now();
-            self.emit_at(started, || EventKind::Started { send, attempt });
             let mut guard = InFlight {
                 client,
                 call: self.id,

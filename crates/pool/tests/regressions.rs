@@ -169,3 +169,36 @@ fn cancelled_is_reported_after_the_permit_is_back() {
     // Break the observer's cycle with the client.
     watcher.client.lock().unwrap().take();
 }
+
+/// An observer that takes its time on `Started` (it moves the virtual clock).
+struct SlowOnStart(vantage_api_pool_testkit::VirtualRuntime);
+
+impl vantage_api_pool::TransportObserver for SlowOnStart {
+    fn on_event(&self, _api: &str, event: &vantage_api_pool::TransportEvent) {
+        if matches!(event.kind, EventKind::Started { .. }) {
+            self.0.advance(secs(5));
+        }
+    }
+}
+
+#[test]
+fn a_slow_started_callback_counts_neither_into_ms_nor_into_the_time_limit() {
+    let w = World::new();
+    w.transport.push(Reply::ok().after(ms(100)));
+    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", std::sync::Arc::new(SlowOnStart(w.rt.clone())))
+        .build()
+        .unwrap();
+    let policy = CallPolicy::background()
+        .with_attempt_timeout(ms(500))
+        .unwrap();
+    let resp =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap();
+    assert!(
+        resp.is_ok(),
+        "the 100 ms answer came inside the 500 ms limit"
+    );
+    assert_eq!(w.sent_at(), [secs(5)]);
+    assert_eq!(w.now(), secs(5) + ms(100));
+}
