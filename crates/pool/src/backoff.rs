@@ -33,6 +33,7 @@ const FULL_JITTER_SERVER_SHARE: f64 = 0.25;
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
 /// Where a delay came from, which decides how jitter treats it.
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DelaySource {
     /// The policy's own exponential back-off (the result of [`backoff`]).

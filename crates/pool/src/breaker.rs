@@ -127,6 +127,7 @@ pub enum BreakerState {
 }
 
 /// The breaker's answer to "may I send?".
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gate {
     /// Send. `probe: Some(epoch)` makes this send the half-open probe.
@@ -139,6 +140,7 @@ pub enum Gate {
 }
 
 /// A change of the breaker's state, to report after the send's terminal event.
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
     /// Opened, or a probe failed and it stays open for a longer cooldown.

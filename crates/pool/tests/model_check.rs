@@ -141,6 +141,7 @@ fn probe_slot_is_exclusive_and_stale_guards_free_nothing() {
                             panic!("a breaker that never closed let a plain send through")
                         }
                         Gate::Allow { probe: Some(epoch) } => epoch,
+                        other => panic!("a gate answer this test does not know: {other:?}"),
                     };
                     let guard = ProbeGuard::new(&breaker, epoch);
                     {
@@ -403,6 +404,7 @@ fn spec_check(b: &CircuitBreaker, w: &mut World) -> Option<u64> {
             w.spec.slot = Some(epoch);
             Some(epoch)
         }
+        other => panic!("a gate answer the spec does not know: {other:?}"),
     }
 }
 
