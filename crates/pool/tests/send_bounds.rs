@@ -134,3 +134,11 @@ fn an_rc_transport_and_an_rc_token_source_run_on_the_driver() {
             .all(|r| r.headers["x-api-key"] == "k")
     );
 }
+
+#[test]
+fn errors_are_error_send_sync_static() {
+    fn assert_error<E: std::error::Error + Send + Sync + 'static>() {}
+    assert_error::<vantage_api_pool::ClientError>();
+    assert_error::<vantage_api_pool::ConfigError>();
+    assert_error::<vantage_api_pool::TransportError>();
+}
