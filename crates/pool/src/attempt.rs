@@ -295,6 +295,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         if !client.auth.is_configured() {
             return Ok(None);
         }
+        // The common case, a current token, needs no future at all; the fetch (first
+        // use, refresh) is boxed so its state does not grow every call's future.
+        if let Some(token) = client.auth_state.current(stale) {
+            return Ok(Some(token));
+        }
+        Box::pin(self.fetch_token(stale)).await
+    }
+
+    /// Fetches a token (single-flight), raced against the budget's end.
+    async fn fetch_token(&self, stale: Option<u64>) -> Result<Option<Token>, ClientError> {
+        let client = self.client;
         let fetch = client.auth_state.token(&client.auth, stale);
         let result = match self.deadline {
             Some(deadline) => match timeout_at(&client.runtime, deadline, fetch).await {
@@ -473,12 +484,13 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                             .get(&client.request_id_header)
                             .and_then(|v| v.to_str().ok())
                             .map(Arc::<str>::from);
-                        let body = read_error_body(
+                        // Boxed: only error responses pay for this state.
+                        let body = Box::pin(read_error_body(
                             &client.transport,
                             &client.runtime,
                             send_deadline,
                             response,
-                        )
+                        ))
                         .await;
                         Sent::ErrorStatus {
                             status,

@@ -209,6 +209,16 @@ impl AuthState {
         self.lock().fetches_done
     }
 
+    /// The current token if there is one (newer than `stale` when given), without
+    /// waiting: the path of every send once a token is cached.
+    pub(crate) fn current(&self, stale: Option<u64>) -> Option<Token> {
+        self.lock()
+            .token
+            .as_ref()
+            .filter(|t| stale.is_none_or(|g| t.generation > g))
+            .cloned()
+    }
+
     /// The current token, fetching it first if there is none, or a newer one than
     /// `stale` (the generation a 401 was answered with) when given. Concurrent
     /// callers share one fetch.
