@@ -897,6 +897,10 @@ impl VirtualRuntime {
             .and_then(|e| e.main_waker.take())
             .filter(|(flag, _)| Arc::strong_count(flag) == 2)
             .unwrap_or_else(|| self.new_main_waker());
+        // A wake left over from the previous block_on (dropped as stale by another
+        // driver) may have left the flag set; cleared, this future's wakes queue it.
+        // A duplicate queue entry only costs one extra poll.
+        flag.queued.store(false, Ordering::Release);
         let key = flag.key.load(Ordering::Relaxed);
         let mut future = pin!(future);
         let mut output = None;

@@ -686,3 +686,25 @@ fn a_task_that_panics_does_not_leave_a_ghost() {
     rt.run().unwrap();
     assert_eq!(rt.block_on(async { 5 }).unwrap(), 5);
 }
+
+/// A `block_on` that ends at its step limit leaves its main waker's wake behind; a
+/// later `block_on` reusing that waker must still be woken by its timers.
+#[test]
+fn block_on_after_a_step_limit_is_still_woken() {
+    use std::future::poll_fn;
+    use std::task::Poll;
+    let rt = VirtualRuntime::new().with_step_limit(10);
+    // Wakes itself forever: ends at the step limit with a wake pending.
+    let spin = poll_fn(|cx| {
+        cx.waker().wake_by_ref();
+        Poll::<()>::Pending
+    });
+    assert!(rt.block_on(spin).is_err());
+    rt.run_until_idle().unwrap();
+    let rt2 = rt.clone();
+    assert_eq!(
+        rt.block_on(async move { rt2.sleep(Duration::from_secs(1)).await }),
+        Ok(())
+    );
+    assert_eq!(rt.elapsed(), Duration::from_secs(1));
+}

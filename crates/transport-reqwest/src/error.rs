@@ -15,8 +15,8 @@
 //! | `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
 //! | a [`hyper::Error`] in the chain with `is_canceled()` | `NotSent` | hyper hands a request back with this error only when it never started writing it (the connection closed or failed first) |
 //! | a [`hyper::Error`] in the chain with `is_closed()` | `NotSent` | while sending, only the readiness check of a connection raises it, before the request is handed over |
-//! | a hyper-util client error that is not a connect error and has no [`connect_info`](hyper_util::client::legacy::Error::connect_info) | `NotSent` | hyper-util attaches the connection's info to every error raised once a connection had the request; without it, the error came while a fresh connection was being set up (for example the server closed it before hyper's first read) |
 //! | a hyper-util client error about the request itself (`client error (User...)`: an HTTP version or method it does not support) | `Config` | our side, nothing sent |
+//! | a hyper-util client error that is not a connect error and has no [`connect_info`](hyper_util::client::legacy::Error::connect_info) | `NotSent` | hyper-util attaches the connection's info to every error raised once a connection had the request; without it, the error came while a fresh connection was being set up (for example the server closed it before hyper's first read) |
 //! | an [`h2::Error`] from the server: a `REFUSED_STREAM` reset, or a `GOAWAY` with `NO_ERROR` | `NotSent` | RFC 9113 §8.7: the server did not process the stream (reqwest's default retry would resend these itself; see the crate docs) |
 //! | a [`hyper::Error`] in the chain with `is_parse_too_large()` | `TooLarge` | the response head was over hyper's limits (more than 100 headers, or a head larger than its read buffer) |
 //! | `is_connect()` with an `io::ErrorKind::InvalidData` in the chain | `Tls` | rustls reports handshake and certificate failures as `InvalidData` through tokio-rustls |
@@ -76,7 +76,15 @@ const MAX_MESSAGE: usize = 512;
 #[must_use]
 pub fn transport_error(err: reqwest::Error) -> TransportError {
     let err = err.without_url();
-    TransportError::new(kind_of(&err), describe(&err))
+    let kind = kind_of(&err);
+    // A TLS failure's text names the expected server and the certificate's names:
+    // host names stay out of error messages, so it gets a fixed text.
+    let message = if kind == TransportErrorKind::Tls {
+        "the TLS handshake or the server's certificate check failed".to_owned()
+    } else {
+        describe(&err)
+    };
+    TransportError::new(kind, message)
 }
 
 /// Turns a reqwest error raised while reading a response body into a

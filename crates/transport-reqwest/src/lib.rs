@@ -73,9 +73,13 @@ let client = ReqwestTransport::tokio_default()?.max_parallel(4).build()?;
 //! may be stuck. reqwest has no call to drop one pooled connection, so:
 //!
 //! - on a client the adapter built, the whole client is replaced by a fresh one from
-//!   the same builder function: new sends use a new connection pool, idle connections
-//!   of the old one are closed once no request holds the old client any more, and
-//!   requests already in flight finish on their own. At most one rebuild per second
+//!   the same builder function: new sends use a new connection pool, and requests
+//!   already in flight finish on their own. Intermediate clients are dropped once no
+//!   request holds them; the first client stays alive (it is the handle the request
+//!   closure receives), so its idle connections last until its `pool_idle_timeout`.
+//!   A rebuild starts from a fresh client state: a cookie jar, TLS session cache and
+//!   DNS cache of the old client do not carry over (share a jar through
+//!   `cookie_provider` in the builder function if sessions matter). At most one rebuild per second
 //!   ([`REBUILD_INTERVAL`]); [`ReqwestTransport::rebuilds`] counts them. Building a
 //!   client loads the system's root certificates, a few milliseconds of blocking work
 //!   done in the calling task.
@@ -356,12 +360,12 @@ impl ReqwestTransport {
 
 impl fmt::Debug for ReqwestTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the client itself: its Debug prints default header values and proxies.
         let mut d = f.debug_struct("ReqwestTransport");
-        d.field("client", &self.client);
         #[cfg(not(target_arch = "wasm32"))]
         d.field("owns_client", &self.owns_client())
             .field("rebuilds", &self.rebuilds());
-        d.finish()
+        d.finish_non_exhaustive()
     }
 }
 
@@ -388,7 +392,8 @@ impl Transport for ReqwestTransport {
     /// (which reqwest would only report when sending). Nothing is sent.
     ///
     /// The request is sent by the draft's client, or, on a client the adapter built,
-    /// by its newest client.
+    /// by its newest client at the time of sending (chosen in [`Transport::send`], so a
+    /// rebuild during the permit wait reaches requests already prepared).
     fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
         let (client, request) = draft.build_split();
         let request = request.map_err(transport_error)?;
@@ -401,11 +406,6 @@ impl Transport for ReqwestTransport {
                 ));
             }
         }
-        #[cfg(not(target_arch = "wasm32"))]
-        let client = match &self.rebuild {
-            Some(rebuild) => rebuild.lock().client.clone(),
-            None => client,
-        };
         Ok(ReqwestRequest::new(client, request))
     }
 
@@ -420,6 +420,11 @@ impl Transport for ReqwestTransport {
         request: ReqwestRequest,
     ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> {
         let (client, request) = request.into_parts();
+        #[cfg(not(target_arch = "wasm32"))]
+        let client = match &self.rebuild {
+            Some(rebuild) => rebuild.lock().client.clone(),
+            None => client,
+        };
         let pending = client.execute(request);
         async move {
             pending

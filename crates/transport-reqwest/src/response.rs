@@ -87,7 +87,6 @@ mod imp {
 
 #[cfg(target_arch = "wasm32")]
 mod imp {
-    use std::future::Future;
     use std::pin::Pin;
 
     use futures::stream::{Stream, StreamExt};
@@ -155,14 +154,16 @@ mod imp {
 
         /// The next piece of the `fetch` body stream. Dropping the future loses
         /// nothing: the stream lives in the response.
-        fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>> {
+        async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
+            // The response is turned into a stream on the first poll, not on the call,
+            // so a chunk future dropped unpolled leaves it whole for `into_inner`.
             if let Some(inner) = self.unread.take() {
                 self.body = Some(Box::pin(inner.bytes_stream()));
             }
             let body = self
                 .body
                 .get_or_insert_with(|| Box::pin(futures::stream::empty()));
-            async move { body.next().await.transpose().map_err(body_error) }
+            body.next().await.transpose().map_err(body_error)
         }
     }
 }
