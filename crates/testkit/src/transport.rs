@@ -500,7 +500,7 @@ impl ScriptedHttp {
 /// assert_eq!(err.to_string(), "config: invalid value for header `x-token`");
 /// ```
 #[must_use = "a draft does nothing until returned to the client"]
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ScriptedRequestBuilder {
     method: Method,
     path: Cow<'static, str>,
@@ -585,7 +585,7 @@ impl ScriptedRequestBuilder {
 /// assert_eq!(request.headers()["authorization"], "Bearer t1");
 /// # Ok::<(), vantage_api_pool::TransportError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ScriptedRequest {
     method: Method,
     path: Cow<'static, str>,
@@ -705,7 +705,7 @@ impl fmt::Debug for ScriptedResponse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScriptedResponse")
             .field("status", &self.status)
-            .field("headers", self.headers())
+            .field("headers", &HeaderNames(self.headers()))
             .field("body_len", &self.body.len())
             .field("read", &self.pos)
             .finish_non_exhaustive()
@@ -891,7 +891,7 @@ impl TransportResponse for ScriptedResponse {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[non_exhaustive]
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RecordedRequest {
     /// The virtual time the send started.
     pub at: Instant,
@@ -1553,5 +1553,54 @@ impl Transport for ScriptedTransport {
     /// Counts the call ([`distrusted`](ScriptedTransport::distrusted)); nothing else.
     fn distrust_connection(&self) {
         self.shared.distrusted.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Shows a header map's names only: `Debug` never prints a header value or a body.
+struct HeaderNames<'a>(&'a HeaderMap);
+
+impl fmt::Debug for HeaderNames<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+impl fmt::Debug for ScriptedRequestBuilder {
+    /// Method, path, header names and body length: no header value, no body.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScriptedRequestBuilder")
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("headers", &HeaderNames(&self.headers))
+            .field("body_len", &self.body.len())
+            .field("invalid", &self.invalid.is_some())
+            .finish()
+    }
+}
+
+impl fmt::Debug for ScriptedRequest {
+    /// Method, path, header names and body length: no header value, no body.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScriptedRequest")
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("headers", &HeaderNames(&self.headers))
+            .field("body_len", &self.body.len())
+            .finish()
+    }
+}
+
+impl fmt::Debug for RecordedRequest {
+    /// Time, index, method, path, header names and body length: no header value, no
+    /// body (read the fields for those).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordedRequest")
+            .field("at", &self.at)
+            .field("index", &self.index)
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("headers", &HeaderNames(&self.headers))
+            .field("body_len", &self.body.len())
+            .finish()
     }
 }

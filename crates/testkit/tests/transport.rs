@@ -659,3 +659,35 @@ fn an_rc_based_transport_of_your_own_runs_on_the_driver() {
     assert_eq!(*transport.sends.borrow(), 3);
     assert_eq!(rt.now(), at(5));
 }
+
+#[test]
+fn debug_shows_header_names_but_no_values_or_bodies() {
+    let rt = VirtualRuntime::new();
+    let transport = ScriptedTransport::new(&rt);
+    transport.push(
+        Reply::ok()
+            .header("x-echo", "v4lue-reply")
+            .body("b0dy-reply"),
+    );
+    let draft = transport
+        .handle()
+        .post("/x")
+        .header("x-api-key", "v4lue-request")
+        .body("b0dy-request");
+    let draft_debug = format!("{draft:?}");
+    let request = transport.prepare(draft).unwrap();
+    let request_debug = format!("{request:?}");
+    let response = rt.block_on(transport.send(request)).unwrap().unwrap();
+    let printed = format!(
+        "{draft_debug} {request_debug} {response:?} {:?}",
+        transport.requests()
+    );
+    assert!(
+        printed.contains("x-api-key") && printed.contains("x-echo"),
+        "{printed}"
+    );
+    assert!(
+        !printed.contains("v4lue") && !printed.contains("b0dy"),
+        "{printed}"
+    );
+}
