@@ -10,10 +10,13 @@ use std::fmt;
 use std::ops::{Add, Sub};
 use std::time::Duration;
 
-/// A point on a runtime's monotonic clock, measured from that runtime's origin.
+/// A point on a runtime's monotonic clock, measured from that runtime's origin in
+/// whole nanoseconds (a `u64`: about 584 years, far beyond any deadline a call sets).
 ///
 /// Arithmetic saturates instead of panicking: adding [`Duration::MAX`] gives the
-/// latest representable instant, and subtracting a later instant gives zero.
+/// latest representable instant, [`Instant::FAR_FUTURE`], and subtracting a later
+/// instant gives zero. [`Instant::from_origin`] saturates a distance beyond the
+/// range at `FAR_FUTURE` too.
 ///
 /// ```
 /// use std::time::Duration;
@@ -21,59 +24,83 @@ use std::time::Duration;
 ///
 /// let t = Instant::from_origin(Duration::from_millis(1500));
 /// assert_eq!(t.since_origin(), Duration::from_millis(1500));
+/// assert_eq!(t.as_nanos(), 1_500_000_000);
 /// assert_eq!(t + Duration::from_millis(500), Instant::from_origin(Duration::from_secs(2)));
 /// assert_eq!(Instant::ORIGIN - t, Duration::ZERO); // saturates
+/// assert_eq!(Instant::from_origin(Duration::MAX), Instant::FAR_FUTURE); // saturates
 /// ```
 #[derive(Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Instant {
-    since_origin: Duration,
+    /// Nanoseconds since the origin. A plain integer keeps every comparison and
+    /// sum on the attempt loop's hot path a single instruction or two.
+    nanos: u64,
+}
+
+/// `d` in whole nanoseconds, saturating at `u64::MAX`.
+const fn saturating_nanos(d: Duration) -> u64 {
+    match d.as_secs().checked_mul(1_000_000_000) {
+        Some(secs) => secs.saturating_add(d.subsec_nanos() as u64),
+        None => u64::MAX,
+    }
 }
 
 impl Instant {
     /// The runtime's origin (time zero).
-    pub const ORIGIN: Instant = Instant {
-        since_origin: Duration::ZERO,
-    };
+    pub const ORIGIN: Instant = Instant { nanos: 0 };
 
     /// The latest representable instant; a deadline that never comes.
-    pub const FAR_FUTURE: Instant = Instant {
-        since_origin: Duration::MAX,
-    };
+    pub const FAR_FUTURE: Instant = Instant { nanos: u64::MAX };
 
-    /// The instant `since_origin` after the runtime's origin.
+    /// The instant `since_origin` after the runtime's origin, saturating at
+    /// [`Instant::FAR_FUTURE`].
     #[must_use]
     pub const fn from_origin(since_origin: Duration) -> Self {
-        Instant { since_origin }
+        Instant {
+            nanos: saturating_nanos(since_origin),
+        }
+    }
+
+    /// The instant `nanos` nanoseconds after the runtime's origin.
+    #[must_use]
+    pub const fn from_nanos(nanos: u64) -> Self {
+        Instant { nanos }
     }
 
     /// How far this instant lies from the runtime's origin.
     #[must_use]
     pub const fn since_origin(self) -> Duration {
-        self.since_origin
+        Duration::from_nanos(self.nanos)
+    }
+
+    /// How far this instant lies from the runtime's origin, in nanoseconds.
+    #[must_use]
+    pub const fn as_nanos(self) -> u64 {
+        self.nanos
     }
 
     /// The time from `earlier` to `self`, or zero if `earlier` is later.
     #[must_use]
-    pub fn saturating_duration_since(self, earlier: Instant) -> Duration {
-        self.since_origin.saturating_sub(earlier.since_origin)
+    pub const fn saturating_duration_since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(self.nanos.saturating_sub(earlier.nanos))
     }
 
     /// `self + d`, or `None` if it cannot be represented.
     #[must_use]
     pub fn checked_add(self, d: Duration) -> Option<Instant> {
-        self.since_origin.checked_add(d).map(Instant::from_origin)
+        let d = u64::try_from(d.as_nanos()).ok()?;
+        self.nanos.checked_add(d).map(Instant::from_nanos)
     }
 
     /// `self + d`, saturating at [`Instant::FAR_FUTURE`].
     #[must_use]
-    pub fn saturating_add(self, d: Duration) -> Instant {
-        Instant::from_origin(self.since_origin.saturating_add(d))
+    pub const fn saturating_add(self, d: Duration) -> Instant {
+        Instant::from_nanos(self.nanos.saturating_add(saturating_nanos(d)))
     }
 
     /// `self - d`, saturating at [`Instant::ORIGIN`].
     #[must_use]
-    pub fn saturating_sub(self, d: Duration) -> Instant {
-        Instant::from_origin(self.since_origin.saturating_sub(d))
+    pub const fn saturating_sub(self, d: Duration) -> Instant {
+        Instant::from_nanos(self.nanos.saturating_sub(saturating_nanos(d)))
     }
 }
 
@@ -103,7 +130,7 @@ impl Sub<Duration> for Instant {
 
 impl fmt::Debug for Instant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Instant(+{:?})", self.since_origin)
+        write!(f, "Instant(+{:?})", self.since_origin())
     }
 }
 
@@ -119,6 +146,32 @@ mod tests {
         assert_eq!(Instant::ORIGIN - t, Duration::ZERO);
         assert_eq!(t - Duration::from_secs(9), Instant::ORIGIN);
         assert_eq!(t - Instant::ORIGIN, Duration::from_secs(5));
+        assert_eq!(
+            Instant::FAR_FUTURE.checked_add(Duration::from_nanos(1)),
+            None
+        );
+        assert_eq!(
+            Instant::FAR_FUTURE.checked_add(Duration::ZERO),
+            Some(Instant::FAR_FUTURE)
+        );
+        assert_eq!(Instant::from_origin(Duration::MAX), Instant::FAR_FUTURE);
+        assert_eq!(
+            Instant::from_origin(Duration::from_nanos(u64::MAX)),
+            Instant::FAR_FUTURE
+        );
+    }
+
+    #[test]
+    fn keeps_whole_nanoseconds() {
+        let d = Duration::new(3, 999_999_999);
+        let t = Instant::from_origin(d);
+        assert_eq!(t.since_origin(), d);
+        assert_eq!(t.as_nanos(), 3_999_999_999);
+        assert_eq!(Instant::from_nanos(t.as_nanos()), t);
+        assert_eq!(
+            t.saturating_duration_since(Instant::from_nanos(1)),
+            d - Duration::from_nanos(1)
+        );
     }
 
     #[test]

@@ -34,9 +34,12 @@
 #![deny(missing_docs)]
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use pin_project_lite::pin_project;
 use vantage_api_pool::{Instant, Runtime};
 
 /// Counts runtimes made in this process, so two made in the same nanosecond still
@@ -101,10 +104,13 @@ impl TokioRuntime {
         self.origin
     }
 
-    /// `at` as a tokio instant, or `None` if tokio cannot represent it (for example
-    /// [`Instant::FAR_FUTURE`]).
+    /// `at` as a tokio instant, or `None` for [`Instant::FAR_FUTURE`] (the deadline
+    /// that never comes) and for instants tokio cannot represent.
     #[must_use]
     pub fn to_tokio(&self, at: Instant) -> Option<tokio::time::Instant> {
+        if at == Instant::FAR_FUTURE {
+            return None;
+        }
         self.origin.checked_add(at.since_origin())
     }
 
@@ -148,14 +154,14 @@ impl Runtime for TokioRuntime {
     /// The future is `Send + 'static` (it does not borrow the runtime), and this
     /// signature promises so.
     #[allow(refining_impl_trait)]
-    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
+    fn sleep_until(&self, deadline: Instant) -> TokioSleep {
         sleep_until(self.origin, deadline)
     }
 
     /// [`Runtime::sleep_until`] now plus `duration` (saturating at
     /// [`Instant::FAR_FUTURE`]); `Send + 'static` as well.
     #[allow(refining_impl_trait)]
-    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send + 'static {
+    fn sleep(&self, duration: Duration) -> TokioSleep {
         sleep_until(self.origin, self.now().saturating_add(duration))
     }
 
@@ -174,19 +180,46 @@ impl Runtime for TokioRuntime {
 /// The deadline is turned into a tokio instant once, without reading the clock; a
 /// deadline that tokio's clock cannot represent (`Instant::FAR_FUTURE`, or one past
 /// what `tokio::time::Instant` can hold) never comes, so the sleep never ends.
-fn sleep_until(
-    origin: tokio::time::Instant,
-    deadline: Instant,
-) -> impl Future<Output = ()> + Send + 'static {
+fn sleep_until(origin: tokio::time::Instant, deadline: Instant) -> TokioSleep {
     let at = if deadline == Instant::FAR_FUTURE {
         None
     } else {
         origin.checked_add(deadline.since_origin())
     };
-    async move {
-        match at {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
+    TokioSleep { at, sleep: None }
+}
+
+pin_project! {
+    /// The future of [`TokioRuntime`]'s sleeps: a [`tokio::time::Sleep`], or, for a
+    /// deadline tokio's clock cannot hold, a sleep that never ends. `Send + 'static`.
+    ///
+    /// It can be made anywhere; tokio's timer is made and registered on the first
+    /// poll, which must happen inside a tokio runtime whose time driver is on.
+    #[derive(Debug)]
+    #[must_use = "futures do nothing unless polled"]
+    pub struct TokioSleep {
+        // When it ends; `None`: never.
+        at: Option<tokio::time::Instant>,
+        #[pin]
+        sleep: Option<tokio::time::Sleep>,
+    }
+}
+
+impl Future for TokioSleep {
+    type Output = ();
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
+        if this.sleep.is_none() {
+            match *this.at {
+                Some(at) => this.sleep.set(Some(tokio::time::sleep_until(at))),
+                None => return Poll::Pending,
+            }
+        }
+        match this.sleep.as_pin_mut() {
+            Some(sleep) => sleep.poll(cx),
+            None => Poll::Pending,
         }
     }
 }

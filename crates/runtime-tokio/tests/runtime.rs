@@ -55,7 +55,7 @@ async fn far_deadlines_do_not_panic() {
     let start = runtime.now();
     let far = [
         Instant::FAR_FUTURE,
-        Instant::from_origin(Duration::MAX - Duration::from_nanos(1)),
+        Instant::from_nanos(u64::MAX - 1),
         Instant::from_origin(Duration::from_secs(u64::MAX / 2)),
         runtime.now() + Duration::from_secs(100 * 365 * 24 * 3600),
     ];
@@ -134,6 +134,23 @@ fn the_runtime_and_its_futures_are_send_and_sync() {
     assert_send_sync(&runtime);
     assert_send(&runtime.sleep_until(Instant::ORIGIN));
     assert_send(&runtime.sleep(Duration::from_secs(1)));
+}
+
+#[test]
+fn a_sleep_made_outside_a_runtime_runs_inside_one() {
+    let runtime = TokioRuntime::new();
+    let sleep = runtime.sleep(Duration::from_millis(5));
+    let never = runtime.sleep_until(Instant::FAR_FUTURE);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        sleep.await;
+        let cut = tokio::time::timeout(Duration::from_secs(3600), never).await;
+        assert!(cut.is_err(), "FAR_FUTURE never comes");
+    });
 }
 
 #[tokio::test]

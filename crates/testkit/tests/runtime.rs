@@ -433,11 +433,17 @@ fn wall_clock_is_settable_and_moves_with_virtual_time() {
     rt.advance(Duration::from_millis(1));
     assert_eq!(rt.wall_clock(), SystemTime::UNIX_EPOCH);
 
-    // Time beyond what the wall clock can represent: documented, no panic.
+    // The last virtual instant (about 584 years on): the wall clock follows it...
     let rt = VirtualRuntime::new();
     rt.advance(Duration::MAX);
     assert_eq!(rt.now(), Instant::FAR_FUTURE);
-    assert_eq!(rt.wall_clock(), start);
+    assert_eq!(rt.wall_clock(), start + Instant::FAR_FUTURE.since_origin());
+    // ...and a sum past what `SystemTime` holds leaves the value set: documented, no
+    // panic.
+    let last = SystemTime::UNIX_EPOCH + Duration::from_secs(i64::MAX as u64);
+    let rt = VirtualRuntime::new().with_wall_clock(last);
+    rt.advance(Duration::from_secs(1));
+    assert_eq!(rt.wall_clock(), last);
 }
 
 #[test]
