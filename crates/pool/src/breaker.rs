@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use crate::classify::BreakerEffect;
 use crate::error::ConfigError;
-use crate::sync::{Mutex, MutexGuard, PoisonError};
+use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, PoisonError};
 use crate::time::Instant;
 
 /// How long a caller that finds the probe slot taken waits before asking again.
@@ -173,6 +173,10 @@ struct State {
 pub struct CircuitBreaker {
     config: BreakerConfig,
     state: Mutex<State>,
+    /// Whether the state is "closed, no failures in a row": then a check lets any
+    /// send through and a success or a reachable answer changes nothing, so both
+    /// skip the lock. Written under the lock after every change of the state.
+    quiet: AtomicBool,
 }
 
 impl CircuitBreaker {
@@ -188,6 +192,7 @@ impl CircuitBreaker {
                 epoch: 0,
                 probe: None,
             }),
+            quiet: AtomicBool::new(true),
         }
     }
 
@@ -203,9 +208,21 @@ impl CircuitBreaker {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Publishes whether `s` is quiet (see [`CircuitBreaker::quiet`]); called with
+    /// the lock held, after a change.
+    fn publish(&self, s: &State) {
+        self.quiet.store(
+            matches!(s.mode, Mode::Closed) && s.consecutive_failures == 0,
+            Ordering::Release,
+        );
+    }
+
     /// May a send go at `now`? Grants the probe slot to exactly one caller once the
     /// cooldown has elapsed.
     pub fn check(&self, now: Instant) -> Gate {
+        if self.quiet.load(Ordering::Acquire) {
+            return Gate::Allow { probe: None };
+        }
         let mut s = self.lock();
         match s.mode {
             Mode::Closed => Gate::Allow { probe: None },
@@ -217,6 +234,7 @@ impl CircuitBreaker {
                     return Gate::OpenFor(PROBE_RECHECK);
                 }
                 s.mode = Mode::HalfOpen;
+                self.publish(&s);
                 s.epoch += 1;
                 s.probe = Some(s.epoch);
                 Gate::Allow { probe: s.probe }
@@ -233,7 +251,26 @@ impl CircuitBreaker {
         probe: Option<u64>,
         now: Instant,
     ) -> Option<Transition> {
+        if probe.is_none()
+            && matches!(effect, BreakerEffect::Success | BreakerEffect::Reachable)
+            && self.quiet.load(Ordering::Acquire)
+        {
+            // Closed with no failures in a row: nothing to change, nothing to report.
+            return None;
+        }
         let mut s = self.lock();
+        let transition = self.record_locked(&mut s, effect, probe, now);
+        self.publish(&s);
+        transition
+    }
+
+    fn record_locked(
+        &self,
+        s: &mut State,
+        effect: BreakerEffect,
+        probe: Option<u64>,
+        now: Instant,
+    ) -> Option<Transition> {
         let is_current_probe = probe.is_some() && probe == s.probe;
         if is_current_probe {
             s.probe = None;
@@ -336,6 +373,37 @@ mod tests {
 
     fn breaker() -> CircuitBreaker {
         CircuitBreaker::new(BreakerConfig::default_breaker())
+    }
+
+    #[test]
+    fn the_lock_free_paths_follow_every_change_of_state() {
+        let b = breaker();
+        assert!(b.quiet.load(Ordering::Relaxed));
+        // A failure below the threshold: no longer quiet, and a success (not a mere
+        // reachable answer) makes it quiet again.
+        assert_eq!(b.record(Failure, None, at(0)), None);
+        assert!(!b.quiet.load(Ordering::Relaxed));
+        assert_eq!(b.record(Reachable, None, at(0)), None);
+        assert_eq!(b.consecutive_failures(), 1);
+        assert!(!b.quiet.load(Ordering::Relaxed));
+        assert_eq!(b.record(Success, None, at(0)), None);
+        assert_eq!(b.consecutive_failures(), 0);
+        assert!(b.quiet.load(Ordering::Relaxed));
+        // Open: a check never takes the lock-free "allow".
+        open_it(&b, at(1));
+        assert!(!b.quiet.load(Ordering::Relaxed));
+        assert!(matches!(b.check(at(2)), Gate::OpenFor(_)));
+        // Half-open, then closed by the probe's success: quiet again.
+        let Gate::Allow { probe: Some(epoch) } = b.check(at(100)) else {
+            panic!("the probe slot after the cooldown")
+        };
+        assert!(!b.quiet.load(Ordering::Relaxed));
+        assert_eq!(
+            b.record(Success, Some(epoch), at(100)),
+            Some(Transition::Closed)
+        );
+        assert!(b.quiet.load(Ordering::Relaxed));
+        assert_eq!(b.check(at(100)), Gate::Allow { probe: None });
     }
 
     fn open_it(b: &CircuitBreaker, now: Instant) {

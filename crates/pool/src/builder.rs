@@ -120,7 +120,8 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     }
 
     /// At most `n` sends in flight at once (default 8). A permit is held only from
-    /// just before a send to its response head. `build()` refuses 0.
+    /// just before a send to its response head. `build()` refuses 0 and anything
+    /// above [`MAX_PERMITS`](crate::concurrency::MAX_PERMITS).
     pub fn max_parallel(mut self, n: usize) -> Self {
         self.max_parallel = n;
         self
@@ -179,9 +180,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
                 "must not be below default_retry.base",
             ));
         }
-        if self.max_parallel == 0 {
-            return Err(ConfigError::new("max_parallel", "must be at least 1"));
-        }
+        let limiter = Limiter::new(self.max_parallel)?;
         let bucket = match self.rate {
             None => None,
             Some((rate, None)) => Some(TokenBucket::new(RateLimit::per_second(rate)?)),
@@ -207,7 +206,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
                 events: Events::new(self.observer),
                 breaker,
                 bucket,
-                limiter: Limiter::new(self.max_parallel),
+                limiter,
                 next_call: AtomicU64::new(0),
             }),
         })

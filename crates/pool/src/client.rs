@@ -214,6 +214,12 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         self.shared.limiter.in_flight()
     }
 
+    /// Calls waiting for a permit right now (all `max_parallel` are held).
+    #[must_use]
+    pub fn waiting_for_permit(&self) -> usize {
+        self.shared.limiter.waiting()
+    }
+
     /// The most sends ever in flight at once.
     #[must_use]
     pub fn peak_in_flight(&self) -> usize {

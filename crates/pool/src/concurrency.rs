@@ -3,15 +3,16 @@
 //!
 //! A small fair semaphore of our own (the pool has no executor, so no tokio
 //! `Semaphore`): a permit is handed out on poll to the caller at the front of the
-//! queue, so a caller that arrives while others wait never jumps the queue. The
-//! in-flight figures are kept by the [`Permit`] guard, so a cancelled call gives its
-//! permit back and decrements them on drop.
+//! queue, so a caller that arrives while others wait never jumps the queue. While
+//! nobody waits, a permit is one compare-exchange to take and one to give back. The
+//! [`Permit`] guard gives it back on drop, so a cancelled call frees its permit.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
+use crate::error::ConfigError;
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering, PoisonError};
 
 #[derive(Debug)]
@@ -20,40 +21,67 @@ struct Waiter {
     waker: Waker,
 }
 
+/// The queue; only touched under the lock.
 #[derive(Debug)]
-struct State {
-    available: usize,
+struct Queue {
     waiters: VecDeque<Waiter>,
     next_id: u64,
 }
 
+/// The most permits a [`Limiter`] can have: the free count shares one atomic word
+/// with a flag.
+pub const MAX_PERMITS: usize = usize::MAX >> 1;
+
+/// Bit 0 of the word: some caller waits in the queue. The rest: free permits.
+const QUEUED: usize = 1;
+/// One free permit in the word.
+const ONE: usize = 2;
+
 /// A fair counting semaphore that also keeps in-flight figures.
+///
+/// The free permits and a "callers are queued" flag share one atomic word. While
+/// nobody is queued, taking and returning a permit is a compare-exchange on that
+/// word and nothing else; once somebody waits, every caller goes through the lock,
+/// which keeps the queue in arrival order. The flag is set and cleared only under
+/// the lock, by a compare-exchange, so a lock-free caller either acts before the
+/// change or sees it.
 #[derive(Debug)]
 pub struct Limiter {
     max: usize,
-    state: Mutex<State>,
-    in_flight: AtomicUsize,
+    /// `free * ONE | QUEUED?`.
+    word: AtomicUsize,
+    queue: Mutex<Queue>,
     peak: AtomicUsize,
 }
 
 impl Limiter {
-    /// A limiter with `max` permits (at least 1; the builder refuses 0).
-    #[must_use]
-    pub fn new(max: usize) -> Self {
-        Limiter {
+    /// A limiter with `max` permits: at least 1 and at most [`MAX_PERMITS`].
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming `max_parallel` for 0 or more than [`MAX_PERMITS`].
+    pub fn new(max: usize) -> Result<Self, ConfigError> {
+        if max == 0 {
+            return Err(ConfigError::new("max_parallel", "must be at least 1"));
+        }
+        if max > MAX_PERMITS {
+            return Err(ConfigError::new(
+                "max_parallel",
+                "must be at most usize::MAX / 2",
+            ));
+        }
+        Ok(Limiter {
             max,
-            state: Mutex::new(State {
-                available: max,
+            word: AtomicUsize::new(max * ONE),
+            queue: Mutex::new(Queue {
                 waiters: VecDeque::new(),
                 next_id: 0,
             }),
-            in_flight: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
-        }
+        })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The number of permits.
@@ -65,7 +93,7 @@ impl Limiter {
     /// Permits held right now.
     #[must_use]
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
+        self.max - self.word.load(Ordering::Acquire) / ONE
     }
 
     /// The most permits ever held at once.
@@ -80,7 +108,7 @@ impl Limiter {
         self.lock().waiters.len()
     }
 
-    /// Waits for a permit. Dropping the future leaves the queue and takes nothing.
+    /// Waits for a permit. Cancel-safe: dropping the future leaves the queue.
     pub fn acquire(&self) -> Acquire<'_> {
         Acquire {
             limiter: self,
@@ -88,16 +116,87 @@ impl Limiter {
         }
     }
 
+    /// A permit at once, if one is free and nobody is queued for one; never waits
+    /// and never queues.
+    #[must_use]
+    pub fn try_acquire(&self) -> Option<Permit<'_>> {
+        self.try_take_unqueued().then(|| self.grant())
+    }
+
+    /// Takes a free permit while nobody is queued, without the lock.
+    #[inline]
+    fn try_take_unqueued(&self) -> bool {
+        let mut word = self.word.load(Ordering::Acquire);
+        while word & QUEUED == 0 && word >= ONE {
+            match self.word.compare_exchange_weak(
+                word,
+                word - ONE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(current) => word = current,
+            }
+        }
+        false
+    }
+
+    /// Returns a permit while nobody is queued, without the lock.
+    #[inline]
+    fn try_give_unqueued(&self) -> bool {
+        let mut word = self.word.load(Ordering::Acquire);
+        while word & QUEUED == 0 {
+            match self.word.compare_exchange_weak(
+                word,
+                word + ONE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(current) => word = current,
+            }
+        }
+        false
+    }
+
+    /// A permit just taken from the word.
     fn grant(&self) -> Permit<'_> {
-        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        self.peak.fetch_max(now, Ordering::Relaxed);
+        let held = self.in_flight();
+        if held > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(held, Ordering::Relaxed);
+        }
         Permit { limiter: self }
     }
 
-    /// Wakes the caller at the front of the queue if a permit is free.
-    fn wake_front(state: &State) -> Option<Waker> {
-        if state.available > 0 {
-            state.waiters.front().map(|w| w.waker.clone())
+    /// Under the lock, with the queue empty: takes a free permit, or sets the flag so
+    /// the caller can queue. `true` if a permit was taken.
+    fn take_or_flag(&self) -> bool {
+        let mut word = self.word.load(Ordering::Acquire);
+        loop {
+            let next = if word >= ONE {
+                word - ONE
+            } else {
+                word | QUEUED
+            };
+            match self
+                .word
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return word >= ONE,
+                Err(current) => word = current,
+            }
+        }
+    }
+
+    /// Under the lock, after the queue emptied: lets callers skip the lock again.
+    fn clear_flag(&self) {
+        self.word.fetch_and(!QUEUED, Ordering::AcqRel);
+    }
+
+    /// Under the lock: the front waiter's waker, if a permit is free for it.
+    fn wake_front(&self, queue: &Queue) -> Option<Waker> {
+        if self.word.load(Ordering::Acquire) >= ONE {
+            queue.waiters.front().map(|w| w.waker.clone())
         } else {
             None
         }
@@ -117,59 +216,71 @@ impl<'a> Future for Acquire<'a> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Permit<'a>> {
         let limiter = self.limiter;
-        let mut state = limiter.lock();
-        match self.queued {
-            None if state.available > 0 && state.waiters.is_empty() => {
-                state.available -= 1;
-                drop(state);
-                Poll::Ready(limiter.grant())
+        let Some(id) = self.queued else {
+            if limiter.try_take_unqueued() {
+                return Poll::Ready(limiter.grant());
             }
-            None => {
-                let id = state.next_id;
-                state.next_id += 1;
-                state.waiters.push_back(Waiter {
-                    id,
-                    waker: cx.waker().clone(),
-                });
-                self.queued = Some(id);
-                Poll::Pending
+            let mut queue = limiter.lock();
+            // Nobody queued (the flag is clear) and a permit free: take it; otherwise
+            // join the queue, setting the flag if this caller is the first.
+            if queue.waiters.is_empty() && limiter.take_or_flag() {
+                drop(queue);
+                return Poll::Ready(limiter.grant());
             }
-            Some(id) => {
-                if state.available > 0 && state.waiters.front().is_some_and(|w| w.id == id) {
-                    state.available -= 1;
-                    state.waiters.pop_front();
-                    self.queued = None;
-                    // Another permit may be free for the next in line.
-                    let next = Limiter::wake_front(&state);
-                    drop(state);
-                    if let Some(w) = next {
-                        w.wake();
-                    }
-                    return Poll::Ready(limiter.grant());
-                }
-                if let Some(w) = state.waiters.iter_mut().find(|w| w.id == id)
-                    && !w.waker.will_wake(cx.waker())
-                {
-                    w.waker = cx.waker().clone();
-                }
-                Poll::Pending
+            let id = queue.next_id;
+            queue.next_id += 1;
+            queue.waiters.push_back(Waiter {
+                id,
+                waker: cx.waker().clone(),
+            });
+            self.queued = Some(id);
+            return Poll::Pending;
+        };
+        let mut queue = limiter.lock();
+        // The flag is set while this caller is queued, so only lock holders change
+        // the word: a free permit stays free until the front takes it.
+        if queue.waiters.front().is_some_and(|w| w.id == id)
+            && limiter.word.load(Ordering::Acquire) >= ONE
+        {
+            limiter.word.fetch_sub(ONE, Ordering::AcqRel);
+            queue.waiters.pop_front();
+            self.queued = None;
+            if queue.waiters.is_empty() {
+                limiter.clear_flag();
             }
+            // Another permit may be free for the next in line.
+            let next = limiter.wake_front(&queue);
+            drop(queue);
+            if let Some(w) = next {
+                w.wake();
+            }
+            return Poll::Ready(limiter.grant());
         }
+        if let Some(w) = queue.waiters.iter_mut().find(|w| w.id == id)
+            && !w.waker.will_wake(cx.waker())
+        {
+            w.waker = cx.waker().clone();
+        }
+        Poll::Pending
     }
 }
 
 impl Drop for Acquire<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.queued {
-            let mut state = self.limiter.lock();
-            let was_front = state.waiters.front().is_some_and(|w| w.id == id);
-            state.waiters.retain(|w| w.id != id);
+            let limiter = self.limiter;
+            let mut queue = limiter.lock();
+            let was_front = queue.waiters.front().is_some_and(|w| w.id == id);
+            queue.waiters.retain(|w| w.id != id);
+            if queue.waiters.is_empty() {
+                limiter.clear_flag();
+            }
             let next = if was_front {
-                Limiter::wake_front(&state)
+                limiter.wake_front(&queue)
             } else {
                 None
             };
-            drop(state);
+            drop(queue);
             if let Some(w) = next {
                 w.wake();
             }
@@ -177,7 +288,7 @@ impl Drop for Acquire<'_> {
     }
 }
 
-/// A held permit; dropping it gives it back and wakes the next caller in line.
+/// One send's permit; returned when dropped.
 #[must_use = "dropping the permit releases it at once"]
 #[derive(Debug)]
 pub struct Permit<'a> {
@@ -186,11 +297,16 @@ pub struct Permit<'a> {
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        self.limiter.in_flight.fetch_sub(1, Ordering::Relaxed);
-        let mut state = self.limiter.lock();
-        state.available += 1;
-        let next = Limiter::wake_front(&state);
-        drop(state);
+        let limiter = self.limiter;
+        if limiter.try_give_unqueued() {
+            return;
+        }
+        // Somebody is queued (or was, a moment ago): return the permit under the
+        // lock and wake the front.
+        let queue = limiter.lock();
+        limiter.word.fetch_add(ONE, Ordering::AcqRel);
+        let next = limiter.wake_front(&queue);
+        drop(queue);
         if let Some(w) = next {
             w.wake();
         }
@@ -209,7 +325,7 @@ mod tests {
 
     #[test]
     fn caps_and_serves_in_arrival_order() {
-        let l = Limiter::new(2);
+        let l = Limiter::new(2).unwrap();
         let p1 = l.acquire().now_or_never().unwrap();
         let p2 = l.acquire().now_or_never().unwrap();
         assert_eq!((l.in_flight(), l.peak_in_flight()), (2, 2));
@@ -238,8 +354,41 @@ mod tests {
     }
 
     #[test]
+    fn refuses_zero_and_more_than_the_word_holds() {
+        assert_eq!(Limiter::new(0).unwrap_err().setting(), "max_parallel");
+        assert!(Limiter::new(MAX_PERMITS + 1).is_err());
+        let l = Limiter::new(MAX_PERMITS).unwrap();
+        let p = l.acquire().now_or_never().unwrap();
+        assert_eq!((l.in_flight(), l.max()), (1, MAX_PERMITS));
+        drop(p);
+        assert_eq!(l.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_queue_flag_sends_everybody_through_the_lock_until_it_empties() {
+        let l = Limiter::new(1).unwrap();
+        let p = l.acquire().now_or_never().unwrap();
+        let mut a = l.acquire();
+        assert!(poll(&mut a).is_pending());
+        assert_eq!(l.word.load(Ordering::Relaxed) & QUEUED, QUEUED);
+        // The permit comes back under the lock and waits for `a`; nobody can take it
+        // without queueing behind `a`.
+        drop(p);
+        assert!(!l.try_take_unqueued());
+        let Poll::Ready(pa) = poll(&mut a) else {
+            panic!("a is first in line")
+        };
+        // The queue is empty again: the flag is down and the lock-free paths work.
+        assert_eq!(l.word.load(Ordering::Relaxed) & QUEUED, 0);
+        drop(pa);
+        assert!(l.try_take_unqueued());
+        assert!(l.try_give_unqueued());
+        assert_eq!((l.in_flight(), l.peak_in_flight()), (0, 1));
+    }
+
+    #[test]
     fn dropped_waiters_and_permits_leave_nothing_behind() {
-        let l = Limiter::new(1);
+        let l = Limiter::new(1).unwrap();
         let p = l.acquire().now_or_never().unwrap();
         let mut a = l.acquire();
         let mut b = l.acquire();

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::sync::{Mutex, PoisonError};
+use crate::sync::{AtomicU64, Ordering};
 use crate::time::Instant;
 
 /// The bucket's settings: a rate and a burst.
@@ -84,8 +84,10 @@ pub struct TokenBucket {
     limit: RateLimit,
     /// Tolerance: how far ahead of `now` the theoretical arrival time may run.
     tolerance: Duration,
-    /// Theoretical arrival time of the next token; `None` before the first take.
-    tat: Mutex<Option<Instant>>,
+    /// Theoretical arrival time of the next token, in nanoseconds since the
+    /// runtime's origin (0 before the first take: any `now` is at or past it). One
+    /// atomic word, so taking a token is a load and a compare-exchange, no lock.
+    tat: AtomicU64,
 }
 
 impl TokenBucket {
@@ -95,7 +97,7 @@ impl TokenBucket {
         TokenBucket {
             limit,
             tolerance: limit.interval.saturating_mul(limit.burst - 1),
-            tat: Mutex::new(None),
+            tat: AtomicU64::new(0),
         }
     }
 
@@ -107,14 +109,21 @@ impl TokenBucket {
 
     /// Takes one token at `now`, or says how long until one is due.
     pub fn try_take(&self, now: Instant) -> Result<(), Duration> {
-        let mut tat = self.tat.lock().unwrap_or_else(PoisonError::into_inner);
-        let theoretical = tat.map_or(now, |t| t.max(now));
-        let allowed_at = theoretical.saturating_sub(self.tolerance);
-        if allowed_at <= now {
-            *tat = Some(theoretical.saturating_add(self.limit.interval));
-            Ok(())
-        } else {
-            Err(allowed_at.saturating_duration_since(now))
+        let mut tat = self.tat.load(Ordering::Acquire);
+        loop {
+            let theoretical = Instant::from_nanos(tat).max(now);
+            let allowed_at = theoretical.saturating_sub(self.tolerance);
+            if allowed_at > now {
+                return Err(allowed_at.saturating_duration_since(now));
+            }
+            let next = theoretical.saturating_add(self.limit.interval).as_nanos();
+            match self
+                .tat
+                .compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Ok(()),
+                Err(current) => tat = current,
+            }
         }
     }
 }
@@ -125,6 +134,24 @@ mod tests {
 
     fn at_ms(ms: u64) -> Instant {
         Instant::from_origin(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn racing_takers_get_exactly_the_burst() {
+        let b = std::sync::Arc::new(TokenBucket::new(RateLimit::with_burst(1.0, 1000).unwrap()));
+        let taken: usize = (0..4)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    (0..500).filter(|_| b.try_take(at_ms(0)).is_ok()).count()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .sum();
+        assert_eq!(taken, 1000);
+        assert_eq!(b.try_take(at_ms(0)), Err(Duration::from_secs(1)));
     }
 
     #[test]

@@ -13,12 +13,12 @@
 //! primitive, and every operation then goes to the same implementation.
 
 #[cfg(not(feature = "shuttle"))]
-pub(crate) use std::sync::atomic::AtomicUsize;
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 
 #[cfg(feature = "shuttle")]
-pub(crate) use model::{AtomicUsize, Mutex, MutexGuard};
+pub(crate) use model::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard};
 
 pub(crate) use std::sync::PoisonError;
 pub(crate) use std::sync::atomic::Ordering;
@@ -142,9 +142,107 @@ mod model {
                 AtomicUsize::Model(a) => a.fetch_max(value, order),
             }
         }
+
+        pub(crate) fn fetch_and(&self, value: usize, order: Ordering) -> usize {
+            match self {
+                AtomicUsize::Std(a) => a.fetch_and(value, order),
+                AtomicUsize::Model(a) => a.fetch_and(value, order),
+            }
+        }
+
+        pub(crate) fn compare_exchange_weak(
+            &self,
+            current: usize,
+            new: usize,
+            success: Ordering,
+            failure: Ordering,
+        ) -> Result<usize, usize> {
+            match self {
+                AtomicUsize::Std(a) => a.compare_exchange_weak(current, new, success, failure),
+                AtomicUsize::Model(a) => a.compare_exchange_weak(current, new, success, failure),
+            }
+        }
     }
 
     impl fmt::Debug for AtomicUsize {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            fmt::Debug::fmt(&self.load(Ordering::Relaxed), f)
+        }
+    }
+
+    /// `std::sync::atomic::AtomicU64`, or shuttle's inside a shuttle execution.
+    pub(crate) enum AtomicU64 {
+        Std(std::sync::atomic::AtomicU64),
+        Model(shuttle::sync::atomic::AtomicU64),
+    }
+
+    impl AtomicU64 {
+        pub(crate) fn new(value: u64) -> Self {
+            if in_model() {
+                AtomicU64::Model(shuttle::sync::atomic::AtomicU64::new(value))
+            } else {
+                AtomicU64::Std(std::sync::atomic::AtomicU64::new(value))
+            }
+        }
+
+        pub(crate) fn load(&self, order: Ordering) -> u64 {
+            match self {
+                AtomicU64::Std(a) => a.load(order),
+                AtomicU64::Model(a) => a.load(order),
+            }
+        }
+
+        pub(crate) fn compare_exchange_weak(
+            &self,
+            current: u64,
+            new: u64,
+            success: Ordering,
+            failure: Ordering,
+        ) -> Result<u64, u64> {
+            match self {
+                AtomicU64::Std(a) => a.compare_exchange_weak(current, new, success, failure),
+                AtomicU64::Model(a) => a.compare_exchange_weak(current, new, success, failure),
+            }
+        }
+    }
+
+    impl fmt::Debug for AtomicU64 {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            fmt::Debug::fmt(&self.load(Ordering::Relaxed), f)
+        }
+    }
+
+    /// `std::sync::atomic::AtomicBool`, or shuttle's inside a shuttle execution.
+    pub(crate) enum AtomicBool {
+        Std(std::sync::atomic::AtomicBool),
+        Model(shuttle::sync::atomic::AtomicBool),
+    }
+
+    impl AtomicBool {
+        pub(crate) fn new(value: bool) -> Self {
+            if in_model() {
+                AtomicBool::Model(shuttle::sync::atomic::AtomicBool::new(value))
+            } else {
+                AtomicBool::Std(std::sync::atomic::AtomicBool::new(value))
+            }
+        }
+
+        pub(crate) fn load(&self, order: Ordering) -> bool {
+            match self {
+                AtomicBool::Std(a) => a.load(order),
+                AtomicBool::Model(a) => a.load(order),
+            }
+        }
+
+        pub(crate) fn store(&self, value: bool, order: Ordering) {
+            match self {
+                AtomicBool::Std(a) => a.store(value, order),
+                AtomicBool::Model(a) => a.store(value, order),
+            }
+        }
+    }
+
+    impl fmt::Debug for AtomicBool {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             fmt::Debug::fmt(&self.load(Ordering::Relaxed), f)
         }

@@ -514,7 +514,7 @@ impl Drop for Holding<'_> {
 fn permits_stay_within_the_cap_and_come_back() {
     explore("permits", 0xB4EA_0003, || {
         const MAX: usize = 2;
-        let limiter = Arc::new(Limiter::new(MAX));
+        let limiter = Arc::new(Limiter::new(MAX).unwrap());
         let holding = Arc::new(AtomicUsize::new(0));
         block_on(async {
             let mut tasks = Vec::new();
@@ -576,7 +576,7 @@ fn permits_stay_within_the_cap_and_come_back() {
 #[test]
 fn permits_go_in_arrival_order() {
     explore("permit order", 0xB4EA_0004, || {
-        let limiter = Arc::new(Limiter::new(1));
+        let limiter = Arc::new(Limiter::new(1).unwrap());
         let order = Arc::new(Mutex::new(Vec::new()));
         block_on(async {
             let first = limiter.acquire().await;
@@ -630,7 +630,7 @@ fn permits_go_in_arrival_order() {
 #[test]
 fn permits_freed_together_reach_every_waiter() {
     explore("permits freed together", 0xB4EA_0008, || {
-        let limiter = Arc::new(Limiter::new(2));
+        let limiter = Arc::new(Limiter::new(2).unwrap());
         let both = Arc::new(shuttle::sync::Barrier::new(2));
         block_on(async {
             let first = limiter.acquire().await;

@@ -628,6 +628,14 @@ fn invalid_settings_are_refused_by_build_with_the_setting_named() {
     let w = World::new();
     let refused = |b: vantage_api_pool::ClientBuilder<_, _>| b.build().unwrap_err().setting();
     assert_eq!(refused(w.builder().max_parallel(0)), "max_parallel");
+    let too_many = vantage_api_pool::concurrency::MAX_PERMITS + 1;
+    assert_eq!(refused(w.builder().max_parallel(too_many)), "max_parallel");
+    assert_eq!(
+        refused(w.builder().max_parallel(usize::MAX)),
+        "max_parallel"
+    );
+    let most = vantage_api_pool::concurrency::MAX_PERMITS;
+    assert!(w.builder().max_parallel(most).build().is_ok());
     for rate in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         assert_eq!(
             refused(w.builder().rate_limit(rate)),
