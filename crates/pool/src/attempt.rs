@@ -17,7 +17,7 @@ use http::HeaderValue;
 
 use crate::auth::{SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
-use crate::breaker::{Gate, ProbeGuard, Transition};
+use crate::breaker::{CircuitBreaker, Gate, ProbeGuard, Transition};
 use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotent,
 };
@@ -26,6 +26,7 @@ use crate::concurrency::Permit;
 use crate::error::{ClientError, ErrorKind, MAX_ERROR_BODY};
 use crate::observer::{CallId, EventKind};
 use crate::policy::{BreakerMode, CallPolicy};
+use crate::rate::TokenBucket;
 use crate::runtime::{Runtime, timeout_at};
 use crate::server_delay::server_delay;
 use crate::time::Instant;
@@ -79,10 +80,32 @@ pub(crate) struct Call<'c, T, R, A> {
     deadline: Option<Instant>,
 }
 
-/// How one send ended, before classification.
-enum Sent<Resp> {
-    /// A 1xx, 2xx or 3xx response head: returned to the caller.
-    Response(Resp),
+/// Splits a response head: one for the caller (1xx, 2xx, 3xx) with its status, or
+/// an error response. By value, so the call's state never holds a borrowed head.
+fn for_caller<Resp: TransportResponse>(response: Resp) -> Result<(Resp, http::StatusCode), Resp> {
+    let status = response.status();
+    if status.is_success() || status.is_informational() || status.is_redirection() {
+        Ok((response, status))
+    } else {
+        Err(response)
+    }
+}
+
+/// What comes after a failed send.
+enum Next {
+    /// The call ends with this error.
+    Return(ClientError),
+    /// Fetch a newer token, then send again (a 401 replay).
+    Replay,
+    /// Send the same attempt again at once (after `NotSent`).
+    Redial,
+    /// Sleep until `wake`, then retry.
+    Retry { wake: Instant },
+}
+
+/// How a failed send ended, before classification (a 1xx, 2xx or 3xx head is
+/// returned to the caller straight away).
+enum Sent {
     /// Any other status, with what the call keeps of it.
     ErrorStatus {
         status: http::StatusCode,
@@ -208,38 +231,70 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     }
 
     /// Asks the breaker until it lets this send through: `FailFast` gives up at once,
-    /// `WaitForProbe` sleeps and asks again.
+    /// `WaitForProbe` sleeps and asks again. The first answer comes without a future;
+    /// only a wait is boxed, so the common case keeps no sleep in the call's state.
     async fn pass_breaker(
         &self,
-        mut now: Instant,
+        now: Instant,
     ) -> Result<(Option<ProbeGuard<'c>>, Instant), ClientError> {
         let Some(breaker) = &self.client.breaker else {
             return Ok((None, now));
         };
+        match breaker.check(now) {
+            Gate::Allow { probe } => Ok((probe.map(|epoch| ProbeGuard::new(breaker, epoch)), now)),
+            Gate::OpenFor(wait) => Box::pin(self.wait_for_breaker(breaker, now, wait)).await,
+        }
+    }
+
+    /// The breaker is open for `wait` from `now`.
+    async fn wait_for_breaker(
+        &self,
+        breaker: &'c CircuitBreaker,
+        mut now: Instant,
+        mut wait: Duration,
+    ) -> Result<(Option<ProbeGuard<'c>>, Instant), ClientError> {
         loop {
+            match self.policy.breaker_mode() {
+                BreakerMode::WaitForProbe => now = self.gate_sleep(now, wait).await?,
+                _ => {
+                    return Err(ClientError::new(ErrorKind::BreakerOpen, self.attempt)
+                        .with_reached(self.reached));
+                }
+            }
             match breaker.check(now) {
                 Gate::Allow { probe } => {
                     return Ok((probe.map(|epoch| ProbeGuard::new(breaker, epoch)), now));
                 }
-                Gate::OpenFor(wait) => match self.policy.breaker_mode() {
-                    BreakerMode::WaitForProbe => now = self.gate_sleep(now, wait).await?,
-                    _ => {
-                        return Err(ClientError::new(ErrorKind::BreakerOpen, self.attempt)
-                            .with_reached(self.reached));
-                    }
-                },
+                Gate::OpenFor(next) => wait = next,
             }
         }
     }
 
-    /// Takes a rate token, sleeping until one is due.
-    async fn take_token(&self, mut now: Instant) -> Result<Instant, ClientError> {
-        if let Some(bucket) = &self.client.bucket {
-            while let Err(wait) = bucket.try_take(now) {
-                now = self.gate_sleep(now, wait).await?;
+    /// Takes a rate token, sleeping until one is due (the sleep boxed, as above).
+    async fn take_token(&self, now: Instant) -> Result<Instant, ClientError> {
+        match &self.client.bucket {
+            Some(bucket) => match bucket.try_take(now) {
+                Ok(()) => Ok(now),
+                Err(wait) => Box::pin(self.wait_for_token(bucket, now, wait)).await,
+            },
+            None => Ok(now),
+        }
+    }
+
+    /// The bucket has no token for `wait` from `now`.
+    async fn wait_for_token(
+        &self,
+        bucket: &TokenBucket,
+        mut now: Instant,
+        mut wait: Duration,
+    ) -> Result<Instant, ClientError> {
+        loop {
+            now = self.gate_sleep(now, wait).await?;
+            match bucket.try_take(now) {
+                Ok(()) => return Ok(now),
+                Err(next) => wait = next,
             }
         }
-        Ok(now)
     }
 
     /// `wait_for_gate`: the transport's shared limiter (not charged to the budget),
@@ -322,6 +377,19 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         }
     }
 
+    /// Waits in the permit queue (the lock-free take found no permit, or callers
+    /// queued), raced against the budget's end.
+    async fn wait_for_permit(&self) -> Result<Permit<'c>, ClientError> {
+        let client = self.client;
+        let acquire = client.limiter.acquire();
+        match self.deadline {
+            Some(deadline) => timeout_at(&client.runtime, deadline, acquire)
+                .await
+                .map_err(|_| self.timed_out_at_gate()),
+            None => Ok(acquire.await),
+        }
+    }
+
     /// Tells the breaker what a send proved, frees the probe slot, and returns the
     /// transition to report after the send's terminal event.
     fn tell_breaker(
@@ -363,57 +431,22 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 Err(error) => return Err(self.refuse(error)),
             };
 
-            // ---- prepare a fresh request.
-            let draft = build(client.transport.handle());
-            let mut request = match client.transport.prepare(draft) {
-                Ok(request) => request,
-                Err(e) => {
-                    let error = ClientError::transport(
-                        TransportError::new(TransportErrorKind::Config, e.message()),
-                        self.attempt,
-                    )
-                    .with_reached(self.reached);
-                    drop(probe);
-                    return Err(self.refuse(error));
-                }
-            };
-            let idempotent = is_idempotent(
-                request.method(),
-                request.header(&IDEMPOTENCY_KEY).is_some(),
-                self.policy.is_idempotent(),
-            );
-            self.token_generation = token.map(|t| {
-                request.set_header(t.name, t.value);
-                t.generation
-            });
-            if self.retries > 0
-                && let Some(name) = &client.retry_count_header
-            {
-                request.set_header(name.clone(), HeaderValue::from(self.retries));
-            }
-
-            // ---- send_once: the permit (its wait counts toward the budget), then
-            // Started, the send under its time limit, and the permit back at the head.
-            let mut acquire = pin!(client.limiter.acquire());
-            let permit = match poll_once(acquire.as_mut()).await {
-                Poll::Ready(permit) => permit,
-                Poll::Pending => {
-                    let permit = match self.deadline {
-                        Some(deadline) => {
-                            match timeout_at(&client.runtime, deadline, acquire).await {
-                                Ok(permit) => permit,
-                                Err(_) => {
-                                    drop(probe);
-                                    return Err(self.refuse(self.timed_out_at_gate()));
-                                }
-                            }
-                        }
-                        None => acquire.await,
-                    };
-                    now = self.now();
-                    yielded = true;
-                    permit
-                }
+            // ---- send_once: the permit (its wait counts toward the budget), the
+            // request, then Started, the send under its time limit, and the permit
+            // back at the head.
+            let permit = match client.limiter.try_acquire() {
+                Some(permit) => permit,
+                None => match Box::pin(self.wait_for_permit()).await {
+                    Ok(permit) => {
+                        now = self.now();
+                        yielded = true;
+                        permit
+                    }
+                    Err(error) => {
+                        drop(probe);
+                        return Err(self.refuse(error));
+                    }
+                },
             };
             // The breaker may have opened while this send waited for its token or
             // permit: a send that is not the probe asks again, from the top.
@@ -437,6 +470,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 drop((permit, probe));
                 return Err(self.refuse(self.timed_out_at_gate()));
             }
+
+            // ---- prepare a fresh request (after the permit: a pass sent back to the
+            // gate builds nothing). A sync helper, so the request never sits in the
+            // call's state.
+            let (request, idempotent) = match self.prepare(&mut build, token) {
+                Ok(prepared) => prepared,
+                Err(error) => {
+                    drop((permit, probe));
+                    return Err(self.refuse(error));
+                }
+            };
+
             if !self.redialing {
                 self.attempt = self.attempt.saturating_add(1);
             }
@@ -473,33 +518,31 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             let head_at = self.now();
             let ms = millis(head_at.saturating_duration_since(started));
             let sent = match head {
-                Ok(Ok(response)) => {
-                    let status = response.status();
-                    if status.is_success() || status.is_informational() || status.is_redirection() {
-                        Sent::Response(response)
-                    } else {
-                        let headers = response.headers();
-                        let wait = server_delay(headers, client.runtime.wall_clock());
-                        let request_id = headers
-                            .get(&client.request_id_header)
-                            .and_then(|v| v.to_str().ok())
-                            .map(Arc::<str>::from);
-                        // Boxed: only error responses pay for this state.
-                        let body = Box::pin(read_error_body(
-                            &client.transport,
-                            &client.runtime,
-                            send_deadline,
-                            response,
-                        ))
-                        .await;
-                        Sent::ErrorStatus {
-                            status,
-                            wait,
-                            request_id,
-                            body,
-                        }
+                Ok(Ok(response)) => match for_caller(response) {
+                    Ok((response, status)) => {
+                        // ---- record a response for the caller: tell the breaker, free
+                        // the probe slot, report Succeeded and any transition.
+                        self.reached = true;
+                        let effect =
+                            classify(Outcome::Status(status), &CallFacts::default()).breaker;
+                        let transition = self.tell_breaker(effect, guard.probe.take(), head_at);
+                        let bytes = response.content_length();
+                        guard.finish(
+                            head_at,
+                            EventKind::Succeeded {
+                                send,
+                                attempt,
+                                status,
+                                ms,
+                                bytes,
+                            },
+                        );
+                        self.report_transition(head_at, transition);
+                        return Ok(response);
                     }
-                }
+                    // Boxed: only error responses pay for this state.
+                    Err(response) => Box::pin(self.read_error(response, send_deadline)).await,
+                },
                 Ok(Err(e)) => Sent::Failed(e),
                 Err(_elapsed) => {
                     client.transport.distrust_connection();
@@ -512,114 +555,178 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             // An error body read after the head moves the clock; otherwise reuse it.
             let ended = match sent {
                 Sent::ErrorStatus { .. } => self.now(),
-                _ => head_at,
+                Sent::Failed(_) => head_at,
             };
 
-            // ---- record: tell the breaker, free the probe slot, report the terminal
-            // event and any breaker transition, then decide.
-            let (outcome, server_wait, error) = match sent {
-                Sent::Response(response) => {
-                    self.reached = true;
-                    let status = response.status();
-                    let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
-                    let transition = self.tell_breaker(effect, guard.probe.take(), ended);
-                    let bytes = response.content_length();
-                    guard.finish(
-                        ended,
-                        EventKind::Succeeded {
-                            send,
-                            attempt,
-                            status,
-                            ms,
-                            bytes,
-                        },
-                    );
-                    self.report_transition(ended, transition);
-                    return Ok(response);
-                }
-                Sent::ErrorStatus {
-                    status,
-                    wait,
-                    request_id,
-                    body,
-                } => {
-                    self.reached = true;
-                    let error = ClientError::new(ErrorKind::Status(status), self.attempt)
-                        .with_body(body)
-                        .with_request_id(request_id)
-                        .with_retry_after(wait)
-                        .with_reached(true);
-                    (Outcome::Status(status), wait, error)
-                }
-                Sent::Failed(e) => {
-                    let outcome = Outcome::Transport(e.kind());
-                    self.reached |= outcome.may_have_reached();
-                    let error = if e.kind() == TransportErrorKind::TimedOut {
-                        ClientError::new(ErrorKind::TimedOut, self.attempt).with_source(Arc::new(e))
-                    } else {
-                        ClientError::transport(e, self.attempt)
-                    };
-                    (outcome, None, error.with_reached(self.reached))
-                }
-            };
-            let verdict = classify(
-                outcome,
-                &CallFacts {
-                    idempotent,
-                    can_replay_401: client.auth.is_configured() && !self.replayed,
-                    redials_used: self.redials,
-                    has_server_delay: server_wait.is_some(),
-                },
-            );
-            let transition = self.tell_breaker(verdict.breaker, guard.probe.take(), ended);
-            guard.finish(
-                ended,
-                EventKind::Failed {
-                    send,
-                    attempt,
-                    error: error.clone(),
-                    ms,
-                    sent: true,
-                },
-            );
-            self.report_transition(ended, transition);
-
-            match verdict.action {
-                Action::Replay => {
-                    // A newer token than the one the 401 answered; no retry budget
-                    // spent, no RetryScheduled. The next gate applies it.
-                    self.replayed = true;
-                    self.redialing = false;
+            // ---- record, then decide (a sync helper: its error and verdict never
+            // sit in the call's state across a wait).
+            match self.record_failure(sent, guard, ended, ms, idempotent) {
+                Next::Return(error) => return Err(error),
+                Next::Replay => {
                     if let Err(error) = self.auth_token(self.token_generation).await {
                         return Err(self.refuse(error));
                     }
                 }
-                Action::Redial => {
-                    self.redials = self.redials.saturating_add(1);
-                    self.redialing = true;
-                    let next = self.send + 1;
-                    self.emit(|| EventKind::Redialing {
-                        send: next,
-                        attempt,
-                    });
-                }
-                Action::Retry if self.policy.retry().allows_retry(self.retries) => {
-                    let delay = self.retry_delay(server_wait);
-                    let wake = ended.saturating_add(delay);
-                    if self.deadline.is_some_and(|deadline| wake >= deadline) {
-                        return Err(error);
-                    }
-                    let next = attempt + 1;
-                    self.emit_at(ended, || EventKind::RetryScheduled {
-                        attempt: next,
-                        after: delay,
-                    });
+                Next::Redial => {}
+                Next::Retry { wake } => {
                     client.runtime.sleep_until(wake).await;
                     self.retries = self.retries.saturating_add(1);
                     self.redialing = false;
                 }
-                _ => return Err(error),
             }
+        }
+    }
+
+    /// Builds the draft, prepares it, and decorates it (auth token, retry count).
+    #[inline(always)]
+    /// Returns the request and whether the call counts as idempotent.
+    fn prepare<F>(
+        &mut self,
+        build: &mut F,
+        token: Option<Token>,
+    ) -> Result<(T::Request, bool), ClientError>
+    where
+        F: FnMut(&T::Handle) -> T::Draft,
+    {
+        let client = self.client;
+        let draft = build(client.transport.handle());
+        let mut request = client.transport.prepare(draft).map_err(|e| {
+            ClientError::transport(
+                TransportError::new(TransportErrorKind::Config, e.message()),
+                self.attempt,
+            )
+            .with_reached(self.reached)
+        })?;
+        let idempotent = is_idempotent(
+            request.method(),
+            request.header(&IDEMPOTENCY_KEY).is_some(),
+            self.policy.is_idempotent(),
+        );
+        self.token_generation = token.map(|t| {
+            request.set_header(t.name, t.value);
+            t.generation
+        });
+        if self.retries > 0
+            && let Some(name) = &client.retry_count_header
+        {
+            request.set_header(name.clone(), HeaderValue::from(self.retries));
+        }
+        Ok((request, idempotent))
+    }
+
+    /// What the call keeps of an error response: its status, the server's delay,
+    /// the request id, and up to 2048 bytes of body read before `deadline`.
+    async fn read_error(&self, response: T::Response, deadline: Instant) -> Sent {
+        let client = self.client;
+        let status = response.status();
+        let headers = response.headers();
+        let wait = server_delay(headers, client.runtime.wall_clock());
+        let request_id = headers
+            .get(&client.request_id_header)
+            .and_then(|v| v.to_str().ok())
+            .map(Arc::<str>::from);
+        let body = read_error_body(&client.transport, &client.runtime, deadline, response).await;
+        Sent::ErrorStatus {
+            status,
+            wait,
+            request_id,
+            body,
+        }
+    }
+
+    /// Records a failed send: tells the breaker, frees the probe slot, reports the
+    /// terminal event and any breaker transition, then decides what comes next (and
+    /// reports `Redialing` or `RetryScheduled`).
+    fn record_failure(
+        &mut self,
+        sent: Sent,
+        mut guard: InFlight<'c, T, R, A>,
+        ended: Instant,
+        ms: u64,
+        idempotent: bool,
+    ) -> Next {
+        let client = self.client;
+        let (send, attempt) = (guard.send, guard.attempt);
+        let (outcome, server_wait, error) = match sent {
+            Sent::ErrorStatus {
+                status,
+                wait,
+                request_id,
+                body,
+            } => {
+                self.reached = true;
+                let error = ClientError::new(ErrorKind::Status(status), self.attempt)
+                    .with_body(body)
+                    .with_request_id(request_id)
+                    .with_retry_after(wait)
+                    .with_reached(true);
+                (Outcome::Status(status), wait, error)
+            }
+            Sent::Failed(e) => {
+                let outcome = Outcome::Transport(e.kind());
+                self.reached |= outcome.may_have_reached();
+                let error = if e.kind() == TransportErrorKind::TimedOut {
+                    ClientError::new(ErrorKind::TimedOut, self.attempt).with_source(Arc::new(e))
+                } else {
+                    ClientError::transport(e, self.attempt)
+                };
+                (outcome, None, error.with_reached(self.reached))
+            }
+        };
+        let verdict = classify(
+            outcome,
+            &CallFacts {
+                idempotent,
+                can_replay_401: client.auth.is_configured() && !self.replayed,
+                redials_used: self.redials,
+                has_server_delay: server_wait.is_some(),
+            },
+        );
+        let transition = self.tell_breaker(verdict.breaker, guard.probe.take(), ended);
+        guard.finish(
+            ended,
+            EventKind::Failed {
+                send,
+                attempt,
+                error: error.clone(),
+                ms,
+                sent: true,
+            },
+        );
+        self.report_transition(ended, transition);
+
+        match verdict.action {
+            Action::Replay => {
+                // A newer token than the one the 401 answered; no retry budget
+                // spent, no RetryScheduled. The next gate applies it.
+                self.replayed = true;
+                self.redialing = false;
+                Next::Replay
+            }
+            Action::Redial => {
+                self.redials = self.redials.saturating_add(1);
+                self.redialing = true;
+                let next = self.send + 1;
+                self.emit(|| EventKind::Redialing {
+                    send: next,
+                    attempt,
+                });
+                Next::Redial
+            }
+            Action::Retry if self.policy.retry().allows_retry(self.retries) => {
+                let delay = self.retry_delay(server_wait);
+                let wake = ended.saturating_add(delay);
+                if self.deadline.is_some_and(|deadline| wake >= deadline) {
+                    return Next::Return(error);
+                }
+                let next = attempt + 1;
+                self.emit_at(ended, || EventKind::RetryScheduled {
+                    attempt: next,
+                    after: delay,
+                });
+                Next::Retry { wake }
+            }
+            _ => Next::Return(error),
         }
     }
 

@@ -79,11 +79,10 @@ const MAX_COOLDOWN: Duration = Duration::from_millis(1600);
 enum Phase {
     /// Sleeping until its start.
     NotStarted,
-    /// In `wait_for_gate`: admit, breaker, rate token, someone else's token fetch;
-    /// also after a 401, a redial, or a back-off that has ended.
+    /// In `wait_for_gate` (admit, breaker, rate token, someone else's token fetch)
+    /// or in the permit queue; also after a 401, a redial, or a back-off that has
+    /// ended. A drop that shortens the permit queue was a permit wait.
     Gate,
-    /// Its request was built: waiting for a permit.
-    Built,
     /// `Started` reported: sending, or reading an error body.
     Sending,
     /// `RetryScheduled` reported: sleeping until `until`.
@@ -443,14 +442,7 @@ fn a_hundred_thousand_cancelled_calls_leave_nothing_behind() {
             let call = tagged(task, async move {
                 rt2.sleep(start).await;
                 set_phase(task, Phase::Gate);
-                let result = client
-                    .execute_with(&policy, |http| {
-                        if let Some(t) = current() {
-                            set_phase(t, Phase::Built);
-                        }
-                        http.get("/leak")
-                    })
-                    .await;
+                let result = client.execute_with(&policy, |http| http.get("/leak")).await;
                 set_phase(task, Phase::Done);
                 results.lock().unwrap()[usize::from(result.is_ok())] += 1;
             });
@@ -463,6 +455,7 @@ fn a_hundred_thousand_cancelled_calls_leave_nothing_behind() {
                 continue;
             };
             let in_flight = client.in_flight();
+            let queued = client.waiting_for_permit();
             let point = if handle.is_finished() {
                 Point::AfterEnd
             } else if FETCHER.with(Cell::get) == Some(task) {
@@ -470,11 +463,7 @@ fn a_hundred_thousand_cancelled_calls_leave_nothing_behind() {
             } else {
                 match phase(task) {
                     Phase::NotStarted => Point::BeforeStart,
-                    Phase::Gate => Point::Gate,
-                    // Waiting for a permit means all of them are held; otherwise
-                    // the breaker turned it back to the gate after its permit.
-                    Phase::Built if in_flight == MAX_PARALLEL => Point::PermitWait,
-                    Phase::Built => Point::Gate,
+                    Phase::Gate => Point::Gate, // or the permit queue: told below
                     Phase::Sending => Point::Send, // or the body: told below
                     Phase::BackOff { until } if rt.now() < until => Point::BackOff,
                     Phase::BackOff { .. } => Point::Gate,
@@ -490,6 +479,10 @@ fn a_hundred_thousand_cancelled_calls_leave_nothing_behind() {
                 Point::Send => {
                     assert_eq!(client.in_flight(), in_flight - 1, "one permit back");
                     Point::Send
+                }
+                Point::Gate if client.waiting_for_permit() + 1 == queued => {
+                    assert_eq!(in_flight, MAX_PARALLEL, "queued only when all are held");
+                    Point::PermitWait
                 }
                 other => other,
             };
