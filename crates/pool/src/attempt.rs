@@ -597,11 +597,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             )
             .with_reached(self.reached)
         })?;
-        let idempotent = is_idempotent(
-            request.method(),
-            request.header(&IDEMPOTENCY_KEY).is_some(),
-            self.policy.is_idempotent(),
-        );
+        // The header is looked up only when the method and the policy leave it open.
+        let idempotent = is_idempotent(request.method(), false, self.policy.is_idempotent())
+            || request.header(&IDEMPOTENCY_KEY).is_some();
         self.token_generation = token.map(|t| {
             request.set_header(t.name, t.value);
             t.generation

@@ -7,6 +7,7 @@
 //! | kind | what one request is |
 //! |---|---|
 //! | `reqwest` | `client.get(url).send()`, body read to its end |
+//! | `timeout` | a reference, not a peer: raw reqwest with a time limit, the same request under `tokio::time::timeout(10 s)` (the one tokio timer per request that `ResilientClient`'s attempt time limit costs too) |
 //! | `resilient` | `ResilientClient` over `ReqwestTransport` + `TokioRuntime`: default breaker, a rate bucket of 1e9/s, `max_parallel(1024)`, a counting observer; `execute_with(&CallPolicy::bounded(RetryPolicy::default()), \|http\| http.get(url))`, body read to its end |
 //! | `middleware` | reqwest-middleware + `RetryTransientMiddleware` (exponential back-off, 3 retries) |
 //! | `tower` | `ServiceBuilder`: `buffer(1024)` (tower's rate limit is per service value; the buffer shares one stack between the concurrent callers) + `concurrency_limit(1024)` + `rate_limit(1e9 / s)` + `retry` with a policy that clones the request and never retries, around `reqwest::Client` |
@@ -60,6 +61,8 @@ mod native {
     const CONCURRENCIES: [usize; 3] = [1, 16, 128];
     /// The largest concurrency: the floor keeps this many raw connections.
     const MAX_CONC: usize = 128;
+    /// The reference kind's time limit: `ResilientClient`'s default attempt limit.
+    const ATTEMPT_LIMIT: Duration = vantage_api_pool::policy::DEFAULT_ATTEMPT_TIMEOUT;
     const DEFAULT_ROUNDS: usize = 31;
 
     /// Requests per run at concurrency `conc` (before `PEERS_SCALE`).
@@ -75,15 +78,17 @@ mod native {
     enum Kind {
         Floor,
         Reqwest,
+        Timeout,
         Resilient,
         Middleware,
         Tower,
     }
 
     impl Kind {
-        const ALL: [Kind; 5] = [
+        const ALL: [Kind; 6] = [
             Kind::Floor,
             Kind::Reqwest,
+            Kind::Timeout,
             Kind::Resilient,
             Kind::Middleware,
             Kind::Tower,
@@ -93,6 +98,7 @@ mod native {
             match self {
                 Kind::Floor => "floor",
                 Kind::Reqwest => "reqwest",
+                Kind::Timeout => "timeout",
                 Kind::Resilient => "resilient",
                 Kind::Middleware => "middleware",
                 Kind::Tower => "tower",
@@ -103,6 +109,7 @@ mod native {
             match self {
                 Kind::Floor => "floor (raw TCP, no client)",
                 Kind::Reqwest => "raw reqwest",
+                Kind::Timeout => "raw reqwest + a 10 s tokio timeout (reference)",
                 Kind::Resilient => "ResilientClient",
                 Kind::Middleware => "reqwest-middleware + reqwest-retry",
                 Kind::Tower => "tower (buffer, limit, rate, retry)",
@@ -285,6 +292,17 @@ mod native {
         }
     }
 
+    async fn timeout_task(client: reqwest::Client, url: Arc<str>, n: usize) {
+        for _ in 0..n {
+            let response = tokio::time::timeout(ATTEMPT_LIMIT, client.get(&*url).send())
+                .await
+                .expect("in time")
+                .expect("reqwest");
+            assert!(response.status().is_success());
+            std::hint::black_box(response.bytes().await.expect("body"));
+        }
+    }
+
     async fn resilient_task(
         client: ResilientClient<ReqwestTransport, TokioRuntime>,
         policy: CallPolicy,
@@ -360,6 +378,12 @@ mod native {
             Kind::Reqwest => {
                 let handles = (0..conc)
                     .map(|_| tokio::spawn(reqwest_task(bench.reqwest.clone(), url.clone(), n)))
+                    .collect();
+                join(handles).await;
+            }
+            Kind::Timeout => {
+                let handles = (0..conc)
+                    .map(|_| tokio::spawn(timeout_task(bench.reqwest.clone(), url.clone(), n)))
                     .collect();
                 join(handles).await;
             }
@@ -593,7 +617,12 @@ mod native {
         };
         println!("| raw reqwest, absolute | {} |", abs(raw));
         println!("| floor (raw TCP, no client), absolute | {} |", abs(floor));
-        for kind in [Kind::Resilient, Kind::Middleware, Kind::Tower] {
+        for kind in [
+            Kind::Timeout,
+            Kind::Resilient,
+            Kind::Middleware,
+            Kind::Tower,
+        ] {
             let k = ki(kind);
             println!(
                 "| {} | {} | {} | {} |",
@@ -608,7 +637,12 @@ mod native {
         println!();
         println!("| client | c=1 | c=16 | c=128 |");
         println!("|---|---|---|---|");
-        for kind in [Kind::Resilient, Kind::Middleware, Kind::Tower] {
+        for kind in [
+            Kind::Timeout,
+            Kind::Resilient,
+            Kind::Middleware,
+            Kind::Tower,
+        ] {
             let k = ki(kind);
             println!(
                 "| {} | {} | {} | {} |",

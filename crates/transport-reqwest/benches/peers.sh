@@ -15,7 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 
 cpu=${PEERS_CPU:-0}
 vg_requests=${PEERS_VALGRIND_REQUESTS:-2048}
-kinds=(floor reqwest resilient middleware tower)
+kinds=(floor reqwest timeout resilient middleware tower)
 concs=(1 16 128)
 
 echo "==> building the bench (cargo bench --no-run)" >&2
@@ -61,6 +61,7 @@ if [[ ${PEERS_SKIP_VALGRIND:-0} != 1 ]] && command -v valgrind >/dev/null; then
     per() { awk -v a="$1" -v n="$vg_requests" 'BEGIN { printf "%.0f", a / n }'; }
     label() {
         case $1 in
+            timeout) echo "raw reqwest + a 10 s tokio timeout (reference)" ;;
             resilient) echo "ResilientClient" ;;
             middleware) echo "reqwest-middleware + reqwest-retry" ;;
             tower) echo "tower (buffer, limit, rate, retry)" ;;
@@ -74,14 +75,14 @@ if [[ ${PEERS_SKIP_VALGRIND:-0} != 1 ]] && command -v valgrind >/dev/null; then
     row="| floor (raw TCP, no client), absolute |"
     for c in "${concs[@]}"; do row+=" $(per "${ir[floor.$c]}") |"; done
     inst_table+="$row"$'\n'
-    for k in resilient middleware tower; do
+    for k in timeout resilient middleware tower; do
         row="| $(label "$k") |"
         for c in "${concs[@]}"; do row+=" $(ratio "${ir[$k.$c]}" "${ir[reqwest.$c]}") |"; done
         inst_table+="$row"$'\n'
     done
     inst_table+=$'\n'"Client's own share, (kind - floor) / (raw reqwest - floor):"$'\n\n'
     inst_table+="| client | c=1 | c=16 | c=128 |"$'\n'"|---|---|---|---|"$'\n'
-    for k in resilient middleware tower; do
+    for k in timeout resilient middleware tower; do
         row="| $(label "$k") |"
         for c in "${concs[@]}"; do
             row+=" $(ratio "$((ir[$k.$c] - ir[floor.$c]))" "$((ir[reqwest.$c] - ir[floor.$c]))") |"
