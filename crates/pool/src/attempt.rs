@@ -103,17 +103,19 @@ enum Next {
     Retry { wake: Instant },
 }
 
+/// What the call keeps of an error response's head.
+struct ErrorHead {
+    status: http::StatusCode,
+    /// The server's requested delay, unclamped.
+    wait: Option<Duration>,
+    request_id: Option<Arc<str>>,
+}
+
 /// How a failed send ended, before classification (a 1xx, 2xx or 3xx head is
 /// returned to the caller straight away).
 enum Sent {
     /// Any other status, with what the call keeps of it.
-    ErrorStatus {
-        status: http::StatusCode,
-        /// The server's requested delay, unclamped.
-        wait: Option<Duration>,
-        request_id: Option<Arc<str>>,
-        body: Bytes,
-    },
+    ErrorStatus { head: ErrorHead, body: Bytes },
     /// The transport failed, or a time limit cut the send (`TimedOut`).
     Failed(TransportError),
 }
@@ -540,8 +542,20 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                         self.report_transition(head_at, transition);
                         return Ok(response);
                     }
-                    // Boxed: only error responses pay for this state.
-                    Err(response) => Box::pin(self.read_error(response, send_deadline)).await,
+                    Err(response) => {
+                        // Read off by a sync helper, so no borrowed head sits in the
+                        // call's state during the body read.
+                        let (response, head) = self.error_head(response);
+                        // Boxed: only error responses pay for this state.
+                        let body = Box::pin(read_error_body(
+                            &client.transport,
+                            &client.runtime,
+                            send_deadline,
+                            response,
+                        ))
+                        .await;
+                        Sent::ErrorStatus { head, body }
+                    }
                 },
                 Ok(Err(e)) => Sent::Failed(e),
                 Err(_elapsed) => {
@@ -612,24 +626,20 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         Ok((request, idempotent))
     }
 
-    /// What the call keeps of an error response: its status, the server's delay,
-    /// the request id, and up to 2048 bytes of body read before `deadline`.
-    async fn read_error(&self, response: T::Response, deadline: Instant) -> Sent {
+    /// What the call keeps of an error response's head. Hands the response back for
+    /// its body.
+    fn error_head(&self, response: T::Response) -> (T::Response, ErrorHead) {
         let client = self.client;
-        let status = response.status();
         let headers = response.headers();
-        let wait = server_delay(headers, client.runtime.wall_clock());
-        let request_id = headers
-            .get(&client.request_id_header)
-            .and_then(|v| v.to_str().ok())
-            .map(Arc::<str>::from);
-        let body = read_error_body(&client.transport, &client.runtime, deadline, response).await;
-        Sent::ErrorStatus {
-            status,
-            wait,
-            request_id,
-            body,
-        }
+        let head = ErrorHead {
+            status: response.status(),
+            wait: server_delay(headers, client.runtime.wall_clock()),
+            request_id: headers
+                .get(&client.request_id_header)
+                .and_then(|v| v.to_str().ok())
+                .map(Arc::<str>::from),
+        };
+        (response, head)
     }
 
     /// Records a failed send: tells the breaker, frees the probe slot, reports the
@@ -647,9 +657,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         let (send, attempt) = (guard.send, guard.attempt);
         let (outcome, server_wait, error) = match sent {
             Sent::ErrorStatus {
-                status,
-                wait,
-                request_id,
+                head:
+                    ErrorHead {
+                        status,
+                        wait,
+                        request_id,
+                    },
                 body,
             } => {
                 self.reached = true;
