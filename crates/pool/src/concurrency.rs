@@ -374,6 +374,7 @@ mod tests {
         // The permit comes back under the lock and waits for `a`; nobody can take it
         // without queueing behind `a`.
         drop(p);
+        assert!(l.try_acquire().is_none());
         assert!(!l.try_take_unqueued());
         let Poll::Ready(pa) = poll(&mut a) else {
             panic!("a is first in line")
@@ -381,6 +382,9 @@ mod tests {
         // The queue is empty again: the flag is down and the lock-free paths work.
         assert_eq!(l.word.load(Ordering::Relaxed) & QUEUED, 0);
         drop(pa);
+        let p = l.try_acquire().expect("free, nobody queued");
+        assert!(l.try_acquire().is_none());
+        drop(p);
         assert!(l.try_take_unqueued());
         assert!(l.try_give_unqueued());
         assert_eq!((l.in_flight(), l.peak_in_flight()), (0, 1));

@@ -399,6 +399,8 @@ fn max_parallel_caps_in_flight_and_cancelled_calls_give_permits_back() {
     assert_eq!(client.in_flight(), 4);
     assert_eq!(client.peak_in_flight(), 4);
     assert_eq!(w.transport.peak_in_flight(), 4);
+    // 12 sent, 4 of them in flight; the other 20 queue for a permit.
+    assert_eq!(client.waiting_for_permit(), 20);
     // Served in arrival order: 4 per second.
     assert_eq!(
         w.sent_at(),
@@ -408,6 +410,7 @@ fn max_parallel_caps_in_flight_and_cancelled_calls_give_permits_back() {
         call.abort();
     }
     assert_eq!(client.in_flight(), 0);
+    assert_eq!(client.waiting_for_permit(), 0);
     assert_eq!(w.transport.in_flight(), 0);
     w.assert_contract();
     // The permits are all back.

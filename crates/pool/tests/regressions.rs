@@ -63,6 +63,48 @@ fn a_send_that_waited_for_a_permit_while_the_breaker_opened_does_not_go_out() {
 }
 
 #[test]
+fn a_pass_sent_back_to_the_gate_builds_no_request() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let w = World::new();
+    w.transport.push(Reply::status(503).after(secs(1)));
+    w.transport.default_reply(Reply::ok());
+    let client = w
+        .builder()
+        .max_parallel(1)
+        .breaker(1, secs(5), secs(5))
+        .build()
+        .unwrap();
+    let first = w.spawn_call(&client, CallPolicy::background(), "/a");
+    let builds = Arc::new(AtomicU32::new(0));
+    let second = {
+        let (client, builds) = (client.clone(), builds.clone());
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::background(), |h| {
+                    builds.fetch_add(1, Ordering::SeqCst);
+                    h.get("/b")
+                })
+                .await
+                .map(|_| ())
+        })
+    };
+    w.rt.run_until(w.rt.now() + ms(10)).unwrap();
+    // The second call holds its gate pass and waits for the permit: nothing built.
+    assert_eq!(client.waiting_for_permit(), 1);
+    assert_eq!(builds.load(Ordering::SeqCst), 0);
+    w.rt.run().unwrap();
+    assert!(w.rt.block_on(first).unwrap().is_err());
+    let err = w.rt.block_on(second).unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BreakerOpen);
+    // The breaker opened during the wait: the pass went back to the gate, which
+    // refused it, and the request closure never ran.
+    assert_eq!(builds.load(Ordering::SeqCst), 0);
+    w.assert_contract();
+}
+
+#[test]
 fn ms_excludes_the_error_body_read() {
     let w = World::new();
     w.transport.push(
