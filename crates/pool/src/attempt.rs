@@ -380,16 +380,20 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     }
 
     /// Waits in the permit queue (the lock-free take found no permit, or callers
-    /// queued), raced against the budget's end.
-    async fn wait_for_permit(&self) -> Result<Permit<'c>, ClientError> {
+    /// queued), raced against the budget's end, holding the prepared request.
+    async fn wait_for_permit(
+        &self,
+        request: T::Request,
+    ) -> Result<(Permit<'c>, T::Request), ClientError> {
         let client = self.client;
         let acquire = client.limiter.acquire();
-        match self.deadline {
+        let permit = match self.deadline {
             Some(deadline) => timeout_at(&client.runtime, deadline, acquire)
                 .await
-                .map_err(|_| self.timed_out_at_gate()),
-            None => Ok(acquire.await),
-        }
+                .map_err(|_| self.timed_out_at_gate())?,
+            None => acquire.await,
+        };
+        Ok((permit, request))
     }
 
     /// Tells the breaker what a send proved, frees the probe slot, and returns the
@@ -433,13 +437,25 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 Err(error) => return Err(self.refuse(error)),
             };
 
-            // ---- send_once: the permit (its wait counts toward the budget), the
-            // request, then Started, the send under its time limit, and the permit
-            // back at the head.
+            // ---- prepare a fresh request (a sync helper, so the request never sits
+            // in the call's state). A draft that cannot be prepared fails here, at
+            // once, holding no permit.
+            let (mut request, idempotent) = match self.prepare(&mut build, token) {
+                Ok(prepared) => prepared,
+                Err(error) => {
+                    drop(probe);
+                    return Err(self.refuse(error));
+                }
+            };
+
+            // ---- send_once: the permit (its wait counts toward the budget; the
+            // request waits with it, in the boxed wait), then Started, the send under
+            // its time limit, and the permit back at the head.
             let permit = match client.limiter.try_acquire() {
                 Some(permit) => permit,
-                None => match Box::pin(self.wait_for_permit()).await {
-                    Ok(permit) => {
+                None => match Box::pin(self.wait_for_permit(request)).await {
+                    Ok((permit, waited)) => {
+                        request = waited;
                         now = self.now();
                         yielded = true;
                         permit
@@ -451,7 +467,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 },
             };
             // The breaker may have opened while this send waited for its token or
-            // permit: a send that is not the probe asks again, from the top.
+            // permit: a send that is not the probe asks again, from the top (the
+            // request is dropped; the next pass builds a fresh one).
             if probe.is_none()
                 && yielded
                 && let Some(breaker) = &client.breaker
@@ -472,17 +489,6 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 drop((permit, probe));
                 return Err(self.refuse(self.timed_out_at_gate()));
             }
-
-            // ---- prepare a fresh request (after the permit: a pass sent back to the
-            // gate builds nothing). A sync helper, so the request never sits in the
-            // call's state.
-            let (request, idempotent) = match self.prepare(&mut build, token) {
-                Ok(prepared) => prepared,
-                Err(error) => {
-                    drop((permit, probe));
-                    return Err(self.refuse(error));
-                }
-            };
 
             if !self.redialing {
                 self.attempt = self.attempt.saturating_add(1);
@@ -592,8 +598,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     }
 
     /// Builds the draft, prepares it, and decorates it (auth token, retry count).
-    #[inline(always)]
     /// Returns the request and whether the call counts as idempotent.
+    #[inline(always)]
     fn prepare<F>(
         &mut self,
         build: &mut F,

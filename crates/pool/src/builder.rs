@@ -128,14 +128,18 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     }
 
     /// At most `per_second` sends per second, with a burst of `ceil(per_second)`. The
-    /// bucket starts full. `build()` refuses 0, negative, NaN and infinite rates.
+    /// bucket starts full. `build()` refuses 0, negative, NaN and infinite rates, and
+    /// one so slow that refilling the burst would take more than
+    /// [`MAX_REFILL`](crate::rate::MAX_REFILL).
     pub fn rate_limit(mut self, per_second: f64) -> Self {
         self.rate = Some((per_second, None));
         self
     }
 
     /// At most `per_second` sends per second, with an explicit `burst`. `build()`
-    /// refuses the rates [`rate_limit`](Self::rate_limit) refuses and a burst of 0.
+    /// refuses the rates [`rate_limit`](Self::rate_limit) refuses, a burst of 0, and a
+    /// burst that would take more than [`MAX_REFILL`](crate::rate::MAX_REFILL) to
+    /// refill.
     pub fn rate_limit_with_burst(mut self, per_second: f64, burst: u32) -> Self {
         self.rate = Some((per_second, Some(burst)));
         self

@@ -214,7 +214,8 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         self.shared.limiter.in_flight()
     }
 
-    /// Calls waiting for a permit right now (all `max_parallel` are held).
+    /// Calls queued for a permit right now: all `max_parallel` are held, or one was
+    /// just freed and waits for the front of the queue to take it.
     #[must_use]
     pub fn waiting_for_permit(&self) -> usize {
         self.shared.limiter.waiting()

@@ -16,6 +16,12 @@ use crate::error::ConfigError;
 use crate::sync::{AtomicU64, Ordering};
 use crate::time::Instant;
 
+/// The longest a [`RateLimit`]'s burst may take to refill: 2^62 ns, about 146 years.
+/// The bucket keeps its time in 64-bit nanoseconds; this bound keeps every sum it
+/// makes (the clock, plus the burst's tolerance, plus one interval) inside them for
+/// the first 290 years of a runtime's clock.
+pub const MAX_REFILL: Duration = Duration::from_nanos(1 << 62);
+
 /// The bucket's settings: a rate and a burst.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit {
@@ -26,8 +32,9 @@ pub struct RateLimit {
 impl RateLimit {
     /// `per_second` sends per second with a burst of `ceil(per_second)` (at least 1).
     ///
-    /// Refuses a rate that is 0, negative, NaN, infinite, or so small that one token
-    /// would take longer than `Duration::MAX`.
+    /// Refuses a rate that is 0, negative, NaN, infinite, or so small that refilling
+    /// the burst would take longer than [`MAX_REFILL`] (the bucket keeps its time in
+    /// 64-bit nanoseconds).
     ///
     /// ```
     /// use vantage_api_pool::rate::RateLimit;
@@ -40,17 +47,37 @@ impl RateLimit {
         // ceil of a finite positive f64 fits u32 after clamping; rates above
         // u32::MAX per second get a burst of u32::MAX.
         let burst = per_second.ceil().clamp(1.0, f64::from(u32::MAX)) as u32;
-        Ok(RateLimit { interval, burst })
+        RateLimit { interval, burst }.checked()
     }
 
     /// `per_second` sends per second with an explicit `burst`. Refuses the rates
-    /// [`per_second`](RateLimit::per_second) refuses, and a burst of 0.
+    /// [`per_second`](RateLimit::per_second) refuses, a burst of 0, and a burst that
+    /// would take longer than [`MAX_REFILL`] to refill.
+    ///
+    /// ```
+    /// use vantage_api_pool::rate::RateLimit;
+    /// assert!(RateLimit::with_burst(1.0, 1000).is_ok());
+    /// let year = 365.25 * 24.0 * 3600.0;
+    /// // One token a year, a burst of 1,000: a millennium to refill.
+    /// assert_eq!(RateLimit::with_burst(1.0 / year, 1000).unwrap_err().setting(), "rate_limit");
+    /// ```
     pub fn with_burst(per_second: f64, burst: u32) -> Result<Self, ConfigError> {
         let interval = interval(per_second)?;
         if burst == 0 {
             return Err(ConfigError::new("rate_limit.burst", "must be at least 1"));
         }
-        Ok(RateLimit { interval, burst })
+        RateLimit { interval, burst }.checked()
+    }
+
+    /// Refuses a burst whose refill would not fit the bucket's clock.
+    fn checked(self) -> Result<Self, ConfigError> {
+        if self.interval.saturating_mul(self.burst) > MAX_REFILL {
+            return Err(ConfigError::new(
+                "rate_limit",
+                "is too slow for its burst: refilling the burst must take under 146 years",
+            ));
+        }
+        Ok(self)
     }
 
     /// The time one token takes to refill.
@@ -134,6 +161,28 @@ mod tests {
 
     fn at_ms(ms: u64) -> Instant {
         Instant::from_origin(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn a_burst_that_would_outrun_the_clock_is_refused() {
+        let year = 365.25 * 24.0 * 3600.0;
+        for (rate, burst) in [(1.0 / year, 1000), (1e-10, 3), (1e-9, 20)] {
+            let err = RateLimit::with_burst(rate, burst).unwrap_err();
+            assert_eq!(err.setting(), "rate_limit", "{rate} {burst}");
+        }
+        assert_eq!(
+            RateLimit::per_second(1e-10).unwrap_err().setting(),
+            "rate_limit"
+        );
+        // Just inside the bound: granted as promised, the burst and no more.
+        let limit = RateLimit::with_burst(1.0 / (100.0 * year), 1).unwrap();
+        let b = TokenBucket::new(limit);
+        let late = at_ms(200 * 365 * 24 * 3600 * 1000);
+        assert_eq!(b.try_take(late), Ok(()));
+        assert!(b.try_take(late).is_err());
+        let b = TokenBucket::new(RateLimit::with_burst(1.0 / year, 140).unwrap());
+        let taken = (0..1000).filter(|_| b.try_take(late).is_ok()).count();
+        assert_eq!(taken, 140);
     }
 
     #[test]

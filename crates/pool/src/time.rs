@@ -11,7 +11,8 @@ use std::ops::{Add, Sub};
 use std::time::Duration;
 
 /// A point on a runtime's monotonic clock, measured from that runtime's origin in
-/// whole nanoseconds (a `u64`: about 584 years, far beyond any deadline a call sets).
+/// whole nanoseconds (a `u64`: about 584 years; settings that could reach past it,
+/// such as a rate bucket refilling over centuries, are refused where they are made).
 ///
 /// Arithmetic saturates instead of panicking: adding [`Duration::MAX`] gives the
 /// latest representable instant, [`Instant::FAR_FUTURE`], and subtracting a later

@@ -1,6 +1,7 @@
 //! Model checking of the concurrency-critical parts with shuttle: the breaker's
-//! probe slot with epochs, the permit limiter's in-flight accounting and queue, and
-//! the single-flight token fetch.
+//! probe slot with epochs, the permit limiter's in-flight accounting, queue and
+//! lock-free path, the rate bucket's compare-exchange, and the single-flight token
+//! fetch.
 //!
 //! The code under test is the real code: with the internal-testing feature `shuttle`
 //! the pool's locks and atomics (`src/sync.rs`) are shuttle's inside a shuttle
@@ -43,6 +44,7 @@ use vantage_api_pool::breaker::{
 };
 use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::concurrency::Limiter;
+use vantage_api_pool::rate::{RateLimit, TokenBucket};
 use vantage_api_pool::{
     BreakerEffect, CallPolicy, Instant, PreparedRequest, ResilientClient, Runtime, TokenSource,
     Transport, TransportError, TransportResponse,
@@ -568,11 +570,13 @@ fn permits_stay_within_the_cap_and_come_back() {
 }
 
 /// One permit, held by the main task while A, B and C queue in that order; B may be
-/// aborted while queued; then the permit is freed and a newcomer D arrives at once.
+/// aborted while queued; then the permit is freed, a newcomer D arrives at once, and
+/// E calls `try_acquire` once at a random point.
 ///
 /// Checked (what `concurrency.rs` promises): permits go in arrival order, A before
 /// B before C, and D after all of them: a newcomer never jumps the queue, even while
-/// the front of it is being woken. At the end nothing is in flight or waiting.
+/// the front of it is being woken; E gets a permit only after everyone else. At the
+/// end nothing is in flight or waiting.
 #[test]
 fn permits_go_in_arrival_order() {
     explore("permit order", 0xB4EA_0004, || {
@@ -602,11 +606,34 @@ fn permits_go_in_arrival_order() {
             }
             drop(first);
             let newcomer = take('D');
+            // E tries the lock-free path once, at a random point: it may only win
+            // when nobody is queued, that is after everyone else.
+            let opportunist = {
+                let (limiter, order) = (limiter.clone(), order.clone());
+                let delay = pick(8);
+                spawn(async move {
+                    for _ in 0..delay {
+                        yield_now().await;
+                    }
+                    if let Some(permit) = limiter.try_acquire() {
+                        order.lock().unwrap().push('E');
+                        drop(permit);
+                    }
+                })
+            };
             for task in queued {
                 let _ = task.await;
             }
             newcomer.await.unwrap();
-            let order = order.lock().unwrap().clone();
+            opportunist.await.unwrap();
+            let mut order = order.lock().unwrap().clone();
+            if order.last() == Some(&'E') {
+                order.pop();
+            }
+            assert!(
+                !order.contains(&'E'),
+                "try_acquire jumped the queue: {order:?}"
+            );
             let expected: &[char] = if order.contains(&'B') {
                 &['A', 'B', 'C', 'D']
             } else {
@@ -655,6 +682,40 @@ fn permits_freed_together_reach_every_waiter() {
         });
         assert_eq!((limiter.in_flight(), limiter.waiting()), (0, 0));
         assert_eq!(limiter.peak_in_flight(), 2);
+    });
+}
+
+/// A burst-4 bucket, three tasks taking two tokens each at the same instant, the
+/// compare-exchange loop interleaved at every atomic access.
+///
+/// Checked: exactly the burst is handed out, and the next token is due one interval
+/// after the instant.
+#[test]
+fn the_rate_bucket_hands_out_exactly_its_burst() {
+    explore("rate bucket", 0xB4EA_0009, || {
+        let bucket = Arc::new(TokenBucket::new(RateLimit::with_burst(1.0, 4).unwrap()));
+        let at = Instant::from_origin(Duration::from_secs(7));
+        let granted = Arc::new(AtomicUsize::new(0));
+        block_on(async {
+            let tasks: Vec<_> = (0..3)
+                .map(|_| {
+                    let (bucket, granted) = (bucket.clone(), granted.clone());
+                    spawn(async move {
+                        for _ in 0..2 {
+                            if bucket.try_take(at).is_ok() {
+                                granted.fetch_add(1, SeqCst);
+                            }
+                            yield_now().await;
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+        });
+        assert_eq!(granted.load(SeqCst), 4, "the burst, no more, no less");
+        assert_eq!(bucket.try_take(at), Err(Duration::from_secs(1)));
     });
 }
 

@@ -650,6 +650,11 @@ fn invalid_settings_are_refused_by_build_with_the_setting_named() {
         refused(w.builder().rate_limit_with_burst(5.0, 0)),
         "rate_limit.burst"
     );
+    // A burst that would take centuries to refill does not fit the bucket's clock.
+    assert_eq!(
+        refused(w.builder().rate_limit_with_burst(1e-9, 20)),
+        "rate_limit"
+    );
     assert_eq!(
         refused(w.builder().breaker(0, secs(5), secs(60))),
         "breaker.threshold"

@@ -63,7 +63,7 @@ fn a_send_that_waited_for_a_permit_while_the_breaker_opened_does_not_go_out() {
 }
 
 #[test]
-fn a_pass_sent_back_to_the_gate_builds_no_request() {
+fn a_pass_sent_back_to_the_gate_drops_its_request_and_sends_nothing() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -91,16 +91,44 @@ fn a_pass_sent_back_to_the_gate_builds_no_request() {
         })
     };
     w.rt.run_until(w.rt.now() + ms(10)).unwrap();
-    // The second call holds its gate pass and waits for the permit: nothing built.
+    // The second call's request is built (outside any permit) and waits for one.
     assert_eq!(client.waiting_for_permit(), 1);
-    assert_eq!(builds.load(Ordering::SeqCst), 0);
+    assert_eq!(builds.load(Ordering::SeqCst), 1);
     w.rt.run().unwrap();
     assert!(w.rt.block_on(first).unwrap().is_err());
     let err = w.rt.block_on(second).unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::BreakerOpen);
     // The breaker opened during the wait: the pass went back to the gate, which
-    // refused it, and the request closure never ran.
-    assert_eq!(builds.load(Ordering::SeqCst), 0);
+    // refused it; its request was dropped unsent and nothing was built again.
+    assert_eq!(builds.load(Ordering::SeqCst), 1);
+    assert_eq!(w.transport.request_count(), 1);
+    w.assert_contract();
+}
+
+#[test]
+fn a_draft_that_cannot_be_prepared_fails_at_once_even_with_every_permit_held() {
+    let w = World::new();
+    w.transport.push(Reply::ok().after(secs(10)));
+    let client = w.builder().max_parallel(1).build().unwrap();
+    let slow = w.spawn_call(&client, CallPolicy::background(), "/slow");
+    w.rt.run_until(w.rt.now() + ms(1)).unwrap();
+    assert_eq!(client.in_flight(), 1);
+    let bad = {
+        let client = client.clone();
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::essential(), |h| h.get("/bad").invalid())
+                .await
+                .map(|_| ())
+        })
+    };
+    w.rt.run_until(w.rt.now() + ms(1)).unwrap();
+    assert!(bad.is_finished(), "failed without waiting for the permit");
+    let err = w.rt.block_on(bad).unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transport(TransportErrorKind::Config));
+    assert_eq!(client.waiting_for_permit(), 0);
+    w.rt.run().unwrap();
+    assert!(w.rt.block_on(slow).unwrap().is_ok());
     w.assert_contract();
 }
 
