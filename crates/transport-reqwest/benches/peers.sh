@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The peers benchmark of issue 6, in full: CPU time per request of ResilientClient,
-# reqwest-middleware + reqwest-retry and a tower stack as ratios to raw reqwest
+# reqwest-middleware + reqwest-retry, a tower stack, and a reference (raw reqwest
+# under a 10 s tokio timeout) as ratios to raw reqwest
 # (benches/peers.rs, pinned to one core with taskset), then, if valgrind is
 # installed, instructions per request counted by callgrind for each kind and
 # concurrency. Prints both tables in Markdown at the end.
