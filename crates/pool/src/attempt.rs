@@ -244,11 +244,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         };
         match breaker.check(now) {
             Gate::Allow { probe } => Ok((probe.map(|epoch| ProbeGuard::new(breaker, epoch)), now)),
+            // Failing fast needs no future, so an outage's refusals allocate nothing.
+            Gate::OpenFor(_) if self.policy.breaker_mode() != BreakerMode::WaitForProbe => {
+                Err(ClientError::new(ErrorKind::BreakerOpen, self.attempt)
+                    .with_reached(self.reached))
+            }
             Gate::OpenFor(wait) => Box::pin(self.wait_for_breaker(breaker, now, wait)).await,
         }
     }
 
-    /// The breaker is open for `wait` from `now`.
+    /// Under `WaitForProbe`, the breaker is open for `wait` from `now`: sleeps and
+    /// asks again until it lets the send through.
     async fn wait_for_breaker(
         &self,
         breaker: &'c CircuitBreaker,
@@ -256,13 +262,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         mut wait: Duration,
     ) -> Result<(Option<ProbeGuard<'c>>, Instant), ClientError> {
         loop {
-            match self.policy.breaker_mode() {
-                BreakerMode::WaitForProbe => now = self.gate_sleep(now, wait).await?,
-                _ => {
-                    return Err(ClientError::new(ErrorKind::BreakerOpen, self.attempt)
-                        .with_reached(self.reached));
-                }
-            }
+            now = self.gate_sleep(now, wait).await?;
             match breaker.check(now) {
                 Gate::Allow { probe } => {
                     return Ok((probe.map(|epoch| ProbeGuard::new(breaker, epoch)), now));

@@ -233,8 +233,8 @@ impl CircuitBreaker {
                 if s.probe.is_some() {
                     return Gate::OpenFor(PROBE_RECHECK);
                 }
+                // Open to half-open: neither is quiet, so nothing to publish.
                 s.mode = Mode::HalfOpen;
-                self.publish(&s);
                 s.epoch += 1;
                 s.probe = Some(s.epoch);
                 Gate::Allow { probe: s.probe }
