@@ -514,6 +514,28 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     .min(self.policy.attempt_timeout()),
                 None => self.policy.attempt_timeout(),
             };
+            // The request closure or the `Started` callback used up the rest of the
+            // budget: a send with no time left could still reach the server before
+            // its timer fires, so nothing goes out (a policy's attempt time limit is
+            // never zero, so only a budget gets here).
+            if limit.is_zero() {
+                drop(guard.permit.take());
+                drop(guard.probe.take());
+                let before = if self.redialing { attempt } else { attempt - 1 };
+                let error =
+                    ClientError::new(ErrorKind::TimedOut, before).with_reached(self.reached);
+                guard.finish(
+                    started,
+                    EventKind::Failed {
+                        send,
+                        attempt,
+                        error: error.clone(),
+                        ms: 0,
+                        sent: false,
+                    },
+                );
+                return Err(error);
+            }
             let send_deadline = started.saturating_add(limit);
             let head = timeout_at(
                 &client.runtime,

@@ -251,3 +251,91 @@ fn a_slow_started_callback_counts_neither_into_ms_nor_into_the_time_limit() {
     assert_eq!(w.sent_at(), [secs(5)]);
     assert_eq!(w.now(), secs(5) + ms(100));
 }
+
+#[test]
+fn a_request_closure_that_uses_up_the_budget_sends_nothing() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok().after(ms(10)));
+    let client = w.builder().max_parallel(1).build().unwrap();
+    let policy = CallPolicy::background()
+        .with_attempt_timeout(secs(1))
+        .unwrap()
+        .with_budget(Some(secs(2)))
+        .unwrap();
+    let rt = w.rt.clone();
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| {
+            rt.advance(secs(2)); // a slow closure: the budget ends while it runs
+            h.get("/x")
+        }))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.attempts(), 0, "no attempt went out");
+    assert!(err.nothing_sent());
+    assert_eq!(w.transport.request_count(), 0, "nothing reached the server");
+    assert_eq!(client.in_flight(), 0, "the permit is back");
+    assert!(matches!(
+        w.events().last().unwrap().kind,
+        EventKind::Failed {
+            sent: false,
+            ms: 0,
+            send: 1,
+            attempt: 1,
+            ..
+        }
+    ));
+    w.assert_contract();
+    // The client is whole afterwards: the next call goes out.
+    let ok =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/y")))
+            .unwrap();
+    assert!(ok.is_ok());
+}
+
+#[test]
+fn a_redial_whose_closure_uses_up_the_budget_keeps_its_attempt_count() {
+    let w = World::new();
+    w.transport.push(Reply::fail(
+        TransportErrorKind::NotSent,
+        "stale pooled connection",
+    ));
+    w.transport.default_reply(Reply::ok());
+    let client = w.client();
+    let policy = CallPolicy::background()
+        .with_attempt_timeout(secs(1))
+        .unwrap()
+        .with_budget(Some(secs(2)))
+        .unwrap();
+    let rt = w.rt.clone();
+    let mut builds = 0;
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| {
+            builds += 1;
+            if builds == 2 {
+                rt.advance(secs(3)); // the redial's closure outlasts the budget
+            }
+            h.get("/x")
+        }))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(
+        err.attempts(),
+        1,
+        "the first send went out; its redial did not"
+    );
+    assert_eq!(w.transport.request_count(), 1);
+    let numbers: Vec<_> = w
+        .events()
+        .iter()
+        .filter_map(|e| e.kind.send_and_attempt())
+        .collect();
+    // Started, Failed (NotSent), Redialing, then the redial's Started and Failed.
+    assert_eq!(numbers, [(1, 1), (1, 1), (2, 1), (2, 1), (2, 1)]);
+    assert!(matches!(
+        w.events().last().unwrap().kind,
+        EventKind::Failed { sent: false, .. }
+    ));
+    w.assert_contract();
+}
