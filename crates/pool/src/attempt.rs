@@ -499,6 +499,13 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             // callback, so a slow observer counts neither into `ms` nor into the limit.
             self.emit_at(now, || EventKind::Started { send, attempt });
             let started = self.now();
+            // The request closure or the `Started` callback used up the rest of the
+            // budget: a send with no time left could still reach the server before
+            // its timer fires, so nothing goes out.
+            if self.deadline.is_some_and(|deadline| started >= deadline) {
+                drop((permit, probe));
+                return Err(self.no_time_left(send, attempt, started));
+            }
             let mut guard = InFlight {
                 client,
                 call: self.id,
@@ -508,34 +515,13 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 permit: Some(permit),
                 probe,
             };
+            // Never zero: the deadline lies ahead, and a policy's limit is never zero.
             let limit = match self.deadline {
                 Some(deadline) => deadline
                     .saturating_duration_since(started)
                     .min(self.policy.attempt_timeout()),
                 None => self.policy.attempt_timeout(),
             };
-            // The request closure or the `Started` callback used up the rest of the
-            // budget: a send with no time left could still reach the server before
-            // its timer fires, so nothing goes out (a policy's attempt time limit is
-            // never zero, so only a budget gets here).
-            if limit.is_zero() {
-                drop(guard.permit.take());
-                drop(guard.probe.take());
-                let before = if self.redialing { attempt } else { attempt - 1 };
-                let error =
-                    ClientError::new(ErrorKind::TimedOut, before).with_reached(self.reached);
-                guard.finish(
-                    started,
-                    EventKind::Failed {
-                        send,
-                        attempt,
-                        error: error.clone(),
-                        ms: 0,
-                        sent: false,
-                    },
-                );
-                return Err(error);
-            }
             let send_deadline = started.saturating_add(limit);
             let head = timeout_at(
                 &client.runtime,
@@ -652,6 +638,22 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             request.set_header(name.clone(), HeaderValue::from(self.retries));
         }
         Ok((request, idempotent))
+    }
+
+    /// Ends a send that found no time left before it went out (its permit and
+    /// probe slot already given back): its `Failed` is `TimedOut` with `sent: false`.
+    #[cold]
+    fn no_time_left(&self, send: u32, attempt: u32, at: Instant) -> ClientError {
+        let before = if self.redialing { attempt } else { attempt - 1 };
+        let error = ClientError::new(ErrorKind::TimedOut, before).with_reached(self.reached);
+        self.emit_at(at, || EventKind::Failed {
+            send,
+            attempt,
+            error: error.clone(),
+            ms: 0,
+            sent: false,
+        });
+        error
     }
 
     /// What the call keeps of an error response's head. Hands the response back for

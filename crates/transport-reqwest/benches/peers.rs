@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `reqwest` | `client.get(url).send()`, body read to its end |
 //! | `timeout` | a reference, not a peer: raw reqwest with a time limit, the same request under `tokio::time::timeout(10 s)` (the one tokio timer per request that `ResilientClient`'s attempt time limit costs too) |
+//! | `parts` | a reference, not a peer: raw reqwest plus what `ResilientClient` does around one successful send, as separate calls with no attempt loop (three clock readings, breaker check and record, a rate token, a permit, `Started` and `Succeeded` to the same counting observer, `timeout_at` over `TokioRuntime`): the floor of any client built from the pool's parts |
 //! | `resilient` | `ResilientClient` over `ReqwestTransport` + `TokioRuntime`: default breaker, a rate bucket of 1e9/s, `max_parallel(1024)`, a counting observer; `execute_with(&CallPolicy::bounded(RetryPolicy::default()), \|http\| http.get(url))`, body read to its end |
 //! | `middleware` | reqwest-middleware + `RetryTransientMiddleware` (exponential back-off, 3 retries) |
 //! | `tower` | `ServiceBuilder`: `buffer(1024)` (tower's rate limit is per service value; the buffer shares one stack between the concurrent callers) + `concurrency_limit(1024)` + `rate_limit(1e9 / s)` + `retry` with a policy that clones the request and never retries, around `reqwest::Client` |
@@ -50,8 +51,12 @@ mod native {
     use tower::limit::{ConcurrencyLimit, RateLimit};
     use tower::retry::Retry;
     use tower::{Service, ServiceBuilder, ServiceExt};
+    use vantage_api_pool::breaker::{BreakerConfig, CircuitBreaker, Gate};
+    use vantage_api_pool::concurrency::Limiter;
+    use vantage_api_pool::rate::TokenBucket;
     use vantage_api_pool::{
-        CallPolicy, ResilientClient, RetryPolicy, TransportEvent, TransportObserver,
+        BreakerEffect, CallId, CallPolicy, EventKind, ResilientClient, RetryPolicy, Runtime,
+        TransportEvent, TransportObserver, timeout_at,
     };
     use vantage_api_pool_reqwest::{ReqwestTransport, TokioRuntime};
 
@@ -79,16 +84,18 @@ mod native {
         Floor,
         Reqwest,
         Timeout,
+        Parts,
         Resilient,
         Middleware,
         Tower,
     }
 
     impl Kind {
-        const ALL: [Kind; 6] = [
+        const ALL: [Kind; 7] = [
             Kind::Floor,
             Kind::Reqwest,
             Kind::Timeout,
+            Kind::Parts,
             Kind::Resilient,
             Kind::Middleware,
             Kind::Tower,
@@ -99,6 +106,7 @@ mod native {
                 Kind::Floor => "floor",
                 Kind::Reqwest => "reqwest",
                 Kind::Timeout => "timeout",
+                Kind::Parts => "parts",
                 Kind::Resilient => "resilient",
                 Kind::Middleware => "middleware",
                 Kind::Tower => "tower",
@@ -110,6 +118,7 @@ mod native {
                 Kind::Floor => "floor (raw TCP, no client)",
                 Kind::Reqwest => "raw reqwest",
                 Kind::Timeout => "raw reqwest + a 10 s tokio timeout (reference)",
+                Kind::Parts => "raw reqwest + the contract's parts in line (reference)",
                 Kind::Resilient => "ResilientClient",
                 Kind::Middleware => "reqwest-middleware + reqwest-retry",
                 Kind::Tower => "tower (buffer, limit, rate, retry)",
@@ -152,6 +161,16 @@ mod native {
         }
     }
 
+    /// What `ResilientClient` must do around one successful send, as separate parts
+    /// with no attempt loop: the `parts` reference.
+    struct Parts {
+        runtime: TokioRuntime,
+        breaker: CircuitBreaker,
+        bucket: TokenBucket,
+        limiter: Limiter,
+        observer: Arc<dyn TransportObserver>,
+    }
+
     type TowerInner = ConcurrencyLimit<RateLimit<Retry<NeverRetry, reqwest::Client>>>;
     type TowerStack =
         tower::buffer::Buffer<reqwest::Request, <TowerInner as Service<reqwest::Request>>::Future>;
@@ -164,6 +183,7 @@ mod native {
         resilient: ResilientClient<ReqwestTransport, TokioRuntime>,
         policy: CallPolicy,
         observer: Arc<CountingObserver>,
+        parts: Arc<Parts>,
         middleware: reqwest_middleware::ClientWithMiddleware,
         tower: TowerStack,
         /// The floor's keep-alive connections, lent to its tasks for a run.
@@ -239,6 +259,15 @@ mod native {
                 .build()
                 .expect("valid settings");
         let policy = CallPolicy::bounded(RetryPolicy::default());
+        let parts = Arc::new(Parts {
+            runtime: TokioRuntime::new(),
+            breaker: CircuitBreaker::new(BreakerConfig::default_breaker()),
+            bucket: TokenBucket::new(
+                vantage_api_pool::rate::RateLimit::per_second(1e9).expect("rate"),
+            ),
+            limiter: Limiter::new(1024).expect("limit"),
+            observer: observer.clone(),
+        });
         let middleware = reqwest_middleware::ClientBuilder::new(reqwest.clone())
             .with(reqwest_retry::RetryTransientMiddleware::new_with_policy(
                 reqwest_retry::policies::ExponentialBackoff::builder().build_with_max_retries(3),
@@ -263,6 +292,7 @@ mod native {
             resilient,
             policy,
             observer,
+            parts,
             middleware,
             tower,
             raw,
@@ -298,6 +328,50 @@ mod native {
                 .await
                 .expect("in time")
                 .expect("reqwest");
+            assert!(response.status().is_success());
+            std::hint::black_box(response.bytes().await.expect("body"));
+        }
+    }
+
+    /// The floor of any implementation built from the pool's parts: the gate's clock
+    /// reading, breaker, rate token and permit, `Started`, the send's clock reading and
+    /// time limit (`timeout_at` over `TokioRuntime`), the head's clock reading, the
+    /// breaker told, `Succeeded`. No loop, no retry state, no call id.
+    async fn parts_task(parts: Arc<Parts>, client: reqwest::Client, url: Arc<str>, n: usize) {
+        for i in 0..n as u64 {
+            let p = &*parts;
+            let now = p.runtime.now();
+            assert_eq!(p.breaker.check(now), Gate::Allow { probe: None });
+            p.bucket.try_take(now).expect("rate token");
+            let permit = p.limiter.try_acquire().expect("permit");
+            let call = Some(CallId(i));
+            let kind = EventKind::Started {
+                send: 1,
+                attempt: 1,
+            };
+            p.observer
+                .on_event("bench", &TransportEvent::new(now, call, kind));
+            let started = p.runtime.now();
+            let response = timeout_at(
+                &p.runtime,
+                started.saturating_add(ATTEMPT_LIMIT),
+                client.get(&*url).send(),
+            )
+            .await
+            .expect("in time")
+            .expect("reqwest");
+            drop(permit);
+            let head_at = p.runtime.now();
+            p.breaker.record(BreakerEffect::Success, None, head_at);
+            let kind = EventKind::Succeeded {
+                send: 1,
+                attempt: 1,
+                status: response.status(),
+                ms: head_at.saturating_duration_since(started).as_millis() as u64,
+                bytes: response.content_length(),
+            };
+            p.observer
+                .on_event("bench", &TransportEvent::new(head_at, call, kind));
             assert!(response.status().is_success());
             std::hint::black_box(response.bytes().await.expect("body"));
         }
@@ -384,6 +458,19 @@ mod native {
             Kind::Timeout => {
                 let handles = (0..conc)
                     .map(|_| tokio::spawn(timeout_task(bench.reqwest.clone(), url.clone(), n)))
+                    .collect();
+                join(handles).await;
+            }
+            Kind::Parts => {
+                let handles = (0..conc)
+                    .map(|_| {
+                        tokio::spawn(parts_task(
+                            bench.parts.clone(),
+                            bench.reqwest.clone(),
+                            url.clone(),
+                            n,
+                        ))
+                    })
                     .collect();
                 join(handles).await;
             }
@@ -497,8 +584,7 @@ mod native {
     /// `--only KIND CONC N`: a warm-up, then N requests of one kind in the measured
     /// section; prints the requests and CPU time for the section.
     fn only(args: &[String]) {
-        let usage =
-            "usage: peers --only KIND CONC N (KIND: floor|reqwest|resilient|middleware|tower)";
+        let usage = "usage: peers --only KIND CONC N (KIND: floor|reqwest|timeout|parts|resilient|middleware|tower)";
         let kind = args.first().and_then(|k| Kind::parse(k)).expect(usage);
         let conc: usize = args.get(1).and_then(|c| c.parse().ok()).expect(usage);
         let total: usize = args.get(2).and_then(|c| c.parse().ok()).expect(usage);
@@ -619,6 +705,7 @@ mod native {
         println!("| floor (raw TCP, no client), absolute | {} |", abs(floor));
         for kind in [
             Kind::Timeout,
+            Kind::Parts,
             Kind::Resilient,
             Kind::Middleware,
             Kind::Tower,
@@ -639,6 +726,7 @@ mod native {
         println!("|---|---|---|---|");
         for kind in [
             Kind::Timeout,
+            Kind::Parts,
             Kind::Resilient,
             Kind::Middleware,
             Kind::Tower,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The peers benchmark of issue 6, in full: CPU time per request of ResilientClient,
-# reqwest-middleware + reqwest-retry, a tower stack, and a reference (raw reqwest
-# under a 10 s tokio timeout) as ratios to raw reqwest
+# reqwest-middleware + reqwest-retry, a tower stack, and two references (raw reqwest
+# under a 10 s tokio timeout; raw reqwest plus the pool's parts called in line) as
+# ratios to raw reqwest
 # (benches/peers.rs, pinned to one core with taskset), then, if valgrind is
 # installed, instructions per request counted by callgrind for each kind and
 # concurrency. Prints both tables in Markdown at the end.
@@ -16,7 +17,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 
 cpu=${PEERS_CPU:-0}
 vg_requests=${PEERS_VALGRIND_REQUESTS:-2048}
-kinds=(floor reqwest timeout resilient middleware tower)
+kinds=(floor reqwest timeout parts resilient middleware tower)
 concs=(1 16 128)
 
 echo "==> building the bench (cargo bench --no-run)" >&2
@@ -63,6 +64,7 @@ if [[ ${PEERS_SKIP_VALGRIND:-0} != 1 ]] && command -v valgrind >/dev/null; then
     label() {
         case $1 in
             timeout) echo "raw reqwest + a 10 s tokio timeout (reference)" ;;
+            parts) echo "raw reqwest + the contract's parts in line (reference)" ;;
             resilient) echo "ResilientClient" ;;
             middleware) echo "reqwest-middleware + reqwest-retry" ;;
             tower) echo "tower (buffer, limit, rate, retry)" ;;
@@ -76,14 +78,14 @@ if [[ ${PEERS_SKIP_VALGRIND:-0} != 1 ]] && command -v valgrind >/dev/null; then
     row="| floor (raw TCP, no client), absolute |"
     for c in "${concs[@]}"; do row+=" $(per "${ir[floor.$c]}") |"; done
     inst_table+="$row"$'\n'
-    for k in timeout resilient middleware tower; do
+    for k in timeout parts resilient middleware tower; do
         row="| $(label "$k") |"
         for c in "${concs[@]}"; do row+=" $(ratio "${ir[$k.$c]}" "${ir[reqwest.$c]}") |"; done
         inst_table+="$row"$'\n'
     done
     inst_table+=$'\n'"Client's own share, (kind - floor) / (raw reqwest - floor):"$'\n\n'
     inst_table+="| client | c=1 | c=16 | c=128 |"$'\n'"|---|---|---|---|"$'\n'
-    for k in timeout resilient middleware tower; do
+    for k in timeout parts resilient middleware tower; do
         row="| $(label "$k") |"
         for c in "${concs[@]}"; do
             row+=" $(ratio "$((ir[$k.$c] - ir[floor.$c]))" "$((ir[reqwest.$c] - ir[floor.$c]))") |"
