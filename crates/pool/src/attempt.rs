@@ -80,15 +80,11 @@ pub(crate) struct Call<'c, T, R, A> {
     deadline: Option<Instant>,
 }
 
-/// Splits a response head: one for the caller (1xx, 2xx, 3xx) with its status, or
-/// an error response. By value, so the call's state never holds a borrowed head.
-fn for_caller<Resp: TransportResponse>(response: Resp) -> Result<(Resp, http::StatusCode), Resp> {
-    let status = response.status();
-    if status.is_success() || status.is_informational() || status.is_redirection() {
-        Ok((response, status))
-    } else {
-        Err(response)
-    }
+/// Whether a response with this status goes to the caller (1xx, 2xx, 3xx); any
+/// other status is an error response. Only the status is read, so the call's state
+/// never holds a borrowed head and the response is not moved to be sorted.
+fn for_caller(status: http::StatusCode) -> bool {
+    status.is_success() || status.is_informational() || status.is_redirection()
 }
 
 /// What comes after a failed send.
@@ -534,43 +530,41 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             let head_at = self.now();
             let ms = millis(head_at.saturating_duration_since(started));
             let sent = match head {
-                Ok(Ok(response)) => match for_caller(response) {
-                    Ok((response, status)) => {
-                        // ---- record a response for the caller: tell the breaker, free
-                        // the probe slot, report Succeeded and any transition.
-                        self.reached = true;
-                        let effect =
-                            classify(Outcome::Status(status), &CallFacts::default()).breaker;
-                        let transition = self.tell_breaker(effect, guard.probe.take(), head_at);
-                        let bytes = response.content_length();
-                        guard.finish(
-                            head_at,
-                            EventKind::Succeeded {
-                                send,
-                                attempt,
-                                status,
-                                ms,
-                                bytes,
-                            },
-                        );
-                        self.report_transition(head_at, transition);
-                        return Ok(response);
-                    }
-                    Err(response) => {
-                        // Read off by a sync helper, so no borrowed head sits in the
-                        // call's state during the body read.
-                        let (response, head) = self.error_head(response);
-                        // Boxed: only error responses pay for this state.
-                        let body = Box::pin(read_error_body(
-                            &client.transport,
-                            &client.runtime,
-                            send_deadline,
-                            response,
-                        ))
-                        .await;
-                        Sent::ErrorStatus { head, body }
-                    }
-                },
+                Ok(Ok(response)) if for_caller(response.status()) => {
+                    // ---- record a response for the caller: tell the breaker, free
+                    // the probe slot, report Succeeded and any transition.
+                    self.reached = true;
+                    let status = response.status();
+                    let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
+                    let transition = self.tell_breaker(effect, guard.probe.take(), head_at);
+                    let bytes = response.content_length();
+                    guard.finish(
+                        head_at,
+                        EventKind::Succeeded {
+                            send,
+                            attempt,
+                            status,
+                            ms,
+                            bytes,
+                        },
+                    );
+                    self.report_transition(head_at, transition);
+                    return Ok(response);
+                }
+                Ok(Ok(response)) => {
+                    // Read off by a sync helper, so no borrowed head sits in the
+                    // call's state during the body read.
+                    let (response, head) = self.error_head(response);
+                    // Boxed: only error responses pay for this state.
+                    let body = Box::pin(read_error_body(
+                        &client.transport,
+                        &client.runtime,
+                        send_deadline,
+                        response,
+                    ))
+                    .await;
+                    Sent::ErrorStatus { head, body }
+                }
                 Ok(Err(e)) => Sent::Failed(e),
                 Err(_elapsed) => {
                     client.transport.distrust_connection();
