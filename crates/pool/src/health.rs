@@ -5,6 +5,12 @@
 //! should watch; it keys its figures by the API name each client was built with. A
 //! dashboard reads [`HealthObserver::snapshot`] whenever it redraws. Time comes from
 //! the events' `at`, so the figures work the same on virtual time.
+//!
+//! Events of different calls can reach an observer out of order (two tasks on a
+//! multi-thread runtime report at nearly the same moment), so the figures go by each
+//! event's `at`, not by when it arrived: the window holds exactly the sends whose
+//! `at` lies in it, and the breaker view, the last status and the last error are
+//! those of the latest `at` (on a tie, the one heard last).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -84,10 +90,15 @@ struct Sample {
 #[derive(Debug)]
 struct ApiState {
     breaker: BreakerView,
+    /// The `at` of the breaker event behind `breaker`.
+    breaker_at: Instant,
     in_flight: u32,
+    /// Sorted by `at`.
     samples: VecDeque<Sample>,
+    /// Sorted.
     refused: VecDeque<Instant>,
-    last_status: Option<StatusCode>,
+    /// The status and the `at` of the event that carried it.
+    last_status: Option<(StatusCode, Instant)>,
     last_error: Option<LastError>,
     retries: u64,
     redials: u64,
@@ -99,6 +110,7 @@ impl ApiState {
     fn new(at: Instant) -> Self {
         ApiState {
             breaker: BreakerView::Closed,
+            breaker_at: Instant::ORIGIN,
             in_flight: 0,
             samples: VecDeque::new(),
             refused: VecDeque::new(),
@@ -108,6 +120,21 @@ impl ApiState {
             redials: 0,
             cancelled: 0,
             updated_at: at,
+        }
+    }
+
+    /// Takes `status` as the last one unless a later one is already known.
+    fn saw_status(&mut self, status: StatusCode, at: Instant) {
+        if self.last_status.is_none_or(|(_, seen)| seen <= at) {
+            self.last_status = Some((status, at));
+        }
+    }
+
+    /// Takes a breaker event's view unless a later breaker event was already heard.
+    fn saw_breaker(&mut self, view: BreakerView, at: Instant) {
+        if self.breaker_at <= at {
+            self.breaker = view;
+            self.breaker_at = at;
         }
     }
 
@@ -218,6 +245,14 @@ impl HealthObserver {
     }
 }
 
+/// Inserts `item` after every element whose time is at or before its own: at the end
+/// when events arrive in order, so the common case costs no search.
+fn push_in_order<T>(queue: &mut VecDeque<T>, item: T, at: impl Fn(&T) -> Instant) {
+    let t = at(&item);
+    let pos = queue.iter().rposition(|x| at(x) <= t).map_or(0, |i| i + 1);
+    queue.insert(pos, item);
+}
+
 fn figures(state: &ApiState) -> ApiHealth {
     let sends = u32::try_from(state.samples.len()).unwrap_or(u32::MAX);
     let successes =
@@ -232,7 +267,7 @@ fn figures(state: &ApiState) -> ApiHealth {
         success_rate: (sends > 0).then(|| f64::from(successes) / f64::from(sends)),
         mean_latency_ms: (sends > 0).then(|| total_ms as f64 / f64::from(sends)),
         max_latency_ms: state.samples.iter().map(|s| s.ms).max(),
-        last_status: state.last_status,
+        last_status: state.last_status.map(|(status, _)| status),
         last_error: state.last_error.clone(),
         retries: state.retries,
         redials: state.redials,
@@ -255,33 +290,47 @@ impl TransportObserver for HealthObserver {
             EventKind::Started { .. } => state.in_flight += 1,
             EventKind::Succeeded { status, ms, .. } => {
                 state.in_flight = state.in_flight.saturating_sub(1);
-                state.last_status = Some(*status);
-                state.samples.push_back(Sample {
-                    at: event.at,
-                    ok: true,
-                    ms: *ms,
-                });
+                state.saw_status(*status, event.at);
+                push_in_order(
+                    &mut state.samples,
+                    Sample {
+                        at: event.at,
+                        ok: true,
+                        ms: *ms,
+                    },
+                    |s| s.at,
+                );
             }
             EventKind::Failed {
                 error, ms, sent, ..
             } => {
                 state.in_flight = state.in_flight.saturating_sub(1);
                 if *sent {
-                    state.samples.push_back(Sample {
-                        at: event.at,
-                        ok: false,
-                        ms: *ms,
-                    });
+                    push_in_order(
+                        &mut state.samples,
+                        Sample {
+                            at: event.at,
+                            ok: false,
+                            ms: *ms,
+                        },
+                        |s| s.at,
+                    );
                     if let Some(status) = error.status() {
-                        state.last_status = Some(status);
+                        state.saw_status(status, event.at);
                     }
                 } else {
-                    state.refused.push_back(event.at);
+                    push_in_order(&mut state.refused, event.at, |t| *t);
                 }
-                state.last_error = Some(LastError {
-                    at: event.at,
-                    error: error.clone(),
-                });
+                if state
+                    .last_error
+                    .as_ref()
+                    .is_none_or(|last| last.at <= event.at)
+                {
+                    state.last_error = Some(LastError {
+                        at: event.at,
+                        error: error.clone(),
+                    });
+                }
             }
             EventKind::Cancelled { .. } => {
                 state.in_flight = state.in_flight.saturating_sub(1);
@@ -289,13 +338,14 @@ impl TransportObserver for HealthObserver {
             }
             EventKind::Redialing { .. } => state.redials += 1,
             EventKind::RetryScheduled { .. } => state.retries += 1,
-            EventKind::BreakerOpened { cooldown } => {
-                state.breaker = BreakerView::Open {
+            EventKind::BreakerOpened { cooldown } => state.saw_breaker(
+                BreakerView::Open {
                     since: event.at,
                     cooldown: *cooldown,
-                };
-            }
-            EventKind::BreakerClosed => state.breaker = BreakerView::Closed,
+                },
+                event.at,
+            ),
+            EventKind::BreakerClosed => state.saw_breaker(BreakerView::Closed, event.at),
             EventKind::RowsPulled { .. } | EventKind::WritePushed => {}
         }
         let now = state.updated_at;
@@ -434,6 +484,99 @@ mod tests {
         assert_eq!(h.snapshots().len(), 2);
         h.on_event("b", &ev(20_000, EventKind::BreakerClosed));
         assert_eq!(h.snapshot("b").unwrap().breaker, BreakerView::Closed);
+    }
+
+    fn ok(ms: u64, status: StatusCode) -> EventKind {
+        EventKind::Succeeded {
+            send: 1,
+            attempt: 1,
+            status,
+            ms,
+            bytes: None,
+        }
+    }
+
+    fn failed(ms: u64, sent: bool, error: ClientError) -> EventKind {
+        EventKind::Failed {
+            send: 1,
+            attempt: 1,
+            error,
+            ms,
+            sent,
+        }
+    }
+
+    #[test]
+    fn events_heard_out_of_order_count_by_their_time() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        let late_err = ClientError::new(ErrorKind::Status(StatusCode::BAD_GATEWAY), 1);
+        let early_err = ClientError::new(ErrorKind::Status(StatusCode::SERVICE_UNAVAILABLE), 1);
+        // The breaker closed at 200 ms; the report that it opened at 100 ms is heard
+        // after that.
+        h.on_event("a", &ev(200, EventKind::BreakerClosed));
+        h.on_event(
+            "a",
+            &ev(
+                100,
+                EventKind::BreakerOpened {
+                    cooldown: Duration::from_secs(1),
+                },
+            ),
+        );
+        // A send answered 200 at 20 s; a 503 from 15 s and a 502 from 19 s come
+        // later; a refusal and a send from 5 s come last, already outside the window
+        // that ends at 20 s.
+        h.on_event("a", &ev(20_000, ok(30, StatusCode::OK)));
+        h.on_event("a", &ev(19_000, failed(40, true, late_err)));
+        h.on_event("a", &ev(15_000, failed(50, true, early_err)));
+        let refused = ClientError::new(ErrorKind::BreakerOpen, 0);
+        h.on_event("a", &ev(5_000, failed(0, false, refused)));
+        h.on_event("a", &ev(5_000, ok(60, StatusCode::CREATED)));
+
+        let a = h.snapshot("a").unwrap();
+        assert_eq!(
+            a.breaker,
+            BreakerView::Closed,
+            "the latest breaker event wins"
+        );
+        assert_eq!(
+            a.last_status,
+            Some(StatusCode::OK),
+            "the latest answer wins"
+        );
+        let last = a.last_error.unwrap();
+        assert_eq!(
+            (last.at, last.error.status()),
+            (at(19_000), Some(StatusCode::BAD_GATEWAY)),
+            "the latest error wins"
+        );
+        assert_eq!(
+            (
+                a.sends_in_window,
+                a.successes_in_window,
+                a.refused_in_window
+            ),
+            (3, 1, 0),
+            "the sends from 5 s are outside the window"
+        );
+        assert_eq!(a.max_latency_ms, Some(50));
+        assert_eq!(a.updated_at, at(20_000));
+        // Ties go to the one heard last.
+        h.on_event("a", &ev(20_000, ok(1, StatusCode::ACCEPTED)));
+        assert_eq!(
+            h.snapshot("a").unwrap().last_status,
+            Some(StatusCode::ACCEPTED)
+        );
+    }
+
+    #[test]
+    fn push_in_order_keeps_the_queue_sorted_and_stable() {
+        let mut q = VecDeque::new();
+        for (t, tag) in [(5, 'a'), (3, 'b'), (5, 'c'), (1, 'd'), (9, 'e'), (3, 'f')] {
+            push_in_order(&mut q, (at(t), tag), |x| x.0);
+        }
+        let tags: String = q.iter().map(|x| x.1).collect();
+        assert_eq!(tags, "dbface");
     }
 
     #[test]
