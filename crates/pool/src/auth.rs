@@ -165,7 +165,11 @@ struct AuthInner {
     fetches_done: u64,
     /// The error of the last fetch, with the fetch number it belongs to.
     last_error: Option<(u64, Arc<AuthError>)>,
-    waiters: Vec<Waker>,
+    /// Callers waiting for the running fetch, each under its own key so a caller
+    /// dropped while it waits takes its waker back out.
+    waiters: Vec<(u64, Waker)>,
+    /// The key of the next waiter.
+    next_waiter: u64,
 }
 
 impl std::fmt::Debug for AuthState {
@@ -196,6 +200,7 @@ impl AuthState {
                 fetches_done: 0,
                 last_error: None,
                 waiters: Vec::new(),
+                next_waiter: 0,
             }),
         }
     }
@@ -260,7 +265,12 @@ impl AuthState {
                 Step::Failed(e) => return Err(e),
                 Step::Wait(seen) => {
                     waited_for = Some(seen);
-                    WaitForFetch { state: self, seen }.await;
+                    WaitForFetch {
+                        state: self,
+                        seen,
+                        key: None,
+                    }
+                    .await;
                 }
                 Step::Fetch => {
                     let guard = FetchGuard {
@@ -312,7 +322,7 @@ impl FetchGuard<'_> {
             };
             (outcome, std::mem::take(&mut inner.waiters))
         };
-        waiters.into_iter().for_each(Waker::wake);
+        waiters.into_iter().for_each(|(_, waker)| waker.wake());
         outcome
     }
 }
@@ -325,29 +335,59 @@ impl Drop for FetchGuard<'_> {
                 inner.fetching = false;
                 std::mem::take(&mut inner.waiters)
             };
-            waiters.into_iter().for_each(Waker::wake);
+            waiters.into_iter().for_each(|(_, waker)| waker.wake());
         }
     }
 }
 
 /// Waits until the fetch running when it was created ends (or is abandoned).
+/// Dropped while it waits, it takes its waker back out of the list, so callers that
+/// give up on a fetch that never ends leave nothing behind.
 struct WaitForFetch<'a> {
     state: &'a AuthState,
     seen: u64,
+    /// Its key in `waiters`, once it registered.
+    key: Option<u64>,
 }
 
 impl Future for WaitForFetch<'_> {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut inner = self.state.lock();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let state = self.state;
+        let mut inner = state.lock();
         if !inner.fetching || inner.fetches_done != self.seen {
             return Poll::Ready(());
         }
-        if !inner.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-            inner.waiters.push(cx.waker().clone());
+        let registered = self
+            .key
+            .and_then(|key| inner.waiters.iter_mut().find(|(k, _)| *k == key));
+        match registered {
+            Some((_, waker)) => {
+                if !waker.will_wake(cx.waker()) {
+                    waker.clone_from(cx.waker());
+                }
+            }
+            None => {
+                let key = inner.next_waiter;
+                inner.next_waiter = key.wrapping_add(1);
+                inner.waiters.push((key, cx.waker().clone()));
+                self.key = Some(key);
+            }
         }
         Poll::Pending
+    }
+}
+
+impl Drop for WaitForFetch<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            let mut inner = self.state.lock();
+            // Gone already if the fetch ended and woke everyone.
+            if let Some(pos) = inner.waiters.iter().position(|(k, _)| *k == key) {
+                inner.waiters.swap_remove(pos);
+            }
+        }
     }
 }
 

@@ -339,3 +339,75 @@ fn a_redial_whose_closure_uses_up_the_budget_keeps_its_attempt_count() {
     ));
     w.assert_contract();
 }
+
+/// Counts wake-ups; its reference count shows whether anyone still holds its waker.
+struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+impl futures::task::ArcWake for CountingWaker {
+    fn wake_by_ref(this: &std::sync::Arc<Self>) {
+        this.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn calls_that_give_up_waiting_for_a_token_fetch_leave_no_waker_behind() {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::Context;
+
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = w
+        .builder()
+        .auth(vantage_api_pool::auth::token_fn(|| {
+            std::future::pending::<
+                Result<(http::HeaderName, http::HeaderValue), vantage_api_pool::AuthError>,
+            >()
+        }))
+        .build()
+        .unwrap();
+    // The fetcher: an essential call (no budget) whose fetch never ends.
+    let essential = CallPolicy::essential();
+    let fetcher_waker = futures::task::waker(Arc::new(CountingWaker(Default::default())));
+    let mut fetcher = Box::pin(client.execute_with(&essential, |h| h.get("/x")));
+    assert!(
+        fetcher
+            .as_mut()
+            .poll(&mut Context::from_waker(&fetcher_waker))
+            .is_pending()
+    );
+    // A thousand calls wait for that fetch, then their callers drop them.
+    let background = CallPolicy::background();
+    let wakers: Vec<_> = (0..1000)
+        .map(|_| {
+            let counter = Arc::new(CountingWaker(Default::default()));
+            let waker = futures::task::waker(counter.clone());
+            let mut call = Box::pin(client.execute_with(&background, |h| h.get("/x")));
+            assert!(
+                call.as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            );
+            drop(call);
+            counter
+        })
+        .collect();
+    let held = wakers.iter().filter(|c| Arc::strong_count(c) > 1).count();
+    assert_eq!(held, 0, "{held} wakers of dropped calls are still held");
+    // A caller that is still waiting keeps its place: the fetcher's drop wakes it.
+    let counter = Arc::new(CountingWaker(Default::default()));
+    let waker = futures::task::waker(counter.clone());
+    let mut waiting = Box::pin(client.execute_with(&background, |h| h.get("/x")));
+    assert!(
+        waiting
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    drop(fetcher);
+    assert_eq!(
+        counter.0.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the waiter is woken to take the fetch over"
+    );
+}
