@@ -669,3 +669,98 @@ fn call_ids_are_per_client_and_events_carry_them() {
     let calls: Vec<_> = w.events().iter().map(|e| e.call.unwrap().0).collect();
     assert_eq!(calls, [1, 1, 2, 2, 3, 3]);
 }
+
+#[test]
+fn a_fail_fast_call_whose_failure_opened_the_breaker_returns_that_failure_at_once() {
+    let w = World::new();
+    w.transport
+        .push(Reply::status(503).body("down").header("x-request-id", "r1"));
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(3, ms(250)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    // The retry at 250 ms would meet the open breaker and be refused: the 503, its
+    // body and request id come back now, not a BreakerOpen after a pointless sleep.
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Status(StatusCode::SERVICE_UNAVAILABLE)
+    );
+    assert_eq!(err.body(), Some(&b"down"[..]));
+    assert_eq!(err.request_id(), Some("r1"));
+    assert_eq!(w.now(), Duration::ZERO, "no sleep");
+    assert_eq!(w.kinds(), ["started", "failed", "breaker_opened"]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_fail_fast_retry_goes_as_the_probe_when_the_cooldown_ends_first() {
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().breaker(1, ms(100), secs(60)).build().unwrap();
+    let resp =
+        w.rt.block_on(client.execute_with(&bounded(3, ms(250)), |h| h.get("/x")))
+            .unwrap();
+    assert!(
+        resp.is_ok(),
+        "the retry at 250 ms is the probe after a 100 ms cooldown"
+    );
+    assert_eq!(w.sent_at(), [Duration::ZERO, ms(250)]);
+    assert_eq!(
+        w.kinds(),
+        [
+            "started",
+            "failed",
+            "breaker_opened",
+            "retry_scheduled",
+            "started",
+            "succeeded",
+            "breaker_closed"
+        ]
+    );
+}
+
+#[test]
+fn a_waiting_call_returns_its_failure_when_the_cooldown_outlasts_its_budget() {
+    let w = World::new();
+    w.transport.push(Reply::status(503).body("down"));
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().breaker(1, secs(60), secs(60)).build().unwrap();
+    let policy = bounded(3, ms(250))
+        .with_breaker_mode(vantage_api_pool::BreakerMode::WaitForProbe)
+        .with_budget(Some(secs(30)))
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    // The next attempt could not start before 60 s, past the 30 s budget: the 503
+    // comes back at once instead of a TimedOut after sleeping.
+    assert_eq!(err.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(w.now(), Duration::ZERO);
+    assert_eq!(w.kinds(), ["started", "failed", "breaker_opened"]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_waiting_call_sleeps_through_a_cooldown_that_ends_inside_its_budget() {
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
+    let policy = bounded(3, ms(250))
+        .with_breaker_mode(vantage_api_pool::BreakerMode::WaitForProbe)
+        .with_budget(Some(secs(30)))
+        .unwrap();
+    let resp =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap();
+    assert!(resp.is_ok());
+    assert_eq!(
+        w.sent_at(),
+        [Duration::ZERO, secs(5)],
+        "the probe at the cooldown's end"
+    );
+}
