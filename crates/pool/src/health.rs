@@ -10,7 +10,12 @@
 //! multi-thread runtime report at nearly the same moment), so the figures go by each
 //! event's `at`, not by when it arrived: the window holds exactly the sends whose
 //! `at` lies in it, and the breaker view, the last status and the last error are
-//! those of the latest `at` (on a tie, the one heard last).
+//! those of the latest `at` (on a tie, the one heard last). A send's `at` is read
+//! just before the breaker hears of it, so two sends told apart by less than that
+//! gap, on two threads, can still show their breaker changes in the wrong order
+//! until the next change; [`ResilientClient::breaker_state`] is exact.
+//!
+//! [`ResilientClient::breaker_state`]: crate::ResilientClient::breaker_state
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
