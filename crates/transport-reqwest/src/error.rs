@@ -13,6 +13,7 @@
 //! | what the error says | kind | why |
 //! |---|---|---|
 //! | `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
+//! | from [`ReqwestTransport::send`](crate::ReqwestTransport) only: `is_builder()` about a URL that is not http/https, or about no URL at all | `Interrupted` | raised while following a redirect (to `ftp://…` or `myapp://…`, or an unparseable `Location`): `prepare` let only http/https requests through and reqwest names the URL of every error it raises before sending, so the request was sent and answered |
 //! | a [`hyper::Error`] in the chain with `is_canceled()` | `NotSent` | hyper hands a request back with this error only when it never started writing it (the connection closed or failed first) |
 //! | a [`hyper::Error`] in the chain with `is_closed()` | `NotSent` | while sending, only the readiness check of a connection raises it, before the request is handed over |
 //! | a hyper-util client error about the request itself (`client error (User...)`: an HTTP version or method it does not support) | `Config` | our side, nothing sent |
@@ -100,6 +101,23 @@ pub fn body_error(err: reqwest::Error) -> TransportError {
         TransportErrorKind::Interrupted
     };
     TransportError::new(kind, describe(&err))
+}
+
+/// [`transport_error`] for an error of [`reqwest::Client::execute`] on a request that
+/// `prepare` let through (http or https): a builder error about another URL, or about
+/// none, was raised while following a redirect, after the request was sent and
+/// answered, so it is `Interrupted`, not `Config`. Before sending, reqwest raises
+/// builder errors only about the request's own URL (an `https_only` client refusing
+/// `http`, a URL that is no valid URI), and those stay `Config`.
+pub(crate) fn send_error(err: reqwest::Error) -> TransportError {
+    let own_url = err
+        .url()
+        .is_some_and(|url| matches!(url.scheme(), "http" | "https"));
+    if err.is_builder() && !own_url {
+        let err = err.without_url();
+        return TransportError::new(TransportErrorKind::Interrupted, describe(&err));
+    }
+    transport_error(err)
 }
 
 fn kind_of(err: &reqwest::Error) -> TransportErrorKind {
@@ -223,8 +241,10 @@ fn describe(err: &reqwest::Error) -> String {
     text
 }
 
-/// Replaces everything that looks like `scheme://rest` with `<url>`; `rest` ends at
-/// whitespace or a quote, bracket or angle bracket.
+/// Replaces everything that looks like `scheme://rest` with `<url>`. `rest` ends at
+/// whitespace, a quote, a backtick, an angle bracket or a brace, or at a `)` or `]`
+/// that closes a bracket opened before the URL; brackets opened inside it (an IPv6
+/// host `[::1]`, a path like `Orders(42)`) are part of it.
 fn redact_urls(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -236,9 +256,7 @@ fn redact_urls(text: &str) -> String {
             .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
             .count(); // ASCII only, so chars == bytes
         let after = &rest[at + 3..];
-        let url_len = after
-            .find(|c: char| c.is_whitespace() || "\"'`<>()[]{}".contains(c))
-            .unwrap_or(after.len());
+        let url_len = url_end(after);
         if scheme_len == 0 {
             out.push_str(&rest[..at + 3]);
         } else {
@@ -253,6 +271,21 @@ fn redact_urls(text: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// Where the URL that `after` (the text after `://`) starts with ends.
+fn url_end(after: &str) -> usize {
+    let mut depth = 0usize;
+    for (i, c) in after.char_indices() {
+        match c {
+            '(' | '[' => depth += 1,
+            ')' | ']' if depth == 0 => return i,
+            ')' | ']' => depth -= 1,
+            c if c.is_whitespace() || "\"'`<>{}".contains(c) => return i,
+            _ => {}
+        }
+    }
+    after.len()
 }
 
 #[cfg(test)]
@@ -271,6 +304,24 @@ mod tests {
         assert_eq!(redact_urls("plain text"), "plain text");
         assert_eq!(redact_urls("end http://"), "end <url>");
         assert_eq!(redact_urls("ünï http://x ünï"), "ünï <url> ünï");
+        // Brackets inside the URL belong to it; one closing a bracket opened
+        // before it ends it.
+        assert_eq!(
+            redact_urls("builder error for url (http://[::1]:8080/secret?token=hunter2)"),
+            "builder error for url (<url>)"
+        );
+        assert_eq!(
+            redact_urls("for url (https://api.example/odata/Orders(42)?token=hunter2): x"),
+            "for url (<url>): x"
+        );
+        assert_eq!(
+            redact_urls("[http://h/a[1]?t=hunter2] tail"),
+            "[<url>] tail"
+        );
+        assert_eq!(
+            redact_urls("unbalanced http://h/a(b?t=hunter2"),
+            "unbalanced <url>"
+        );
     }
 
     #[test]

@@ -430,7 +430,7 @@ impl Transport for ReqwestTransport {
             pending
                 .await
                 .map(ReqwestResponse::new)
-                .map_err(transport_error)
+                .map_err(error::send_error)
         }
     }
 

@@ -557,6 +557,39 @@ async fn a_redirect_to_another_origin_does_not_carry_the_authorization_header() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_answered_with_a_redirect_reqwest_cannot_follow_is_not_reported_as_unsent() {
+    let server = FaultServer::start(|_, _| {
+        Act::Respond(response(
+            "303 See Other",
+            &["location: myapp://callback?code=hunter2"],
+            "",
+        ))
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let error = client
+        .execute_with(&policy(2), |http| http.post(&url).body("charge=100"))
+        .await
+        .unwrap_err();
+    // The server processed the POST: not "nothing sent", and not retried (a POST
+    // whose bytes arrived is not idempotent).
+    assert_eq!(server.requests().len(), 1);
+    assert!(!error.nothing_sent(), "{error}");
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted),
+        "{error}"
+    );
+    assert_eq!(
+        trace(&observer),
+        ["started s1 a1", "failed s1 a1 transport:interrupted"]
+    );
+    assert_no_url(&error);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_in_a_custom_header_follows_a_redirect_unless_redirects_are_off() {
     // Documented in the crate docs: reqwest strips only the standard credentials.
     let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;

@@ -327,6 +327,46 @@ async fn a_redirect_loop_is_interrupted_and_its_message_has_no_url() {
 }
 
 #[tokio::test]
+async fn a_redirect_to_a_scheme_reqwest_cannot_follow_is_interrupted_not_config() {
+    // The request went out and was answered; reqwest then refuses the redirect's
+    // target with a "builder" error. That must not read as "nothing sent".
+    let mut server = Server::start(Behaviour::Respond(
+        "HTTP/1.1 303 See Other\r\nlocation: ftp://files.example/secret(1)?token=hunter2\r\ncontent-length: 0\r\n\r\n",
+    ))
+    .await;
+    let url = server.url("/secret?token=hunter2");
+    let transport = transport();
+    let err = send(&transport, transport.handle().get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
+    assert_no_url(&err, &url);
+    assert!(server.next_head().await.starts_with("GET /secret"));
+}
+
+#[tokio::test]
+async fn an_https_only_client_refusing_an_http_url_is_config_and_sends_nothing() {
+    let mut server = Server::start(Behaviour::Respond(
+        "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+    ))
+    .await;
+    let url = server.url("/secret?token=hunter2");
+    let transport =
+        ReqwestTransport::new(reqwest::Client::builder().https_only(true).build().unwrap());
+    let err = send(&transport, transport.handle().get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Config, "{err}");
+    assert_no_url(&err, &url);
+    // Nothing reached the server: a plain client's request is the first it reads.
+    let plain = self::transport();
+    send(&plain, plain.handle().get(server.url("/plain")))
+        .await
+        .unwrap();
+    assert!(server.next_head().await.starts_with("GET /plain"));
+}
+
+#[tokio::test]
 async fn a_draft_that_cannot_be_built_is_config() {
     let transport = transport();
     let err = transport
