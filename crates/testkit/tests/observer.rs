@@ -1,8 +1,9 @@
 //! The recording observer and its contract check, on hand-built event sequences.
 //!
 //! `EventKind::Failed` carries a `ClientError`, which only the pool can build, so the
-//! rules about failures are exercised here through their violations and through
-//! `Succeeded` / `Cancelled`.
+//! rules about failures are exercised here through their violations, through
+//! `Succeeded` / `Cancelled`, and (for redials) through a `Failed` recorded from a
+//! real call.
 
 use std::time::Duration;
 
@@ -316,4 +317,61 @@ fn the_first_violation_wins() {
     assert_eq!((v.rule, v.index), (ContractRule::StartedWhileInFlight, 1));
     let as_error: &dyn std::error::Error = &v;
     assert!(as_error.to_string().contains("event #1"));
+}
+
+#[test]
+fn a_redial_is_followed_by_the_start_it_announced() {
+    use std::sync::Arc;
+    use vantage_api_pool::{ResilientClient, TransportErrorKind};
+    use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+
+    // A real NotSent failure and its Redialing (only the pool builds a ClientError).
+    let rt = VirtualRuntime::new();
+    let transport = ScriptedTransport::new(&rt);
+    transport.push(Reply::fail(TransportErrorKind::NotSent, "stale connection"));
+    transport.default_reply(Reply::ok());
+    let recorded = RecordingObserver::new();
+    let client = ResilientClient::builder(transport, rt.clone())
+        .observer("api", Arc::new(recorded.clone()))
+        .build()
+        .unwrap();
+    rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let kinds: Vec<EventKind> = recorded
+        .events()
+        .into_iter()
+        .map(|r| r.event.kind)
+        .collect();
+    let (failed, redialing) = (kinds[1].clone(), kinds[2].clone());
+    assert!(matches!(failed, EventKind::Failed { send: 1, .. }));
+    assert!(matches!(
+        redialing,
+        EventKind::Redialing {
+            send: 2,
+            attempt: 1
+        }
+    ));
+
+    let head = vec![(0, 1, started(1, 1)), (1, 1, failed), (1, 1, redialing)];
+    // The announced send starts: fine; nothing after it: fine too (the caller may
+    // drop the call while the redial waits at the gate).
+    let mut good = head.clone();
+    good.push((2, 1, started(2, 1)));
+    good.push((3, 1, succeeded(2, 1)));
+    assert!(observe(good).check_contract().is_ok());
+    assert!(observe(head.clone()).check_contract().is_ok());
+    // Any other per-send event next breaks the rule.
+    let mut skipped = head.clone();
+    skipped.push((2, 1, started(3, 1)));
+    assert_eq!(
+        first_violation(skipped).0,
+        ContractRule::RedialNotFollowedByStart
+    );
+    let mut ended = head;
+    ended.push((2, 1, cancelled(2, 1)));
+    assert_eq!(
+        first_violation(ended),
+        (ContractRule::RedialNotFollowedByStart, 3, Some(2))
+    );
 }

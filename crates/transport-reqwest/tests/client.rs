@@ -291,6 +291,7 @@ async fn an_error_body_is_read_up_to_2048_bytes_not_to_its_end() {
     assert_eq!(error.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
     assert_eq!(error.body().unwrap().len(), 2048);
     assert_eq!(trace(&observer), ["started s1 a1", "failed s1 a1 500"]);
+    assert_eq!(server.requests().len(), 1, "one attempt reached the server");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -321,6 +322,7 @@ async fn a_stalled_success_body_is_ended_by_the_read_timeout_of_the_adapters_cli
         elapsed >= Duration::from_millis(250) && elapsed < Duration::from_secs(2),
         "{elapsed:?}"
     );
+    assert_eq!(server.requests().len(), 1, "one attempt reached the server");
 
     // The convenience client has the 30 s read timeout (reqwest shows it in Debug).
     #[cfg(feature = "tokio")]
