@@ -678,6 +678,26 @@ mod native {
             format!("{m:.3} ({q1:.3}-{q3:.3})")
         };
 
+        // One row per kind that is compared with raw reqwest.
+        let ratio_rows = |client_only: bool| {
+            for kind in [
+                Kind::Timeout,
+                Kind::Parts,
+                Kind::Resilient,
+                Kind::Middleware,
+                Kind::Tower,
+            ] {
+                let k = ki(kind);
+                println!(
+                    "| {} | {} | {} | {} |",
+                    kind.label(),
+                    cell(0, k, client_only),
+                    cell(1, k, client_only),
+                    cell(2, k, client_only)
+                );
+            }
+        };
+
         println!();
         println!(
             "CPU time per request (client + server, one thread), ratio to raw reqwest: \
@@ -703,43 +723,13 @@ mod native {
         };
         println!("| raw reqwest, absolute | {} |", abs(raw));
         println!("| floor (raw TCP, no client), absolute | {} |", abs(floor));
-        for kind in [
-            Kind::Timeout,
-            Kind::Parts,
-            Kind::Resilient,
-            Kind::Middleware,
-            Kind::Tower,
-        ] {
-            let k = ki(kind);
-            println!(
-                "| {} | {} | {} | {} |",
-                kind.label(),
-                cell(0, k, false),
-                cell(1, k, false),
-                cell(2, k, false)
-            );
-        }
+        ratio_rows(false);
         println!();
         println!("Client's own share, (kind - floor) / (raw reqwest - floor), same rounds:");
         println!();
         println!("| client | c=1 | c=16 | c=128 |");
         println!("|---|---|---|---|");
-        for kind in [
-            Kind::Timeout,
-            Kind::Parts,
-            Kind::Resilient,
-            Kind::Middleware,
-            Kind::Tower,
-        ] {
-            let k = ki(kind);
-            println!(
-                "| {} | {} | {} | {} |",
-                kind.label(),
-                cell(0, k, true),
-                cell(1, k, true),
-                cell(2, k, true)
-            );
-        }
+        ratio_rows(true);
         println!();
         println!(
             "({} observer events; threads in the process: {extra_threads}; {:.0} s)",
