@@ -202,14 +202,24 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         };
         let send = self.send.saturating_add(1);
         self.emit(|| EventKind::Started { send, attempt });
-        self.emit(|| EventKind::Failed {
+        self.failed_unsent(None, send, attempt, &error);
+        error
+    }
+
+    /// Reports the `Failed { ms: 0, sent: false }` of a send that never went out, at
+    /// `at` or, without it, at the clock's reading.
+    fn failed_unsent(&self, at: Option<Instant>, send: u32, attempt: u32, error: &ClientError) {
+        let kind = || EventKind::Failed {
             send,
             attempt,
             error: error.clone(),
             ms: 0,
             sent: false,
-        });
-        error
+        };
+        match at {
+            Some(at) => self.emit_at(at, kind),
+            None => self.emit(kind),
+        }
     }
 
     /// Sleeps `wait` from `now` at the gate, unless the budget would end first: then
@@ -640,13 +650,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     fn no_time_left(&self, send: u32, attempt: u32, at: Instant) -> ClientError {
         let before = if self.redialing { attempt } else { attempt - 1 };
         let error = ClientError::new(ErrorKind::TimedOut, before).with_reached(self.reached);
-        self.emit_at(at, || EventKind::Failed {
-            send,
-            attempt,
-            error: error.clone(),
-            ms: 0,
-            sent: false,
-        });
+        self.failed_unsent(Some(at), send, attempt, &error);
         error
     }
 

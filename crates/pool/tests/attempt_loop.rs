@@ -428,11 +428,7 @@ fn not_sent_is_redialed_twice_for_free_then_treated_as_interrupted() {
             "succeeded"
         ]
     );
-    let numbers: Vec<_> = w
-        .events()
-        .iter()
-        .filter_map(|e| e.kind.send_and_attempt())
-        .collect();
+    let numbers = w.numbers();
     assert_eq!(
         numbers,
         [

@@ -23,11 +23,7 @@ fn a_redial_refused_at_the_gate_keeps_its_attempt_number() {
             .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::TimedOut);
     assert_eq!(err.attempts(), 1);
-    let numbers: Vec<_> = w
-        .events()
-        .iter()
-        .filter_map(|e| e.kind.send_and_attempt())
-        .collect();
+    let numbers = w.numbers();
     // Started, Failed (NotSent), Redialing, then the synthetic pair of the redial.
     assert_eq!(numbers, [(1, 1), (1, 1), (2, 1), (2, 1), (2, 1)]);
     assert!(matches!(
@@ -326,11 +322,7 @@ fn a_redial_whose_closure_uses_up_the_budget_keeps_its_attempt_count() {
         "the first send went out; its redial did not"
     );
     assert_eq!(w.transport.request_count(), 1);
-    let numbers: Vec<_> = w
-        .events()
-        .iter()
-        .filter_map(|e| e.kind.send_and_attempt())
-        .collect();
+    let numbers = w.numbers();
     // Started, Failed (NotSent), Redialing, then the redial's Started and Failed.
     assert_eq!(numbers, [(1, 1), (1, 1), (2, 1), (2, 1), (2, 1)]);
     assert!(matches!(

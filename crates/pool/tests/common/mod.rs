@@ -57,6 +57,14 @@ impl World {
             .collect()
     }
 
+    /// (send, attempt) of every event that carries them, in order.
+    pub fn numbers(&self) -> Vec<(u32, u32)> {
+        self.events()
+            .iter()
+            .filter_map(|e| e.kind.send_and_attempt())
+            .collect()
+    }
+
     pub fn kinds(&self) -> Vec<&'static str> {
         self.observer.kinds()
     }
