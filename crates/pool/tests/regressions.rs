@@ -248,16 +248,21 @@ fn a_slow_started_callback_counts_neither_into_ms_nor_into_the_time_limit() {
     assert_eq!(w.now(), secs(5) + ms(100));
 }
 
+/// One attempt of at most 1 s, within a 2 s budget.
+fn one_attempt_in_two_seconds() -> CallPolicy {
+    CallPolicy::background()
+        .with_attempt_timeout(secs(1))
+        .unwrap()
+        .with_budget(Some(secs(2)))
+        .unwrap()
+}
+
 #[test]
 fn a_request_closure_that_uses_up_the_budget_sends_nothing() {
     let w = World::new();
     w.transport.default_reply(Reply::ok().after(ms(10)));
     let client = w.builder().max_parallel(1).build().unwrap();
-    let policy = CallPolicy::background()
-        .with_attempt_timeout(secs(1))
-        .unwrap()
-        .with_budget(Some(secs(2)))
-        .unwrap();
+    let policy = one_attempt_in_two_seconds();
     let rt = w.rt.clone();
     let err =
         w.rt.block_on(client.execute_with(&policy, |h| {
@@ -298,11 +303,7 @@ fn a_redial_whose_closure_uses_up_the_budget_keeps_its_attempt_count() {
     ));
     w.transport.default_reply(Reply::ok());
     let client = w.client();
-    let policy = CallPolicy::background()
-        .with_attempt_timeout(secs(1))
-        .unwrap()
-        .with_budget(Some(secs(2)))
-        .unwrap();
+    let policy = one_attempt_in_two_seconds();
     let rt = w.rt.clone();
     let mut builds = 0;
     let err =
