@@ -10,7 +10,7 @@
 //!
 //! | rule ([`ContractRule`]) | what must hold |
 //! |---|---|
-//! | `TimeWentBackwards` | the `at` of one api's events never decreases |
+//! | `TimeWentBackwards` | the `at` of one call's events never decreases |
 //! | `MissingCallId` | every per-send event and `RetryScheduled` carries a call id |
 //! | `SendOutOfOrder` | a call's `Started` events number their sends 1, 2, 3, … |
 //! | `StartedWhileInFlight` | a call starts a send only after its previous send's terminal |
@@ -24,7 +24,9 @@
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //!
 //! Breaker events may carry the call that caused them and are not checked against
-//! the call's state; events without a call (reports) are checked for time order only.
+//! the call's state; events without a call (reports) are not checked. Time order is
+//! a per-call rule: on a multi-thread runtime each task reads the clock and reports
+//! on its own, so events of different calls can reach an observer out of time order.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -337,7 +339,7 @@ impl RecordingObserver {
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ContractRule {
-    /// One api's events went back in time.
+    /// One call's events went back in time.
     TimeWentBackwards,
     /// A per-send event or `RetryScheduled` without a call id.
     MissingCallId,
@@ -376,7 +378,7 @@ impl ContractRule {
     #[must_use]
     pub const fn description(self) -> &'static str {
         match self {
-            ContractRule::TimeWentBackwards => "the `at` of one api's events never decreases",
+            ContractRule::TimeWentBackwards => "the `at` of one call's events never decreases",
             ContractRule::MissingCallId => "per-send events and RetryScheduled carry a call id",
             ContractRule::SendOutOfOrder => "a call numbers its sends 1, 2, 3, ... in order",
             ContractRule::StartedWhileInFlight => {
@@ -505,7 +507,7 @@ struct CallState {
 }
 
 fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolation> {
-    let mut last_at: HashMap<&str, Instant> = HashMap::new();
+    let mut last_at: HashMap<(&str, CallId), Instant> = HashMap::new();
     let mut calls: HashMap<(&str, CallId), CallState> = HashMap::new();
     for (index, recorded) in events.iter().enumerate() {
         let event = &recorded.event;
@@ -520,11 +522,13 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
             rule,
         };
 
-        let previous = last_at.entry(api).or_insert(event.at);
-        if event.at < *previous {
-            return Err(violation(ContractRule::TimeWentBackwards));
+        if let Some(call) = event.call {
+            let previous = last_at.entry((api, call)).or_insert(event.at);
+            if event.at < *previous {
+                return Err(violation(ContractRule::TimeWentBackwards));
+            }
+            *previous = event.at;
         }
-        *previous = event.at;
 
         let per_send = event.kind.send_and_attempt().is_some();
         let retry = matches!(event.kind, EventKind::RetryScheduled { .. });

@@ -229,14 +229,20 @@ fn describe(err: &reqwest::Error) -> String {
             text.push_str(&part);
         }
     }
-    let mut text = redact_urls(&text);
+    shorten(redact_urls(&text))
+}
+
+/// `text` if it is at most [`MAX_MESSAGE`] bytes; otherwise its start, cut on a
+/// character boundary, and `...`, together at most [`MAX_MESSAGE`] bytes.
+fn shorten(mut text: String) -> String {
+    const ELLIPSIS: &str = "...";
     if text.len() > MAX_MESSAGE {
-        let mut cut = MAX_MESSAGE;
+        let mut cut = MAX_MESSAGE - ELLIPSIS.len();
         while !text.is_char_boundary(cut) {
             cut -= 1;
         }
         text.truncate(cut);
-        text.push_str("...");
+        text.push_str(ELLIPSIS);
     }
     text
 }
@@ -321,6 +327,22 @@ mod tests {
         assert_eq!(
             redact_urls("unbalanced http://h/a(b?t=hunter2"),
             "unbalanced <url>"
+        );
+    }
+
+    #[test]
+    fn messages_are_cut_to_512_bytes_on_a_character_boundary() {
+        let short = "x".repeat(MAX_MESSAGE);
+        assert_eq!(shorten(short.clone()), short, "512 bytes stay whole");
+        let long = shorten("y".repeat(MAX_MESSAGE + 1));
+        assert_eq!(long.len(), MAX_MESSAGE);
+        assert!(long.ends_with("yyy..."));
+        // Two-byte characters: the cut never splits one.
+        let wide = shorten("é".repeat(MAX_MESSAGE));
+        assert!(
+            wide.len() <= MAX_MESSAGE && wide.ends_with("é..."),
+            "{}",
+            wide.len()
         );
     }
 
