@@ -423,6 +423,33 @@ fn max_parallel_caps_in_flight_and_cancelled_calls_give_permits_back() {
     assert_eq!(w.now(), ms(2500));
 }
 
+#[test]
+fn the_permit_is_back_at_the_response_head_not_after_the_error_body() {
+    let w = World::new();
+    // An error body that takes a second to read: ten chunks of 10 bytes, 100 ms each.
+    w.transport.push(
+        Reply::status(500)
+            .body(vec![b'e'; 100])
+            .chunk_size(10)
+            .chunk_delay(ms(100)),
+    );
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().max_parallel(1).build().unwrap();
+    let first = w.spawn_call(&client, CallPolicy::background(), "/a");
+    let second = w.spawn_call(&client, CallPolicy::background(), "/b");
+    w.rt.run().unwrap();
+    // The second call took the only permit while the first read its body.
+    assert_eq!(w.sent_at(), [Duration::ZERO, Duration::ZERO]);
+    assert!(w.rt.block_on(second).unwrap().is_ok());
+    assert_eq!(
+        w.rt.block_on(first).unwrap().unwrap_err().status(),
+        Some(StatusCode::INTERNAL_SERVER_ERROR)
+    );
+    assert_eq!(w.now(), secs(1), "the body took its second");
+    assert_eq!(client.peak_in_flight(), 1);
+    w.assert_contract();
+}
+
 /// A token source whose n-th fetch returns `Bearer t{n}` after 50 ms.
 fn counting_tokens(
     rt: &VirtualRuntime,
