@@ -425,12 +425,8 @@ impl Transport for ReqwestTransport {
             Some(rebuild) => rebuild.lock().client.clone(),
             None => client,
         };
-        let pending = client.execute(request);
-        async move {
-            pending
-                .await
-                .map(ReqwestResponse::new)
-                .map_err(error::send_error)
+        Sending {
+            pending: client.execute(request),
         }
     }
 
@@ -457,6 +453,33 @@ impl Transport for ReqwestTransport {
                 sender.rebuilds += 1;
             }
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`ReqwestTransport::send`]: reqwest's own, its outcome mapped
+    /// to the pool's types (a plain struct, not an `async` block, so a send adds no
+    /// state machine of its own).
+    struct Sending<F> {
+        #[pin]
+        pending: F,
+    }
+}
+
+impl<F> Future for Sending<F>
+where
+    F: Future<Output = Result<reqwest::Response, reqwest::Error>>,
+{
+    type Output = Result<ReqwestResponse, TransportError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.project()
+            .pending
+            .poll(cx)
+            .map(|result| result.map(ReqwestResponse::new).map_err(error::send_error))
     }
 }
 
