@@ -17,7 +17,7 @@ use http::HeaderValue;
 
 use crate::auth::{SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
-use crate::breaker::{BreakerState, CircuitBreaker, Gate, ProbeGuard, Transition};
+use crate::breaker::{CircuitBreaker, Gate, ProbeGuard, Transition};
 use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotent,
 };
@@ -773,9 +773,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             Action::Retry if self.policy.retry().allows_retry(self.retries) => {
                 let delay = self.retry_delay(server_wait);
                 let wake = ended.saturating_add(delay);
-                if self.deadline.is_some_and(|deadline| wake >= deadline)
-                    || self.breaker_turns_away(ended, wake)
-                {
+                if self.deadline.is_some_and(|deadline| wake >= deadline) {
                     return Next::Return(error);
                 }
                 let next = attempt.saturating_add(1);
@@ -786,24 +784,6 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 Next::Retry { wake }
             }
             _ => Next::Return(error),
-        }
-    }
-
-    /// Whether the breaker, open at `now` (often opened by this very send), will turn
-    /// away a retry that wakes at `wake`: under `FailFast` it would be refused at the
-    /// gate, and under `WaitForProbe` its cooldown would outlast the budget. Either
-    /// way the next attempt cannot start, so the call returns its last error now
-    /// rather than sleeping to end with `BreakerOpen` or `TimedOut`.
-    fn breaker_turns_away(&self, now: Instant, wake: Instant) -> bool {
-        let Some(breaker) = &self.client.breaker else {
-            return false;
-        };
-        match breaker.state(now) {
-            BreakerState::Open { until } if wake < until => match self.policy.breaker_mode() {
-                BreakerMode::FailFast => true,
-                BreakerMode::WaitForProbe => self.deadline.is_some_and(|d| until >= d),
-            },
-            _ => false,
         }
     }
 

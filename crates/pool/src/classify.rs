@@ -16,7 +16,7 @@
 //! | other 4xx (a second 401 included) | final | reachable |
 //! | 503 with a valid server delay | retry, any method | failure |
 //! | other 5xx | retry if idempotent, else final | failure |
-//! | `NotSent`, fewer than 2 redials so far | redial at once, free | untouched |
+//! | `NotSent`, fewer than 2 redials so far | redial: no back-off, no retry budget (it still passes the gate) | untouched |
 //! | `NotSent` after 2 redials | as `Interrupted` | failure |
 //! | `Connect` | retry, any method | failure |
 //! | `Interrupted`, `TimedOut` | retry if idempotent, else final | failure |

@@ -109,7 +109,7 @@ pub trait TransportResponse {
 ///
 /// | kind | reached the server? | retried | breaker |
 /// |---|---|---|---|
-/// | `NotSent` | no | redialed at once, free, twice per call; a third counts as `Interrupted` | untouched |
+/// | `NotSent` | no | redialed with no back-off and no retry budget (through the gate again), twice per call; a third counts as `Interrupted` | untouched |
 /// | `Connect` | no | yes, any method | failure |
 /// | `Interrupted` | maybe | only if the call is idempotent | failure |
 /// | `TimedOut` | maybe | only if the call is idempotent | failure |

@@ -10,7 +10,7 @@
 //!
 //! | rule ([`ContractRule`]) | what must hold |
 //! |---|---|
-//! | `TimeWentBackwards` | the `at` of one call's events never decreases |
+//! | `TimeWentBackwards` | the `at` of one call's events never decreases, nor that of the events one thread reports for one api (so on a single-threaded executor, such as the testkit's, the `at` of all of an api's events) |
 //! | `MissingCallId` | every per-send event and `RetryScheduled` carries a call id |
 //! | `SendOutOfOrder` | a call's `Started` events number their sends 1, 2, 3, … |
 //! | `StartedWhileInFlight` | a call starts a send only after its previous send's terminal |
@@ -24,9 +24,10 @@
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //!
 //! Breaker events may carry the call that caused them and are not checked against
-//! the call's state; events without a call (reports) are not checked. Time order is
-//! a per-call rule: on a multi-thread runtime each task reads the clock and reports
-//! on its own, so events of different calls can reach an observer out of time order.
+//! the call's state; events without a call (reports) are checked for time order only.
+//! Across calls, time order is checked per reporting thread: on a multi-thread
+//! runtime each task reads the clock and reports on its own, so events of different
+//! calls reported from different threads can reach an observer out of time order.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -72,6 +73,8 @@ pub struct RecordedEvent {
     pub api: Arc<str>,
     /// The event.
     pub event: TransportEvent,
+    /// The thread that reported it.
+    pub thread: std::thread::ThreadId,
 }
 
 #[derive(Default)]
@@ -141,6 +144,7 @@ impl TransportObserver for RecordingObserver {
         state.events.push(RecordedEvent {
             api,
             event: event.clone(),
+            thread: crate::runtime::current_thread(),
         });
     }
 }
@@ -339,7 +343,8 @@ impl RecordingObserver {
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ContractRule {
-    /// One call's events went back in time.
+    /// One call's events, or the events one thread reported for one api, went back
+    /// in time.
     TimeWentBackwards,
     /// A per-send event or `RetryScheduled` without a call id.
     MissingCallId,
@@ -378,7 +383,9 @@ impl ContractRule {
     #[must_use]
     pub const fn description(self) -> &'static str {
         match self {
-            ContractRule::TimeWentBackwards => "the `at` of one call's events never decreases",
+            ContractRule::TimeWentBackwards => {
+                "the `at` of one call's events, and of one thread's events for one api, never decreases"
+            }
             ContractRule::MissingCallId => "per-send events and RetryScheduled carry a call id",
             ContractRule::SendOutOfOrder => "a call numbers its sends 1, 2, 3, ... in order",
             ContractRule::StartedWhileInFlight => {
@@ -508,6 +515,7 @@ struct CallState {
 
 fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolation> {
     let mut last_at: HashMap<(&str, CallId), Instant> = HashMap::new();
+    let mut last_on_thread: HashMap<(&str, std::thread::ThreadId), Instant> = HashMap::new();
     let mut calls: HashMap<(&str, CallId), CallState> = HashMap::new();
     for (index, recorded) in events.iter().enumerate() {
         let event = &recorded.event;
@@ -522,12 +530,20 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
             rule,
         };
 
-        if let Some(call) = event.call {
-            let previous = last_at.entry((api, call)).or_insert(event.at);
-            if event.at < *previous {
-                return Err(violation(ContractRule::TimeWentBackwards));
-            }
-            *previous = event.at;
+        let went_back = |previous: &mut Instant| {
+            let back = event.at < *previous;
+            *previous = (*previous).max(event.at);
+            back
+        };
+        if went_back(
+            last_on_thread
+                .entry((api, recorded.thread))
+                .or_insert(event.at),
+        ) | event
+            .call
+            .is_some_and(|call| went_back(last_at.entry((api, call)).or_insert(event.at)))
+        {
+            return Err(violation(ContractRule::TimeWentBackwards));
         }
 
         let per_send = event.kind.send_and_attempt().is_some();

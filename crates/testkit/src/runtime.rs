@@ -266,7 +266,7 @@ thread_local! {
     static THREAD_ID: ThreadId = std::thread::current().id();
 }
 
-fn current_thread() -> ThreadId {
+pub(crate) fn current_thread() -> ThreadId {
     THREAD_ID
         .try_with(|id| *id)
         .unwrap_or_else(|_| std::thread::current().id())

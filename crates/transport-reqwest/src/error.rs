@@ -13,7 +13,7 @@
 //! | what the error says | kind | why |
 //! |---|---|---|
 //! | `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
-//! | from [`ReqwestTransport::send`](crate::ReqwestTransport) only: `is_builder()` about a URL that is not http/https, or about no URL at all | `Interrupted` | raised while following a redirect (to `ftp://…` or `myapp://…`, or an unparseable `Location`): `prepare` let only http/https requests through and reqwest names the URL of every error it raises before sending, so the request was sent and answered |
+//! | from [`ReqwestTransport::send`](crate::ReqwestTransport) only: `is_builder()` about a URL that is not http/https | `Interrupted` | raised while following a redirect to `ftp://…` or `myapp://…`: `prepare` let only http/https requests through, so the request was sent and answered (a `Location` that cannot be resolved is not followed: the 3xx is the response) |
 //! | a [`hyper::Error`] in the chain with `is_canceled()` | `NotSent` | hyper hands a request back with this error only when it never started writing it (the connection closed or failed first) |
 //! | a [`hyper::Error`] in the chain with `is_closed()` | `NotSent` | while sending, only the readiness check of a connection raises it, before the request is handed over |
 //! | a hyper-util client error about the request itself (`client error (User...)`: an HTTP version or method it does not support) | `Config` | our side, nothing sent |
@@ -104,16 +104,16 @@ pub fn body_error(err: reqwest::Error) -> TransportError {
 }
 
 /// [`transport_error`] for an error of [`reqwest::Client::execute`] on a request that
-/// `prepare` let through (http or https): a builder error about another URL, or about
-/// none, was raised while following a redirect, after the request was sent and
+/// `prepare` let through (http or https): a builder error about a URL of another
+/// scheme was raised while following a redirect, after the request was sent and
 /// answered, so it is `Interrupted`, not `Config`. Before sending, reqwest raises
 /// builder errors only about the request's own URL (an `https_only` client refusing
 /// `http`, a URL that is no valid URI), and those stay `Config`.
 pub(crate) fn send_error(err: reqwest::Error) -> TransportError {
-    let own_url = err
+    let other_scheme = err
         .url()
-        .is_some_and(|url| matches!(url.scheme(), "http" | "https"));
-    if err.is_builder() && !own_url {
+        .is_some_and(|url| !matches!(url.scheme(), "http" | "https"));
+    if err.is_builder() && other_scheme {
         let err = err.without_url();
         return TransportError::new(TransportErrorKind::Interrupted, describe(&err));
     }
