@@ -688,59 +688,34 @@ fn a_fail_fast_retry_goes_out_when_another_calls_answer_closes_the_breaker() {
 }
 
 #[test]
-fn a_fail_fast_retry_that_meets_the_open_breaker_is_refused() {
-    let w = World::new();
-    w.transport.push(Reply::status(503).body("down"));
-    w.transport.default_reply(Reply::ok());
-    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
-    let err =
-        w.rt.block_on(client.execute_with(&bounded(3, ms(250)), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
-    // The breaker is still open when the retry reaches the gate at 250 ms.
-    assert_eq!(err.kind(), ErrorKind::BreakerOpen);
-    assert_eq!(err.attempts(), 1);
-    assert_eq!(w.now(), ms(250));
-    assert_eq!(
-        w.kinds(),
-        [
-            "started",
-            "failed",
-            "breaker_opened",
-            "retry_scheduled",
-            "started",
-            "failed"
-        ]
-    );
-    w.assert_contract();
-}
-
-#[test]
-fn a_fail_fast_retry_goes_as_the_probe_when_the_cooldown_ends_first() {
-    let w = World::new();
-    w.transport.push(Reply::status(503));
-    w.transport.default_reply(Reply::ok());
-    let client = w.builder().breaker(1, ms(100), secs(60)).build().unwrap();
-    let resp =
-        w.rt.block_on(client.execute_with(&bounded(3, ms(250)), |h| h.get("/x")))
-            .unwrap();
-    assert!(
-        resp.is_ok(),
-        "the retry at 250 ms is the probe after a 100 ms cooldown"
-    );
-    assert_eq!(w.sent_at(), [Duration::ZERO, ms(250)]);
-    assert_eq!(
-        w.kinds(),
-        [
-            "started",
-            "failed",
-            "breaker_opened",
-            "retry_scheduled",
-            "started",
-            "succeeded",
-            "breaker_closed"
-        ]
-    );
+fn a_fail_fast_retry_meets_the_breaker_as_it_is_when_the_retry_wakes() {
+    // The first send's 503 opens the breaker; the retry reaches the gate at 250 ms.
+    for (cooldown, sends, last) in [
+        // Still open: refused at the gate, nothing sent.
+        (secs(5), 1, ["retry_scheduled", "started", "failed"]),
+        // Cooldown over: the retry is the probe, and its 200 closes the breaker.
+        (ms(100), 2, ["started", "succeeded", "breaker_closed"]),
+    ] {
+        let w = World::new();
+        w.transport.push(Reply::status(503).body("down"));
+        w.transport.default_reply(Reply::ok());
+        let client = w.builder().breaker(1, cooldown, secs(60)).build().unwrap();
+        let result =
+            w.rt.block_on(client.execute_with(&bounded(3, ms(250)), |h| h.get("/x")))
+                .unwrap();
+        match sends {
+            1 => {
+                let err = result.unwrap_err();
+                assert_eq!((err.kind(), err.attempts()), (ErrorKind::BreakerOpen, 1));
+            }
+            _ => assert!(result.is_ok()),
+        }
+        assert_eq!(w.transport.request_count(), sends);
+        assert_eq!(w.now(), ms(250));
+        assert_eq!(w.kinds()[..3], ["started", "failed", "breaker_opened"]);
+        assert!(w.kinds().ends_with(&last), "{:?}", w.kinds());
+        w.assert_contract();
+    }
 }
 
 #[test]
