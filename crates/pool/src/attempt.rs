@@ -47,14 +47,6 @@ struct Ticket<'c> {
     yielded: bool,
 }
 
-/// The breaker's answer at the gate, short of a refusal.
-enum BreakerAnswer<'c> {
-    /// Send now; the probe slot when this send is the half-open probe.
-    Pass(Option<ProbeGuard<'c>>),
-    /// Open for this long (under `WaitForProbe`): sleep, then ask again.
-    Wait(Duration),
-}
-
 /// Polls `future` once, without waiting: `Pending` leaves it registered to wake this
 /// task, so the caller can go on to await it.
 async fn poll_once<F: Future + ?Sized>(mut future: Pin<&mut F>) -> Poll<F::Output> {
@@ -246,22 +238,24 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         ClientError::new(ErrorKind::TimedOut, self.attempt).with_reached(self.reached)
     }
 
-    /// Asks the breaker, without waiting. An error refuses a `FailFast` call
-    /// (failing fast needs no future, so an outage's refusals allocate nothing).
-    fn ask_breaker(
+    /// Asks the breaker until it lets this send through: `FailFast` gives up at once,
+    /// `WaitForProbe` sleeps and asks again. The first answer comes without a future;
+    /// only a wait is boxed, so the common case keeps no sleep in the call's state.
+    async fn pass_breaker(
         &self,
-        breaker: &'c CircuitBreaker,
         now: Instant,
-    ) -> Result<BreakerAnswer<'c>, ClientError> {
+    ) -> Result<(Option<ProbeGuard<'c>>, Instant), ClientError> {
+        let Some(breaker) = &self.client.breaker else {
+            return Ok((None, now));
+        };
         match breaker.check(now) {
-            Gate::Allow { probe } => Ok(BreakerAnswer::Pass(
-                probe.map(|epoch| ProbeGuard::new(breaker, epoch)),
-            )),
+            Gate::Allow { probe } => Ok((probe.map(|epoch| ProbeGuard::new(breaker, epoch)), now)),
+            // Failing fast needs no future, so an outage's refusals allocate nothing.
             Gate::OpenFor(_) if self.policy.breaker_mode() != BreakerMode::WaitForProbe => {
                 Err(ClientError::new(ErrorKind::BreakerOpen, self.attempt)
                     .with_reached(self.reached))
             }
-            Gate::OpenFor(wait) => Ok(BreakerAnswer::Wait(wait)),
+            Gate::OpenFor(wait) => Box::pin(self.wait_for_breaker(breaker, now, wait)).await,
         }
     }
 
@@ -281,6 +275,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 }
                 Gate::OpenFor(next) => wait = next,
             }
+        }
+    }
+
+    /// Takes a rate token, sleeping until one is due (the sleep boxed, as above).
+    async fn take_token(&self, now: Instant) -> Result<Instant, ClientError> {
+        match &self.client.bucket {
+            Some(bucket) => match bucket.try_take(now) {
+                Ok(()) => Ok(now),
+                Err(wait) => Box::pin(self.wait_for_token(bucket, now, wait)).await,
+            },
+            None => Ok(now),
         }
     }
 
@@ -326,46 +331,23 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         if self.deadline.is_some_and(|deadline| now >= deadline) {
             return Err(self.timed_out_at_gate());
         }
-        // Each step answers at once in the common case; only a real wait is a
-        // (boxed) future, and any wait means other tasks ran after the breaker let
-        // this send through.
-        let mut yielded = false;
-        let mut probe = None;
-        if let Some(breaker) = &self.client.breaker {
-            probe = match self.ask_breaker(breaker, now)? {
-                BreakerAnswer::Pass(probe) => probe,
-                BreakerAnswer::Wait(wait) => {
-                    let probe;
-                    (probe, now) = Box::pin(self.wait_for_breaker(breaker, now, wait)).await?;
-                    probe
-                }
-            };
-        }
-        let client = self.client;
-        let token = if client.auth.is_configured() {
-            match client.auth_state.current(None) {
-                Some(token) => Some(token),
-                None => {
-                    let token = Box::pin(self.fetch_token(None)).await?;
-                    now = self.now();
-                    yielded = true;
-                    token
-                }
-            }
+        let probe;
+        (probe, now) = self.pass_breaker(now).await?;
+        let breaker_at = now;
+        let configured = self.client.auth.is_configured();
+        let token = if configured {
+            let token = self.auth_token(None).await?;
+            now = self.now();
+            token
         } else {
             None
         };
-        if let Some(bucket) = &client.bucket
-            && let Err(wait) = bucket.try_take(now)
-        {
-            now = Box::pin(self.wait_for_token(bucket, now, wait)).await?;
-            yielded = true;
-        }
+        now = self.take_token(now).await?;
         Ok(Ticket {
             probe,
             token,
             now,
-            yielded,
+            yielded: configured || now != breaker_at,
         })
     }
 
@@ -507,13 +489,6 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     Gate::OpenFor(_) => continue,
                 }
             }
-            // A permit or token wait may have run into the end of the budget: then
-            // nothing is sent.
-            if self.deadline.is_some_and(|deadline| now >= deadline) {
-                drop((permit, probe));
-                return Err(self.refuse(self.timed_out_at_gate()));
-            }
-
             if !self.redialing {
                 self.attempt = self.attempt.saturating_add(1);
             }
@@ -523,9 +498,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             // callback, so a slow observer counts neither into `ms` nor into the limit.
             self.emit_at(now, || EventKind::Started { send, attempt });
             let started = self.now();
-            // The request closure or the `Started` callback used up the rest of the
-            // budget: a send with no time left could still reach the server before
-            // its timer fires, so nothing goes out.
+            // A permit or token wait, the request closure or the `Started` callback
+            // used up the rest of the budget: a send with no time left could still
+            // reach the server before its timer fires, so nothing goes out.
             if self.deadline.is_some_and(|deadline| started >= deadline) {
                 drop((permit, probe));
                 return Err(self.no_time_left(send, attempt, started));

@@ -7,16 +7,18 @@
 //! Real time is spent only on the pool's own short back-offs (1 ms) and breaker
 //! cooldowns (5 ms), so the test takes well under a second.
 
+mod common;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use vantage_api_pool::bytes::Bytes;
-use vantage_api_pool::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use common::{Request, Response};
+use vantage_api_pool::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use vantage_api_pool::{
     CallPolicy, PreparedRequest, ResilientClient, RetryPolicy, Transport, TransportError,
-    TransportErrorKind, TransportResponse,
+    TransportErrorKind,
 };
 use vantage_api_pool_testkit::RecordingObserver;
 use vantage_api_pool_tokio::TokioRuntime;
@@ -31,38 +33,8 @@ struct Flaky {
     peak: Arc<AtomicUsize>,
 }
 
-/// A request, and whether its send should stall until it is dropped.
-struct Request(HeaderMap, bool);
-
-impl PreparedRequest for Request {
-    fn method(&self) -> Option<&Method> {
-        Some(&Method::GET)
-    }
-
-    fn header(&self, name: &HeaderName) -> Option<&HeaderValue> {
-        self.0.get(name)
-    }
-
-    fn set_header(&mut self, name: HeaderName, value: HeaderValue) {
-        self.0.insert(name, value);
-    }
-}
-
-struct Response(StatusCode, HeaderMap);
-
-impl TransportResponse for Response {
-    fn status(&self) -> StatusCode {
-        self.0
-    }
-
-    fn headers(&self) -> &HeaderMap {
-        &self.1
-    }
-
-    async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
-        Ok(None)
-    }
-}
+/// Marks a request whose send stalls until its call is aborted.
+const HOLD: HeaderName = HeaderName::from_static("x-hold");
 
 /// Decrements the in-flight count however the send ends (answered or dropped).
 struct Sending(Arc<AtomicUsize>);
@@ -85,7 +57,11 @@ impl Transport for Flaky {
     }
 
     fn prepare(&self, hold: bool) -> Result<Request, TransportError> {
-        Ok(Request(HeaderMap::new(), hold))
+        let mut headers = HeaderMap::new();
+        if hold {
+            headers.insert(HOLD, HeaderValue::from_static("1"));
+        }
+        Ok(Request(headers))
     }
 
     fn send(&self, request: Request) -> impl Future<Output = Result<Response, TransportError>> {
@@ -97,7 +73,7 @@ impl Transport for Flaky {
         let guard = Sending(Arc::clone(&self.in_flight));
         async move {
             let _guard = guard;
-            if request.1 {
+            if request.header(&HOLD).is_some() {
                 std::future::pending::<()>().await;
             }
             for _ in 0..roll % 4 {

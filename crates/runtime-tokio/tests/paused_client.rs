@@ -2,16 +2,18 @@
 //! server delays and attempt timeouts take no real time, and `now` reads the
 //! jumps exactly.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vantage_api_pool::bytes::Bytes;
-use vantage_api_pool::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use common::{Request, Response};
+use vantage_api_pool::http::{HeaderMap, HeaderValue, StatusCode};
 use vantage_api_pool::{
-    CallPolicy, ErrorKind, Jitter, PreparedRequest, ResilientClient, RetryPolicy, Runtime,
-    Transport, TransportError, TransportResponse,
+    CallPolicy, ErrorKind, Jitter, ResilientClient, RetryPolicy, Runtime, Transport,
+    TransportError, TransportResponse,
 };
 use vantage_api_pool_testkit::RecordingObserver;
 use vantage_api_pool_tokio::TokioRuntime;
@@ -30,39 +32,6 @@ struct Canned(Arc<Mutex<VecDeque<Reply>>>);
 impl Canned {
     fn new(replies: impl IntoIterator<Item = Reply>) -> Self {
         Canned(Arc::new(Mutex::new(replies.into_iter().collect())))
-    }
-}
-
-struct Request(HeaderMap);
-
-impl PreparedRequest for Request {
-    fn method(&self) -> Option<&Method> {
-        Some(&Method::GET)
-    }
-
-    fn header(&self, name: &HeaderName) -> Option<&HeaderValue> {
-        self.0.get(name)
-    }
-
-    fn set_header(&mut self, name: HeaderName, value: HeaderValue) {
-        self.0.insert(name, value);
-    }
-}
-
-#[derive(Debug)]
-struct Response(StatusCode, HeaderMap);
-
-impl TransportResponse for Response {
-    fn status(&self) -> StatusCode {
-        self.0
-    }
-
-    fn headers(&self) -> &HeaderMap {
-        &self.1
-    }
-
-    async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
-        Ok(None)
     }
 }
 

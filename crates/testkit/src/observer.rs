@@ -539,7 +539,7 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
             last_on_thread
                 .entry((api, recorded.thread))
                 .or_insert(event.at),
-        ) | event
+        ) || event
             .call
             .is_some_and(|call| went_back(last_at.entry((api, call)).or_insert(event.at)))
         {
