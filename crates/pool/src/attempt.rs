@@ -112,8 +112,11 @@ struct ErrorHead {
 enum Sent {
     /// Any other status, with what the call keeps of it.
     ErrorStatus { head: ErrorHead, body: Bytes },
-    /// The transport failed, or a time limit cut the send (`TimedOut`).
+    /// The transport failed.
     Failed(TransportError),
+    /// The send's time limit cut it; `by_budget`: that limit was the rest of the
+    /// call's budget, shorter than the attempt timeout.
+    Cut { by_budget: bool },
 }
 
 /// Emits `Cancelled` for a send whose future is dropped before its terminal event.
@@ -234,6 +237,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         Ok(self.now())
     }
 
+    fn fails_fast(&self) -> bool {
+        self.policy.breaker_mode() != BreakerMode::WaitForProbe
+    }
+
+    fn breaker_open(&self) -> ClientError {
+        ClientError::new(ErrorKind::BreakerOpen, self.attempt).with_reached(self.reached)
+    }
+
     fn timed_out_at_gate(&self) -> ClientError {
         ClientError::new(ErrorKind::TimedOut, self.attempt).with_reached(self.reached)
     }
@@ -251,10 +262,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         match breaker.check(now) {
             Gate::Allow { probe } => Ok((probe.map(|epoch| ProbeGuard::new(breaker, epoch)), now)),
             // Failing fast needs no future, so an outage's refusals allocate nothing.
-            Gate::OpenFor(_) if self.policy.breaker_mode() != BreakerMode::WaitForProbe => {
-                Err(ClientError::new(ErrorKind::BreakerOpen, self.attempt)
-                    .with_reached(self.reached))
-            }
+            Gate::OpenFor(_) if self.fails_fast() => Err(self.breaker_open()),
             Gate::OpenFor(wait) => Box::pin(self.wait_for_breaker(breaker, now, wait)).await,
         }
     }
@@ -310,11 +318,19 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     /// does not sit on a rate token). Holds no permit. Returns the clock as the gate
     /// let the send through; the clock is read again only after a wait.
     async fn wait_for_gate(&mut self) -> Result<Ticket<'c>, ClientError> {
+        let before = self.now();
+        // A fail-fast caller facing an open breaker is refused before it queues for
+        // (and uses up) the transport's shared admission: a refusal is not a send.
+        if self.fails_fast()
+            && let Some(breaker) = &self.client.breaker
+            && breaker.refuses(before)
+        {
+            return Err(self.breaker_open());
+        }
         let mut admit = pin!(self.client.transport.admit());
         let mut now = if poll_once(admit.as_mut()).await.is_ready() {
-            self.now()
+            before
         } else {
-            let before = self.now();
             admit.await;
             let after = self.now();
             if let Some(deadline) = self.deadline.as_mut() {
@@ -472,21 +488,29 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     }
                 },
             };
-            // The breaker may have opened while this send waited for its token or
-            // permit: a send that is not the probe asks again, from the top (the
+            // The breaker may have changed while this send waited for its token or
+            // permit. A probe grant goes stale if the breaker closed meanwhile (and
+            // maybe opened again): it is given up, since sending it could put a send
+            // inside a new cooldown or a second probe in flight. A send that is not
+            // the probe asks again; refused, it goes back through the whole gate (the
             // request is dropped; the next pass builds a fresh one).
-            if probe.is_none()
-                && yielded
-                && let Some(breaker) = &client.breaker
-            {
-                match breaker.check(now) {
-                    Gate::Allow { probe: granted } => {
-                        probe = granted.map(|epoch| ProbeGuard::new(breaker, epoch));
+            if yielded && let Some(breaker) = &client.breaker {
+                if probe
+                    .as_ref()
+                    .is_some_and(|held| !breaker.holds_probe(held.epoch()))
+                {
+                    probe = None;
+                }
+                if probe.is_none() {
+                    match breaker.check(now) {
+                        Gate::Allow { probe: granted } => {
+                            probe = granted.map(|epoch| ProbeGuard::new(breaker, epoch));
+                        }
+                        // Back through the whole gate; the rate token taken for this
+                        // pass is not refunded (a held token would let sends bunch up
+                        // when the breaker closes, the moment the API is most fragile).
+                        Gate::OpenFor(_) => continue,
                     }
-                    // Back through the whole gate; the rate token taken for this pass
-                    // is not refunded (a held token would let sends bunch up when
-                    // the breaker closes, the moment the API is most fragile).
-                    Gate::OpenFor(_) => continue,
                 }
             }
             if !self.redialing {
@@ -571,16 +595,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 Ok(Err(e)) => Sent::Failed(e),
                 Err(_elapsed) => {
                     client.transport.distrust_connection();
-                    Sent::Failed(TransportError::new(
-                        TransportErrorKind::TimedOut,
-                        "time limit reached",
-                    ))
+                    Sent::Cut {
+                        by_budget: self.deadline.is_some_and(|deadline| {
+                            deadline.saturating_duration_since(started)
+                                < self.policy.attempt_timeout()
+                        }),
+                    }
                 }
             };
             // An error body read after the head moves the clock; otherwise reuse it.
             let ended = match sent {
                 Sent::ErrorStatus { .. } => self.now(),
-                Sent::Failed(_) => head_at,
+                Sent::Failed(_) | Sent::Cut { .. } => head_at,
             };
 
             // ---- record, then decide (a sync helper: its error and verdict never
@@ -676,6 +702,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     ) -> Next {
         let client = self.client;
         let (send, attempt) = (guard.send, guard.attempt);
+        let mut cut_by_budget = false;
         let (outcome, server_wait, error) = match sent {
             Sent::ErrorStatus {
                 head:
@@ -704,6 +731,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 };
                 (outcome, None, error.with_reached(self.reached))
             }
+            Sent::Cut { by_budget } => {
+                cut_by_budget = by_budget;
+                let outcome = Outcome::Transport(TransportErrorKind::TimedOut);
+                self.reached |= outcome.may_have_reached();
+                let error = ClientError::new(ErrorKind::TimedOut, self.attempt)
+                    .with_source(Arc::new(TransportError::new(
+                        TransportErrorKind::TimedOut,
+                        "time limit reached",
+                    )))
+                    .with_reached(self.reached);
+                (outcome, None, error)
+            }
         };
         let verdict = classify(
             outcome,
@@ -712,6 +751,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 can_replay_401: client.auth.is_configured() && !self.replayed,
                 redials_used: self.redials,
                 has_server_delay: server_wait.is_some(),
+                cut_by_budget,
             },
         );
         let transition = self.tell_breaker(verdict.breaker, guard.probe.take(), ended);

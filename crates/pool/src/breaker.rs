@@ -242,6 +242,27 @@ impl CircuitBreaker {
         }
     }
 
+    /// Whether a check at `now` would refuse a send (open, or half-open with the probe
+    /// slot taken), without granting the probe slot: a fail-fast caller learns its
+    /// answer before it queues for anything.
+    pub fn refuses(&self, now: Instant) -> bool {
+        if self.quiet.load(Ordering::Acquire) {
+            return false;
+        }
+        let s = self.lock();
+        match s.mode {
+            Mode::Closed => false,
+            Mode::Open { until } if now < until => true,
+            Mode::Open { .. } | Mode::HalfOpen => s.probe.is_some(),
+        }
+    }
+
+    /// Whether `epoch` still holds the probe slot. A grant goes stale when the breaker
+    /// closes (or closes and opens again) while its holder waits at the gate.
+    pub fn holds_probe(&self, epoch: u64) -> bool {
+        self.lock().probe == Some(epoch)
+    }
+
     /// Records what a send proved. `probe` is the epoch it was granted, if it was the
     /// probe. Returns the transition to report, if any. Frees the probe slot when the
     /// epoch is current.

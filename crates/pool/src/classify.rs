@@ -20,6 +20,7 @@
 //! | `NotSent` after 2 redials | as `Interrupted` | failure |
 //! | `Connect` | retry, any method | failure |
 //! | `Interrupted`, `TimedOut` | retry if idempotent, else final | failure |
+//! | `TimedOut` from a time limit that was the rest of the call's budget, shorter than the attempt timeout | retry if idempotent, else final | untouched (the API was not given its time) |
 //! | `Tls` | final | failure |
 //! | `TooLarge`, `Config` | final | untouched |
 //!
@@ -77,6 +78,10 @@ pub struct CallFacts {
     pub redials_used: u32,
     /// The response carries a valid server delay (`retry-after-ms` or `Retry-After`).
     pub has_server_delay: bool,
+    /// The send's own time limit cut it, and that limit was the rest of the call's
+    /// budget, shorter than the attempt timeout: the API was not given its full time,
+    /// so the cut says nothing about whether it is reachable.
+    pub cut_by_budget: bool,
 }
 
 /// What the attempt loop does next.
@@ -190,6 +195,9 @@ pub fn classify(outcome: Outcome, facts: &CallFacts) -> Verdict {
             TransportErrorKind::NotSent if facts.redials_used < MAX_REDIALS => {
                 verdict(Redial, B::Untouched)
             }
+            TransportErrorKind::TimedOut if facts.cut_by_budget => {
+                verdict(maybe_processed, B::Untouched)
+            }
             TransportErrorKind::NotSent
             | TransportErrorKind::Interrupted
             | TransportErrorKind::TimedOut => verdict(maybe_processed, B::Failure),
@@ -220,6 +228,7 @@ mod tests {
             can_replay_401,
             redials_used,
             has_server_delay,
+            cut_by_budget: false,
         }
     }
 
@@ -289,6 +298,21 @@ mod tests {
                 Verdict { action, breaker },
                 "{kind} idempotent={idem} redials={redials}"
             );
+        }
+    }
+
+    #[test]
+    fn a_cut_by_the_budget_leaves_the_breaker_alone() {
+        for (idem, action) in [(false, Final), (true, Retry)] {
+            let cut = CallFacts {
+                cut_by_budget: true,
+                ..facts(idem, true, 0, false)
+            };
+            let v = classify(Outcome::Transport(T::TimedOut), &cut);
+            assert_eq!(v, verdict(action, B::Untouched), "idempotent={idem}");
+            // The fact concerns time limits only.
+            let v = classify(Outcome::Transport(T::Interrupted), &cut);
+            assert_eq!(v.breaker, B::Failure);
         }
     }
 

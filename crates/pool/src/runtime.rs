@@ -79,9 +79,11 @@ pub struct Elapsed;
 /// whichever comes first.
 ///
 /// This is a select of the work against the runtime's own sleep, so virtual time
-/// covers it. When the deadline wins, `work` is dropped, which cancels it. Work
-/// that is ready on its first poll never arms a timer. Dropping the returned future
-/// drops the work and the timer.
+/// covers it. When the deadline wins, the future resolves to `Err(Elapsed)`; the
+/// work stays inside it, unpolled, until it is dropped, and dropping it cancels the
+/// work (drop the future at once to cancel the work at once). Work that is ready on
+/// its first poll never arms a timer. Dropping the returned future drops the work
+/// and the timer.
 ///
 /// ```
 /// use std::time::Duration;

@@ -704,3 +704,161 @@ fn invalid_settings_are_refused_by_build_with_the_setting_named() {
         "default_retry.max"
     );
 }
+
+/// The stale-probe scenario: the breaker opens at 1 ms (cooldown 5 s). At 5.1 s a
+/// call is granted the probe, then waits for a rate token until 6 s. Meanwhile
+/// answers to two older sends close the breaker (5.5 s) and open it again (5.7 s,
+/// until 10.7 s). Returns the call's result and when `/probe` went out.
+fn probe_granted_then_closed_and_reopened_while_it_waits(
+    policy: CallPolicy,
+) -> (Result<(), ErrorKind>, Vec<Duration>, Vec<Duration>) {
+    let w = World::new();
+    w.transport
+        .on_path("/slow-ok", [Reply::ok().after(ms(5_500))]);
+    w.transport
+        .on_path("/slow-503", [Reply::status(503).after(ms(5_700))]);
+    w.transport
+        .on_path("/fail", [Reply::status(503).after(ms(1))]);
+    w.transport.on_path("/probe", [Reply::ok().after(ms(10))]);
+    let client = w
+        .builder()
+        .breaker(1, secs(5), secs(60))
+        // Three tokens at 0 s, the next at 6 s, then one every 6 s.
+        .rate_limit_with_burst(1.0 / 6.0, 3)
+        .build()
+        .unwrap();
+    let background = CallPolicy::background();
+    let _ok = w.spawn_call(&client, background.clone(), "/slow-ok");
+    let _late = w.spawn_call(&client, background.clone(), "/slow-503");
+    let _fail = w.spawn_call(&client, background, "/fail");
+    w.rt.run_until(at(ms(5_100))).unwrap();
+    assert_eq!(client.breaker_state(), BreakerState::HalfOpen);
+    let probe = w.spawn_call(&client, policy, "/probe");
+    w.rt.run().unwrap();
+    let result = w.rt.block_on(probe).unwrap().map_err(|e| e.kind());
+    w.assert_contract();
+    let sent = w
+        .transport
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/probe")
+        .map(|r| r.at.since_origin())
+        .collect();
+    let opened_at = w
+        .events()
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::BreakerOpened { .. }))
+        .map(|e| e.at.since_origin())
+        .collect();
+    (result, sent, opened_at)
+}
+
+#[test]
+fn a_probe_grant_that_went_stale_while_waiting_for_a_token_is_given_up() {
+    // Fail fast: at 6 s the grant is stale and the breaker open again, so the call is
+    // refused; nothing goes out inside the new cooldown.
+    let (result, sent, opened_at) =
+        probe_granted_then_closed_and_reopened_while_it_waits(CallPolicy::background());
+    assert_eq!(opened_at, [ms(1), ms(5_700)]);
+    assert_eq!(result, Err(ErrorKind::BreakerOpen));
+    assert_eq!(sent, []);
+    // Waiting for the probe: it waits out the new cooldown (10.7 s), takes a fresh
+    // grant, and goes out with the next rate token (12 s).
+    let waiting = CallPolicy::background().with_breaker_mode(BreakerMode::WaitForProbe);
+    let (result, sent, opened_at) = probe_granted_then_closed_and_reopened_while_it_waits(waiting);
+    assert_eq!(opened_at, [ms(1), ms(5_700)]);
+    assert_eq!(result, Ok(()));
+    assert_eq!(sent, [secs(12)]);
+}
+
+#[test]
+fn fail_fast_refusals_do_not_queue_for_the_transports_admission() {
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    // A shared admission of one send per second.
+    let next_free = std::sync::Mutex::new(vantage_api_pool::Instant::ORIGIN);
+    w.transport.admit_with(move |now| {
+        let mut next = next_free.lock().unwrap();
+        let slot = (*next).max(now);
+        *next = slot + secs(1);
+        slot - now
+    });
+    let client = w.builder().breaker(1, secs(60), secs(60)).build().unwrap();
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")));
+    assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+    let (admitted, started) = (w.transport.admitted(), w.now());
+    w.observer.clear();
+    let calls: Vec<_> = (0..10)
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    for call in calls {
+        let error = w.rt.block_on(call).unwrap().unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::BreakerOpen);
+    }
+    assert_eq!(w.now(), started, "the refusals waited");
+    assert_eq!(
+        w.transport.admitted(),
+        admitted,
+        "the refusals used admissions"
+    );
+    assert_eq!(w.kinds(), ["started", "failed"].repeat(10));
+    w.assert_contract();
+}
+
+#[test]
+fn a_probe_cut_by_the_end_of_its_budget_does_not_double_the_cooldown() {
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.default_reply(Reply::ok().after(ms(50)));
+    let client = w.builder().breaker(1, ms(9_999), secs(60)).build().unwrap();
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")));
+    assert_eq!(opened(&w.events()), [ms(9_999)]);
+    // The call waits out the cooldown and takes the probe with 1 ms of its 10 s
+    // budget left; the API would answer in 50 ms.
+    let policy = CallPolicy::background()
+        .with_breaker_mode(BreakerMode::WaitForProbe)
+        .with_budget(Some(secs(10)))
+        .unwrap();
+    let error =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::TimedOut);
+    assert_eq!(w.now(), secs(10));
+    // The cut proves nothing about the API: no doubled cooldown, and the probe slot
+    // is free for the next caller, whose probe closes the breaker.
+    assert_eq!(opened(&w.events()), [ms(9_999)]);
+    assert_eq!(client.breaker_state(), BreakerState::HalfOpen);
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(closed_count(&w.events()), 1);
+    w.assert_contract();
+}
+
+#[test]
+fn a_probe_cut_by_its_own_attempt_timeout_still_doubles_the_cooldown() {
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.default_reply(Reply::ok().after(secs(3)));
+    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")));
+    // The probe's limit is its whole attempt timeout (2 s); the budget has room.
+    let policy = CallPolicy::background()
+        .with_breaker_mode(BreakerMode::WaitForProbe)
+        .with_attempt_timeout(secs(2))
+        .unwrap()
+        .with_budget(Some(secs(60)))
+        .unwrap();
+    let error =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::TimedOut);
+    assert_eq!(opened(&w.events()), [secs(5), secs(10)]);
+    w.assert_contract();
+}
