@@ -29,6 +29,12 @@
 //! | `is_redirect()` (a redirect loop, too many redirects) | `Interrupted` | requests were sent and answered; not our side, so not `Config` |
 //! | anything else | `Interrupted` | the safe kind: retried only for idempotent calls |
 //!
+//! A send during which a [tracked](crate::redirect::tracked) redirect policy (the
+//! default on clients the adapter builds) decided on a redirect is `Interrupted`
+//! where the table says `NotSent`, `Connect`, `Tls` or `Config`: an earlier hop
+//! reached a server. With an untracked policy on a client you supply, such an error
+//! is reported as the last hop alone (see [`redirect`](crate::redirect)).
+//!
 //! Cases that cannot be told apart, mapped to the safe kind:
 //!
 //! - A pooled keep-alive connection that the server closes while our request is being
@@ -118,6 +124,25 @@ pub(crate) fn send_error(err: reqwest::Error) -> TransportError {
         return TransportError::new(TransportErrorKind::Interrupted, describe(&err));
     }
     transport_error(err)
+}
+
+/// [`send_error`] for a send during which a [tracked](crate::redirect::tracked)
+/// redirect policy decided on a redirect: an earlier hop reached a server, so a
+/// failure that on its own says "never left" (`NotSent`, `Connect`, `Tls`, `Config`)
+/// is `Interrupted`. The message says it came after a redirect.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn after_redirect(err: reqwest::Error) -> TransportError {
+    let error = send_error(err);
+    match error.kind() {
+        TransportErrorKind::NotSent
+        | TransportErrorKind::Connect
+        | TransportErrorKind::Tls
+        | TransportErrorKind::Config => TransportError::new(
+            TransportErrorKind::Interrupted,
+            shorten(format!("after a redirect: {}", error.message())),
+        ),
+        _ => error,
+    }
 }
 
 fn kind_of(err: &reqwest::Error) -> TransportErrorKind {

@@ -112,7 +112,10 @@ let client = ReqwestTransport::tokio_default()?.max_parallel(4).build()?;
 //!   `Proxy-Authorization`, but not other headers: a token source that puts its token
 //!   in a custom header (say `x-api-key`) should be used with
 //!   `redirect(reqwest::redirect::Policy::none())`, which hands every 3xx to the
-//!   caller.
+//!   caller. An error on a later hop (refused, DNS, TLS) would read as "never sent"
+//!   although the first hop reached a server; a [tracked](redirect::tracked) policy,
+//!   the default on clients the adapter builds, lets the adapter report it as
+//!   `Interrupted` instead.
 //!
 //! # Errors
 //!
@@ -145,6 +148,8 @@ let client = ReqwestTransport::tokio_default()?.max_parallel(4).build()?;
 #![cfg_attr(target_arch = "wasm32", allow(rustdoc::broken_intra_doc_links))]
 
 pub mod error;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod redirect;
 mod request;
 mod response;
 
@@ -223,8 +228,10 @@ impl ReqwestTransport {
     ///
     /// [`distrust_connection`](Transport::distrust_connection) can do nothing with it
     /// (see the crate docs). Consider giving the client a `read_timeout` (so a stalled
-    /// success body cannot hang its reader) and `retry(reqwest::retry::never())` (so
-    /// reqwest does not resend behind the pool's back), as
+    /// success body cannot hang its reader), `retry(reqwest::retry::never())` (so
+    /// reqwest does not resend behind the pool's back) and a
+    /// [tracked](redirect::tracked) redirect policy (so an error after a redirect is
+    /// not taken for an unsent request), as
     /// [`default_client_builder`](ReqwestTransport::default_client_builder) does.
     #[must_use]
     pub fn new(client: reqwest::Client) -> Self {
@@ -245,9 +252,10 @@ impl ReqwestTransport {
 #[cfg(not(target_arch = "wasm32"))]
 impl ReqwestTransport {
     /// The builder of the client [`with_defaults`](ReqwestTransport::with_defaults)
-    /// makes: reqwest's defaults (rustls, HTTP/1.1 and HTTP/2, up to 10 redirects),
-    /// plus a [`read_timeout`](reqwest::ClientBuilder::read_timeout) of
-    /// [`DEFAULT_READ_TIMEOUT`] and [`reqwest::retry::never`].
+    /// makes: reqwest's defaults (rustls, HTTP/1.1 and HTTP/2, up to 10 redirects,
+    /// [tracked](redirect::tracked) so an error after a redirect is not taken for an
+    /// unsent request), plus a [`read_timeout`](reqwest::ClientBuilder::read_timeout)
+    /// of [`DEFAULT_READ_TIMEOUT`] and [`reqwest::retry::never`].
     ///
     /// Start from it to change something:
     ///
@@ -267,6 +275,7 @@ impl ReqwestTransport {
         reqwest::Client::builder()
             .read_timeout(DEFAULT_READ_TIMEOUT)
             .retry(reqwest::retry::never())
+            .redirect(redirect::tracked(reqwest::redirect::Policy::default()))
     }
 
     /// A transport over a client the adapter builds from
@@ -427,6 +436,7 @@ impl Transport for ReqwestTransport {
         };
         Sending {
             pending: client.execute(request),
+            redirected: false,
         }
     }
 
@@ -463,6 +473,8 @@ pin_project_lite::pin_project! {
     struct Sending<F> {
         #[pin]
         pending: F,
+        // A tracked redirect policy decided on a redirect during this send.
+        redirected: bool,
     }
 }
 
@@ -476,10 +488,26 @@ where
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        self.project()
-            .pending
-            .poll(cx)
-            .map(|result| result.map(ReqwestResponse::new).map_err(error::send_error))
+        let this = self.project();
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let (poll, redirected) = redirect::noting(|| this.pending.poll(cx));
+            *this.redirected |= redirected;
+            let map_error = if *this.redirected {
+                error::after_redirect
+            } else {
+                error::send_error
+            };
+            poll.map(|result| result.map(ReqwestResponse::new).map_err(map_error))
+        }
+        // The browser follows redirects itself, and every failure is `Interrupted`.
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = this.redirected;
+            this.pending
+                .poll(cx)
+                .map(|result| result.map(ReqwestResponse::new).map_err(error::send_error))
+        }
     }
 }
 

@@ -592,6 +592,80 @@ async fn a_post_answered_with_a_redirect_reqwest_cannot_follow_is_not_reported_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_redirected_to_a_dead_port_is_interrupted_not_unsent_with_a_tracked_policy() {
+    use vantage_api_pool_reqwest::redirect::tracked;
+    use vantage_api_pool_reqwest::reqwest::redirect::Policy;
+    let dead = {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap()
+    }; // dropped: nothing listens there now
+    let location = format!("location: http://{dead}/receipt");
+    let server =
+        FaultServer::start(move |_, _| Act::Respond(response("303 See Other", &[&location], "")))
+            .await;
+    let url = server.url(PATH);
+    let tracked_own = reqwest::Client::builder()
+        .redirect(tracked(Policy::limited(3)))
+        .build()
+        .unwrap();
+    let transports = [
+        (
+            "adapter's client",
+            ReqwestTransport::with_defaults().unwrap(),
+        ),
+        (
+            "tracked client of yours",
+            ReqwestTransport::new(tracked_own),
+        ),
+    ];
+    for (name, transport) in transports {
+        let before = server.requests().len();
+        let observer = RecordingObserver::new();
+        let client = client(transport, &observer);
+        let error = client
+            .execute_with(&policy_with_timeout(2, Duration::from_secs(5)), |http| {
+                http.post(&url).body("charge=100")
+            })
+            .await
+            .unwrap_err();
+        // The first hop processed the POST: not "nothing sent", so not resent.
+        assert_eq!(
+            error.kind(),
+            ErrorKind::Transport(TransportErrorKind::Interrupted),
+            "{name}: {error}"
+        );
+        assert!(!error.nothing_sent(), "{name}");
+        assert_eq!(error.attempts(), 1, "{name}");
+        assert_eq!(server.requests().len() - before, 1, "{name}");
+        assert!(
+            message(&error).contains("after a redirect: "),
+            "{name}: {}",
+            message(&error)
+        );
+        assert_no_url(&error);
+        assert_eq!(
+            trace(&observer),
+            ["started s1 a1", "failed s1 a1 transport:interrupted"],
+            "{name}"
+        );
+    }
+    // An untracked policy hides the hop (documented): the error reads as the last
+    // hop's refused connection.
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let error = client
+        .execute_with(&policy_with_timeout(0, Duration::from_secs(5)), |http| {
+            http.post(&url).body("charge=100")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Connect)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_in_a_custom_header_follows_a_redirect_unless_redirects_are_off() {
     // Documented in the crate docs: reqwest strips only the standard credentials.
     let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;

@@ -1,0 +1,80 @@
+//! Seeing the redirects reqwest follows inside one send.
+//!
+//! reqwest follows redirects within one [`execute`](reqwest::Client::execute), and an
+//! error on a later hop looks exactly like one on the first: refused, DNS, TLS, a
+//! connection closed before the request left. Taken alone, such an error says the
+//! request was not sent, yet an earlier hop reached a server that may have acted on it
+//! (a `303` after a processed POST, say). Read that way, the POST would be resent.
+//!
+//! [`tracked`] wraps a redirect policy so that every decision it takes is noted for
+//! the send being polled: reqwest asks its policy synchronously, inside the poll of
+//! the send's future, on the thread polling it, so a thread-local flag around that
+//! poll ties the decision to its send. A send that had a redirect decided and then
+//! fails before a response head is reported as `Interrupted`, whatever the last hop
+//! said (a timeout stays `TimedOut`, a head over hyper's limits `TooLarge`).
+//!
+//! Clients the adapter builds ([`ReqwestTransport::default_client_builder`]) use
+//! `tracked(Policy::default())`. A client you build yourself keeps its own policy;
+//! wrap it (`.redirect(tracked(your_policy))`) for the same guarantee. With an
+//! untracked policy an error after a redirect is reported as the last hop alone.
+//! `Policy::none()` needs no wrapping: it follows nothing.
+//!
+//! [`ReqwestTransport::default_client_builder`]: crate::ReqwestTransport::default_client_builder
+
+use std::cell::Cell;
+
+use reqwest::redirect::Policy;
+
+thread_local! {
+    /// Set when a tracked policy decides on a redirect during the current poll of a
+    /// send on this thread.
+    static DECIDED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// `policy`, noting each redirect it decides on for the send being polled, so an error
+/// on a later hop is not taken for a request that never left. See the module docs.
+///
+/// ```
+/// use vantage_api_pool_reqwest::{ReqwestTransport, redirect::tracked};
+/// use vantage_api_pool_reqwest::reqwest::{Client, redirect::Policy};
+///
+/// let client = Client::builder().redirect(tracked(Policy::limited(3))).build()?;
+/// let transport = ReqwestTransport::new(client);
+/// # let _ = transport;
+/// # Ok::<(), vantage_api_pool_reqwest::reqwest::Error>(())
+/// ```
+#[must_use]
+pub fn tracked(policy: Policy) -> Policy {
+    Policy::custom(move |attempt| {
+        DECIDED.with(|decided| decided.set(true));
+        policy.redirect(attempt)
+    })
+}
+
+/// Runs one poll of a send's future and tells whether a tracked policy decided on a
+/// redirect during it. Restores the flag it found, so it nests.
+pub(crate) fn noting<T>(poll: impl FnOnce() -> T) -> (T, bool) {
+    let outer = DECIDED.with(|decided| decided.replace(false));
+    let output = poll();
+    let decided = DECIDED.with(|decided| decided.replace(outer));
+    (output, decided)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn noting_sees_only_its_own_poll_and_restores_the_outer_flag() {
+        let ((inner, outer_before), outer) = noting(|| {
+            DECIDED.with(|d| d.set(true));
+            let (_, inner) = noting(|| ());
+            (inner, DECIDED.with(Cell::get))
+        });
+        // The inner poll decided nothing; the outer one's decision survived it.
+        assert!(!inner);
+        assert!(outer_before);
+        assert!(outer);
+        assert!(!DECIDED.with(Cell::get));
+    }
+}
