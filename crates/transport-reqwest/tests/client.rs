@@ -213,7 +213,8 @@ async fn a_stall_in_the_headers_is_ended_by_the_attempt_timeout() {
     assert!(!error.nothing_sent());
     assert_no_url(&error);
     assert!(
-        elapsed >= Duration::from_millis(600) && elapsed < Duration::from_millis(1500),
+        // Two cuts of 300 ms; well short of the 10 s budget even on a loaded machine.
+        elapsed >= Duration::from_millis(600) && elapsed < Duration::from_secs(5),
         "{elapsed:?}"
     );
     assert_eq!(
@@ -256,7 +257,8 @@ async fn a_stall_in_an_error_body_is_cut_by_the_attempt_timeout_and_keeps_the_st
     assert_eq!(error.body_text().unwrap(), "partial");
     assert_eq!(error.attempts(), 1);
     assert!(
-        elapsed >= Duration::from_millis(300) && elapsed < Duration::from_millis(1000),
+        // One cut of 300 ms; well short of the 10 s budget even on a loaded machine.
+        elapsed >= Duration::from_millis(300) && elapsed < Duration::from_secs(5),
         "{elapsed:?}"
     );
     assert_eq!(trace(&observer), ["started s1 a1", "failed s1 a1 503"]);
@@ -284,7 +286,8 @@ async fn an_error_body_is_read_up_to_2048_bytes_not_to_its_end() {
         .await
         .unwrap_err();
     assert!(
-        start.elapsed() < Duration::from_secs(2),
+        // Not cut by the 5 s time limit: the read stopped by itself.
+        start.elapsed() < Duration::from_secs(4),
         "{:?}",
         start.elapsed()
     );
@@ -721,45 +724,54 @@ async fn through_a_closing_server(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_is_retried_after_its_bytes_may_have_arrived_only_when_marked_idempotent() {
-    let interrupted = ErrorKind::Transport(TransportErrorKind::Interrupted);
-
-    let (error, requests, _) = through_a_closing_server(&policy(2), |h, u| h.get(u)).await;
-    assert_eq!(
-        (error.kind(), error.attempts(), requests),
-        (interrupted, 3, 3)
-    );
-
-    let (error, requests, events) =
-        through_a_closing_server(&policy(2), |h, u| h.post(u).body("{}")).await;
-    assert_eq!(
-        (error.kind(), error.attempts(), requests),
-        (interrupted, 1, 1)
-    );
-    assert_eq!(
-        events,
-        ["started s1 a1", "failed s1 a1 transport:interrupted"]
-    );
-    assert!(!error.nothing_sent());
-
-    let (error, requests, _) = through_a_closing_server(&policy(2), |h, u| {
-        h.post(u).header("idempotency-key", "k-42").body("{}")
-    })
-    .await;
-    assert_eq!(
-        (error.kind(), error.attempts(), requests),
-        (interrupted, 3, 3)
-    );
-
-    let (error, requests, _) =
-        through_a_closing_server(&policy(2).idempotent(true), |h, u| h.post(u).body("{}")).await;
-    assert_eq!(
-        (error.kind(), error.attempts(), requests),
-        (interrupted, 3, 3)
-    );
-
-    // PUT and DELETE are idempotent methods; PATCH is not.
-    let (_, requests, _) = through_a_closing_server(&policy(2), |h, u| h.put(u)).await;
-    assert_eq!(requests, 3);
-    let (_, requests, _) = through_a_closing_server(&policy(2), |h, u| h.patch(u)).await;
-    assert_eq!(requests, 1);
+    type Draft = fn(&reqwest::Client, &str) -> reqwest::RequestBuilder;
+    let retried = [
+        "started s1 a1",
+        "failed s1 a1 transport:interrupted",
+        "retry a2 after 5ms",
+        "started s2 a2",
+        "failed s2 a2 transport:interrupted",
+        "retry a3 after 10ms",
+        "started s3 a3",
+        "failed s3 a3 transport:interrupted",
+    ]
+    .as_slice();
+    let once = ["started s1 a1", "failed s1 a1 transport:interrupted"].as_slice();
+    let plain = policy(2);
+    let marked = policy(2).idempotent(true);
+    let cases: [(&str, &vantage_api_pool::CallPolicy, Draft, &[&str]); 6] = [
+        ("GET", &plain, |h, u| h.get(u), retried),
+        ("POST", &plain, |h, u| h.post(u).body("{}"), once),
+        (
+            "POST with Idempotency-Key",
+            &plain,
+            |h, u| h.post(u).header("idempotency-key", "k-42").body("{}"),
+            retried,
+        ),
+        (
+            "POST, policy idempotent",
+            &marked,
+            |h, u| h.post(u).body("{}"),
+            retried,
+        ),
+        // PUT is an idempotent method; PATCH is not.
+        ("PUT", &plain, |h, u| h.put(u), retried),
+        ("PATCH", &plain, |h, u| h.patch(u), once),
+    ];
+    for (name, policy, draft, expected) in cases {
+        let (error, requests, events) = through_a_closing_server(policy, draft).await;
+        let attempts = (expected.len() as u32).div_ceil(3);
+        assert_eq!(
+            error.kind(),
+            ErrorKind::Transport(TransportErrorKind::Interrupted),
+            "{name}"
+        );
+        assert_eq!(
+            (error.attempts(), requests),
+            (attempts, attempts as usize),
+            "{name}"
+        );
+        assert_eq!(events, expected, "{name}");
+        assert!(!error.nothing_sent(), "{name}");
+    }
 }

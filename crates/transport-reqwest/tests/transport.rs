@@ -111,7 +111,7 @@ async fn read_head(stream: &mut TcpStream) -> Option<String> {
 }
 
 fn transport() -> ReqwestTransport {
-    ReqwestTransport::new(reqwest::Client::builder().build().unwrap())
+    ReqwestTransport::new(reqwest::Client::builder().no_proxy().build().unwrap())
 }
 
 async fn send(
