@@ -17,10 +17,13 @@
 //! | `TerminalWithoutStarted` | a terminal ends the send in flight: same send number, started before |
 //! | `SecondTerminal` | a send has at most one terminal |
 //! | `AttemptMismatch` | a call's first `Started` has attempt 1; a `Started` right after `Redialing` repeats the redialed attempt; any other `Started` (and a `RetryScheduled`) has the previous attempt + 1; a terminal has its `Started`'s attempt |
-//! | `RedialNotAfterFailure` | `Redialing { send: s }` comes right after a `Failed` of send s − 1 (no per-send event between), with the same attempt |
+//! | `RedialNotAfterFailure` | `Redialing { send: s }` comes right after a `Failed` of send s − 1 (no per-send event or `RetryScheduled` between), with the same attempt, and that failure is `Transport(NotSent)` |
 //! | `RedialNotFollowedByStart` | the next per-send event after `Redialing { send: s }`, if any, is `Started { send: s }` (none at all is fine: the caller may drop the call while the redial waits at the gate) |
 //! | `RetryWhileInFlight` | `RetryScheduled` comes only while no send of the call is in flight |
-//! | `EventAfterCallEnded` | after a call's `Succeeded` or `Cancelled`, no per-send event or `RetryScheduled` of that call |
+//! | `RetryNotAfterFailure` | `RetryScheduled` comes right after a sent `Failed` of the call (not a second time, and never after a 401, which is replayed at once or final) |
+//! | `RetryUnannounced` | a `Started` with the next attempt after a `Failed` comes after its `RetryScheduled`, unless that `Failed` was a 401 (a replay after a token refresh) |
+//! | `UnsentFailureWithTime` | a `Failed` with `sent: false` (a send refused before it went out) reports `ms: 0` |
+//! | `EventAfterCallEnded` | after a call's `Succeeded`, `Cancelled` or `Failed` with `sent: false` (which always ends the call), no per-send event or `RetryScheduled` of that call |
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //!
 //! Breaker events may carry the call that caused them and are not checked against
@@ -48,7 +51,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+use http::StatusCode;
+use vantage_api_pool::{
+    CallId, ErrorKind, EventKind, Instant, TransportErrorKind, TransportEvent, TransportObserver,
+};
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -364,7 +370,15 @@ pub enum ContractRule {
     RedialNotFollowedByStart,
     /// A `RetryScheduled` while a send of the call was in flight.
     RetryWhileInFlight,
-    /// A per-send event or `RetryScheduled` after the call's `Succeeded` or `Cancelled`.
+    /// A `RetryScheduled` not right after a sent `Failed` (a second one, or one after
+    /// a 401).
+    RetryNotAfterFailure,
+    /// A retry's `Started` without the `RetryScheduled` that announces it.
+    RetryUnannounced,
+    /// A `Failed` with `sent: false` that reports time spent sending.
+    UnsentFailureWithTime,
+    /// A per-send event or `RetryScheduled` after the call's `Succeeded`, `Cancelled`
+    /// or unsent `Failed`.
     EventAfterCallEnded,
     /// At the end of the record, a send without its terminal.
     NeverEnded,
@@ -399,7 +413,7 @@ impl ContractRule {
                 "attempts number 1, 2, 3, ...; a redial repeats its attempt; a terminal has its Started's attempt"
             }
             ContractRule::RedialNotAfterFailure => {
-                "Redialing comes right after a Failed of the previous send, with its attempt"
+                "Redialing comes right after a NotSent Failed of the previous send, with its attempt"
             }
             ContractRule::RedialNotFollowedByStart => {
                 "Redialing is followed by the Started of the send it announced"
@@ -407,8 +421,15 @@ impl ContractRule {
             ContractRule::RetryWhileInFlight => {
                 "RetryScheduled comes only when no send is in flight"
             }
+            ContractRule::RetryNotAfterFailure => {
+                "RetryScheduled comes once, right after a sent Failed that is not a 401"
+            }
+            ContractRule::RetryUnannounced => {
+                "a retry starts after its RetryScheduled (only a 401 replay needs none)"
+            }
+            ContractRule::UnsentFailureWithTime => "a Failed with sent: false reports ms 0",
             ContractRule::EventAfterCallEnded => {
-                "nothing is sent or scheduled for a call after its Succeeded or Cancelled"
+                "nothing is sent or scheduled for a call after its Succeeded, Cancelled or unsent Failed"
             }
             ContractRule::NeverEnded => "every Started has a terminal event",
         }
@@ -496,6 +517,17 @@ impl fmt::Display for ContractViolation {
 
 impl std::error::Error for ContractViolation {}
 
+/// A call's last `Failed`, as far as the rules after it care.
+#[derive(Clone, Copy)]
+struct LastFailed {
+    send: u32,
+    attempt: u32,
+    /// The failure was `Transport(NotSent)`: the only one that is redialed.
+    not_sent: bool,
+    /// The failure was a 401: replayed at once or final, never scheduled for a retry.
+    unauthorized: bool,
+}
+
 /// What the checker knows about one call.
 #[derive(Default)]
 struct CallState {
@@ -505,8 +537,10 @@ struct CallState {
     last_attempt: u32,
     /// The send in flight: (send, attempt, index of its `Started`).
     in_flight: Option<(u32, u32, usize)>,
-    /// The last per-send event, when it was a `Failed`: (send, attempt).
-    last_failed: Option<(u32, u32)>,
+    /// The last per-send event, when it was a (sent) `Failed`.
+    last_failed: Option<LastFailed>,
+    /// A `RetryScheduled` came after the last `Failed`.
+    retry_announced: bool,
     /// A `Redialing` waiting for its `Started`: (send, attempt).
     redial: Option<(u32, u32)>,
     /// The call ended with `Succeeded` or `Cancelled`.
@@ -584,10 +618,20 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
                 if attempt != expected {
                     return Err(violation(ContractRule::AttemptMismatch));
                 }
+                // Not a redial and not the first send: the previous send failed, and
+                // this is its retry (or the replay after a 401).
+                if send > 1
+                    && expected != state.last_attempt
+                    && !state.retry_announced
+                    && !state.last_failed.is_some_and(|failed| failed.unauthorized)
+                {
+                    return Err(violation(ContractRule::RetryUnannounced));
+                }
                 state.last_send = send;
                 state.last_attempt = attempt;
                 state.in_flight = Some((send, attempt, index));
                 state.last_failed = None;
+                state.retry_announced = false;
             }
             EventKind::Succeeded { send, attempt, .. }
             | EventKind::Failed { send, attempt, .. }
@@ -608,15 +652,35 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
                 }
                 state.in_flight = None;
                 state.last_failed = None;
-                match event.kind {
-                    EventKind::Failed { .. } => state.last_failed = Some((send, attempt)),
+                match &event.kind {
+                    EventKind::Failed {
+                        sent: false, ms, ..
+                    } => {
+                        if *ms != 0 {
+                            return Err(violation(ContractRule::UnsentFailureWithTime));
+                        }
+                        state.ended = true;
+                    }
+                    EventKind::Failed { error, .. } => {
+                        state.last_failed = Some(LastFailed {
+                            send,
+                            attempt,
+                            not_sent: error.kind()
+                                == ErrorKind::Transport(TransportErrorKind::NotSent),
+                            unauthorized: error.status() == Some(StatusCode::UNAUTHORIZED),
+                        });
+                    }
                     _ => state.ended = true,
                 }
             }
             EventKind::Redialing { send, attempt } => {
                 match state.last_failed {
-                    Some((failed, failed_attempt)) if failed.wrapping_add(1) == send => {
-                        if attempt != failed_attempt {
+                    Some(failed)
+                        if failed.send.wrapping_add(1) == send
+                            && failed.not_sent
+                            && !state.retry_announced =>
+                    {
+                        if attempt != failed.attempt {
                             return Err(violation(ContractRule::AttemptMismatch));
                         }
                     }
@@ -629,9 +693,14 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
                 if state.in_flight.is_some() {
                     return Err(violation(ContractRule::RetryWhileInFlight));
                 }
+                match state.last_failed {
+                    Some(failed) if !failed.unauthorized && !state.retry_announced => {}
+                    _ => return Err(violation(ContractRule::RetryNotAfterFailure)),
+                }
                 if attempt != state.last_attempt.wrapping_add(1) {
                     return Err(violation(ContractRule::AttemptMismatch));
                 }
+                state.retry_announced = true;
             }
             _ => {}
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
-use vantage_api_pool_testkit::{ContractRule, RecordingObserver};
+use vantage_api_pool_testkit::{ContractRule, RecordingObserver, Reply};
 
 fn at(ms: u64) -> Instant {
     Instant::ORIGIN + Duration::from_millis(ms)
@@ -43,6 +43,72 @@ fn observe(events: Vec<(u64, u64, EventKind)>) -> RecordingObserver {
         );
     }
     observer
+}
+
+fn retry(attempt: u32) -> EventKind {
+    EventKind::RetryScheduled {
+        attempt,
+        after: Duration::from_millis(1),
+    }
+}
+
+/// The events of one real call (only the pool builds a `ClientError`): `replies` in
+/// order, then 200s, under a policy of two retries 1 ms apart; with `auth`, a token
+/// source that can refresh after a 401. Checked against the contract.
+fn recorded(replies: &[Reply], auth: bool) -> Vec<EventKind> {
+    recorded_with(replies, auth, false)
+}
+
+/// [`recorded`], with a breaker that opens on the first failure (for a minute) when
+/// `breaker`; breaker events are left out.
+fn recorded_with(replies: &[Reply], auth: bool, breaker: bool) -> Vec<EventKind> {
+    use std::sync::Arc;
+    use vantage_api_pool::auth::token_fn;
+    use vantage_api_pool::http::HeaderValue;
+    use vantage_api_pool::{CallPolicy, ResilientClient, RetryPolicy};
+    use vantage_api_pool_testkit::{ScriptedHttp, ScriptedTransport, VirtualRuntime};
+
+    let rt = VirtualRuntime::new();
+    let transport = ScriptedTransport::new(&rt);
+    transport.push_many(replies.iter().cloned());
+    transport.default_reply(Reply::ok());
+    let observer = RecordingObserver::new();
+    let mut builder =
+        ResilientClient::builder(transport, rt.clone()).observer("api", Arc::new(observer.clone()));
+    if breaker {
+        builder = builder.breaker(1, Duration::from_secs(60), Duration::from_secs(60));
+    }
+    let policy = CallPolicy::bounded(
+        RetryPolicy::new(2, Duration::from_millis(1), Duration::from_millis(1)).unwrap(),
+    );
+    let get = |h: &ScriptedHttp| h.get("/x");
+    if auth {
+        let client = builder
+            .auth(token_fn(|| async {
+                Ok((
+                    vantage_api_pool::http::header::AUTHORIZATION,
+                    HeaderValue::from_static("Bearer t"),
+                ))
+            }))
+            .build()
+            .unwrap();
+        let _ = rt.block_on(client.execute_with(&policy, get)).unwrap();
+    } else {
+        let client = builder.build().unwrap();
+        let _ = rt.block_on(client.execute_with(&policy, get)).unwrap();
+    }
+    observer.check_contract().unwrap();
+    observer
+        .events()
+        .into_iter()
+        .map(|r| r.event.kind)
+        .filter(|kind| {
+            !matches!(
+                kind,
+                EventKind::BreakerOpened { .. } | EventKind::BreakerClosed
+            )
+        })
+        .collect()
 }
 
 /// The rule, index and send of the first violation.
@@ -246,16 +312,14 @@ fn attempts_follow() {
         (ContractRule::AttemptMismatch, 1, Some(1))
     );
     // A retry is announced with the next attempt.
+    let failed = recorded(&[Reply::status(503)], false)[1].clone();
     assert_eq!(
-        first_violation(vec![(
-            0,
-            1,
-            EventKind::RetryScheduled {
-                attempt: 3,
-                after: Duration::from_secs(1)
-            }
-        )]),
-        (ContractRule::AttemptMismatch, 0, None)
+        first_violation(vec![
+            (0, 1, started(1, 1)),
+            (1, 1, failed),
+            (1, 1, retry(3)),
+        ]),
+        (ContractRule::AttemptMismatch, 2, None)
     );
 }
 
@@ -290,6 +354,134 @@ fn a_retry_is_scheduled_only_between_sends() {
     assert_eq!(
         first_violation(vec![(0, 1, started(1, 1)), (0, 1, retry)]),
         (ContractRule::RetryWhileInFlight, 1, None)
+    );
+}
+
+/// `events` with each event at its index in ms, for call 1.
+fn timed(events: Vec<EventKind>) -> Vec<(u64, u64, EventKind)> {
+    events
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| (i as u64, 1, kind))
+        .collect()
+}
+
+#[test]
+fn a_retry_is_announced_once_right_after_its_failure() {
+    // A 503, its RetryScheduled, the retry's send: valid as recorded.
+    let real = recorded(&[Reply::status(503)], false);
+    assert_eq!(
+        real.iter().map(EventKind::name).collect::<Vec<_>>(),
+        [
+            "started",
+            "failed",
+            "retry_scheduled",
+            "started",
+            "succeeded"
+        ]
+    );
+    // Without its RetryScheduled, the retry is unannounced.
+    let mut unannounced = real.clone();
+    unannounced.remove(2);
+    assert_eq!(
+        first_violation(timed(unannounced)),
+        (ContractRule::RetryUnannounced, 2, Some(2))
+    );
+    // Announced twice.
+    let mut twice = real.clone();
+    twice.insert(2, retry(2));
+    assert_eq!(
+        first_violation(timed(twice)),
+        (ContractRule::RetryNotAfterFailure, 3, None)
+    );
+    // A redial after a retry was scheduled.
+    let mut redialed = real;
+    redialed.insert(
+        3,
+        EventKind::Redialing {
+            send: 2,
+            attempt: 1,
+        },
+    );
+    assert_eq!(
+        first_violation(timed(redialed)),
+        (ContractRule::RedialNotAfterFailure, 3, Some(2))
+    );
+}
+
+#[test]
+fn a_401_replay_needs_no_announcement_and_gets_none() {
+    let real = recorded(&[Reply::status(401)], true);
+    assert_eq!(
+        real.iter().map(EventKind::name).collect::<Vec<_>>(),
+        ["started", "failed", "started", "succeeded"]
+    );
+    let mut announced = real;
+    announced.insert(2, retry(2));
+    assert_eq!(
+        first_violation(timed(announced)),
+        (ContractRule::RetryNotAfterFailure, 2, None)
+    );
+}
+
+#[test]
+fn only_a_not_sent_failure_is_redialed() {
+    let mut real = recorded(&[Reply::status(503)], false);
+    real.truncate(2); // started, failed (503)
+    real.push(EventKind::Redialing {
+        send: 2,
+        attempt: 1,
+    });
+    assert_eq!(
+        first_violation(timed(real)),
+        (ContractRule::RedialNotAfterFailure, 2, Some(2))
+    );
+}
+
+#[test]
+fn an_unsent_failure_ends_the_call_and_took_no_time() {
+    // A 503 opens the breaker (threshold 1); the retry is refused at the gate.
+    let refused = recorded_with(&[Reply::status(503)], false, true);
+    assert_eq!(
+        refused.iter().map(EventKind::name).collect::<Vec<_>>(),
+        ["started", "failed", "retry_scheduled", "started", "failed"]
+    );
+    let unsent = refused[4].clone();
+    assert!(matches!(
+        unsent,
+        EventKind::Failed {
+            sent: false,
+            ms: 0,
+            ..
+        }
+    ));
+    // Anything of the call after it breaks the contract.
+    let mut after = refused.clone();
+    after.push(started(3, 3));
+    assert_eq!(
+        first_violation(timed(after)),
+        (ContractRule::EventAfterCallEnded, 5, Some(3))
+    );
+    let mut retried = refused;
+    retried.push(retry(3));
+    assert_eq!(
+        first_violation(timed(retried)),
+        (ContractRule::EventAfterCallEnded, 5, None)
+    );
+    // The same failure claiming time spent sending.
+    let EventKind::Failed { error, .. } = unsent else {
+        unreachable!("checked above")
+    };
+    let timed_unsent = EventKind::Failed {
+        send: 1,
+        attempt: 1,
+        error,
+        ms: 1234,
+        sent: false,
+    };
+    assert_eq!(
+        first_violation(timed(vec![started(1, 1), timed_unsent])),
+        (ContractRule::UnsentFailureWithTime, 1, Some(1))
     );
 }
 
