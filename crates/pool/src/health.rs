@@ -203,22 +203,24 @@ impl HealthObserver {
     /// The figures of `api`, or `None` if no event of it was seen yet.
     #[must_use]
     pub fn snapshot(&self, api: &str) -> Option<ApiHealth> {
-        let mut apis = self.lock();
-        let state = apis.get_mut(api)?;
-        let now = state.updated_at;
-        state.prune(now, self.window);
-        Some(figures(state))
+        let apis = self.lock();
+        let state = apis.get(api)?;
+        Some(figures(state, state.updated_at.saturating_sub(self.window)))
     }
 
-    /// The figures of `api` with the window ending at `now` (the client runtime's
-    /// clock), so figures age out while an API is quiet, for example while its
-    /// breaker is open and nothing is sent. `None` if no event of it was seen yet.
+    /// The figures of `api` with the window ending at `now` (the clock of the
+    /// runtime of the client that reports `api`), so figures age out while an API is
+    /// quiet, for example while its breaker is open and nothing is sent. `None` if no
+    /// event of it was seen yet.
+    ///
+    /// A read changes nothing: a later [`snapshot`](HealthObserver::snapshot), or one
+    /// at an earlier `now`, still sees every send of its own window.
     #[must_use]
     pub fn snapshot_at(&self, api: &str, now: Instant) -> Option<ApiHealth> {
-        let mut apis = self.lock();
-        let state = apis.get_mut(api)?;
-        state.prune(now.max(state.updated_at), self.window);
-        Some(figures(state))
+        let apis = self.lock();
+        let state = apis.get(api)?;
+        let end = now.max(state.updated_at);
+        Some(figures(state, end.saturating_sub(self.window)))
     }
 
     /// The figures of every API seen, sorted by name, each with the window ending at
@@ -229,20 +231,23 @@ impl HealthObserver {
     }
 
     /// The figures of every API seen, sorted by name, with the window ending at `now`
-    /// (see [`snapshot_at`](HealthObserver::snapshot_at)).
+    /// (see [`snapshot_at`](HealthObserver::snapshot_at)). One `now` for all: use it
+    /// when the clients share one runtime clock (two `TokioRuntime`s made apart have
+    /// different origins); otherwise ask [`snapshot_at`](HealthObserver::snapshot_at)
+    /// per API with its client's clock.
     #[must_use]
     pub fn snapshots_at(&self, now: Instant) -> Vec<(Arc<str>, ApiHealth)> {
         self.collect(Some(now))
     }
 
     fn collect(&self, now: Option<Instant>) -> Vec<(Arc<str>, ApiHealth)> {
-        let mut apis = self.lock();
+        let apis = self.lock();
         let mut all: Vec<_> = apis
-            .iter_mut()
+            .iter()
             .map(|(name, state)| {
                 let end = now.map_or(state.updated_at, |n| n.max(state.updated_at));
-                state.prune(end, self.window);
-                (Arc::clone(name), figures(state))
+                let horizon = end.saturating_sub(self.window);
+                (Arc::clone(name), figures(state, horizon))
             })
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -258,20 +263,24 @@ fn push_in_order<T>(queue: &mut VecDeque<T>, item: T, at: impl Fn(&T) -> Instant
     queue.insert(pos, item);
 }
 
-fn figures(state: &ApiState) -> ApiHealth {
-    let sends = u32::try_from(state.samples.len()).unwrap_or(u32::MAX);
-    let successes =
-        u32::try_from(state.samples.iter().filter(|s| s.ok).count()).unwrap_or(u32::MAX);
-    let total_ms: u128 = state.samples.iter().map(|s| u128::from(s.ms)).sum();
+/// The figures of `state` over the sends at or after `horizon` (the kept samples are
+/// in time order, so the window is their tail).
+fn figures(state: &ApiState, horizon: Instant) -> ApiHealth {
+    let first = state.samples.partition_point(|s| s.at < horizon);
+    let samples = || state.samples.range(first..);
+    let refused = state.refused.len() - state.refused.partition_point(|t| *t < horizon);
+    let sends = u32::try_from(samples().len()).unwrap_or(u32::MAX);
+    let successes = u32::try_from(samples().filter(|s| s.ok).count()).unwrap_or(u32::MAX);
+    let total_ms: u128 = samples().map(|s| u128::from(s.ms)).sum();
     ApiHealth {
         breaker: state.breaker,
         in_flight: state.in_flight,
         sends_in_window: sends,
         successes_in_window: successes,
-        refused_in_window: u32::try_from(state.refused.len()).unwrap_or(u32::MAX),
+        refused_in_window: u32::try_from(refused).unwrap_or(u32::MAX),
         success_rate: (sends > 0).then(|| f64::from(successes) / f64::from(sends)),
         mean_latency_ms: (sends > 0).then(|| total_ms as f64 / f64::from(sends)),
-        max_latency_ms: state.samples.iter().map(|s| s.ms).max(),
+        max_latency_ms: samples().map(|s| s.ms).max(),
         last_status: state.last_status.map(|(status, _)| status),
         last_error: state.last_error.clone(),
         retries: state.retries,
@@ -617,5 +626,42 @@ mod tests {
             (0, 1, 0)
         );
         assert_eq!(a.last_error.unwrap().error.kind_name(), "breaker_open");
+    }
+
+    #[test]
+    fn reading_at_a_later_time_forgets_nothing() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        let started = |send| EventKind::Started {
+            send,
+            attempt: send,
+        };
+        let ok = |send| EventKind::Succeeded {
+            send,
+            attempt: send,
+            status: StatusCode::OK,
+            ms: 10,
+            bytes: None,
+        };
+        let refused = EventKind::Failed {
+            send: 3,
+            attempt: 3,
+            error: ClientError::new(ErrorKind::BreakerOpen, 2),
+            ms: 0,
+            sent: false,
+        };
+        for (ms, kind) in [(0, started(1)), (10, ok(1)), (20, started(2)), (30, ok(2))] {
+            h.on_event("a", &ev(ms, kind));
+        }
+        h.on_event("a", &ev(30, started(3)));
+        h.on_event("a", &ev(30, refused));
+        let figures = |a: ApiHealth| (a.sends_in_window, a.refused_in_window);
+        // A clock (of another client, say) far ahead: the window there is empty ...
+        assert_eq!(figures(h.snapshot_at("a", at(60_000)).unwrap()), (0, 0));
+        assert_eq!(figures(h.snapshots_at(at(60_000))[0].1.clone()), (0, 0));
+        // ... and reading it removed nothing from the windows of other reads.
+        assert_eq!(figures(h.snapshot("a").unwrap()), (2, 1));
+        assert_eq!(figures(h.snapshot_at("a", at(5_000)).unwrap()), (2, 1));
+        // 10 s after the first success, only the second is in the window.
+        assert_eq!(figures(h.snapshot_at("a", at(10_015)).unwrap()), (1, 1));
     }
 }
