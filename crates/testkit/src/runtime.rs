@@ -169,9 +169,15 @@ struct Clock {
     wall_base_at: Instant,
 }
 
+/// The latest instant the virtual clock can show: 1 ns before
+/// [`Instant::FAR_FUTURE`], the deadline that never comes.
+const LATEST: Instant = Instant::from_nanos(u64::MAX - 1);
+
 impl Clock {
-    /// Moves the clock to `now` (never backwards), keeping the lock-free mirror in step.
+    /// Moves the clock to `now` (never backwards, never to [`Instant::FAR_FUTURE`]),
+    /// keeping the lock-free mirror in step.
     fn set_now(&mut self, now: Instant, mirror: &AtomicU64) {
+        let now = now.min(LATEST);
         if now <= self.now {
             return;
         }
@@ -669,7 +675,8 @@ impl VirtualRuntime {
         lock(&self.shared.clock).timers.first()
     }
 
-    /// Moves the clock forward by `by` (saturating at [`Instant::FAR_FUTURE`]) and
+    /// Moves the clock forward by `by` (saturating 1 ns short of
+    /// [`Instant::FAR_FUTURE`], which never comes, so a sleep until it never ends) and
     /// fires every timer due by then, in (deadline, creation order). It polls
     /// nothing: woken tasks run at the next driver call, for example
     /// [`run_until_idle`](VirtualRuntime::run_until_idle). Works from any thread, and

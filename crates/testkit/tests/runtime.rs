@@ -197,6 +197,21 @@ fn a_sleep_until_far_future_is_a_deadlock_not_a_jump() {
 }
 
 #[test]
+fn no_move_of_the_clock_reaches_far_future() {
+    let rt = VirtualRuntime::new();
+    let never = rt.sleep_until(Instant::FAR_FUTURE);
+    let last = rt.sleep_until(Instant::FAR_FUTURE.saturating_sub(Duration::from_nanos(1)));
+    let waiting = rt.spawn(rt.sleep_until(Instant::FAR_FUTURE));
+    rt.advance(Duration::MAX);
+    rt.run_until(Instant::FAR_FUTURE).unwrap();
+    rt.run_for(Duration::MAX).unwrap();
+    assert!(last.is_elapsed());
+    assert!(!never.is_elapsed());
+    assert!(!waiting.is_finished());
+    assert_eq!(rt.pending_timers(), 2);
+}
+
+#[test]
 fn step_limit_stops_a_task_that_wakes_itself_forever() {
     let rt = VirtualRuntime::new().with_step_limit(10_000);
     let _spinner = rt.spawn(std::future::poll_fn(|cx| {
@@ -433,11 +448,13 @@ fn wall_clock_is_settable_and_moves_with_virtual_time() {
     rt.advance(Duration::from_millis(1));
     assert_eq!(rt.wall_clock(), SystemTime::UNIX_EPOCH);
 
-    // The last virtual instant (about 584 years on): the wall clock follows it...
+    // The last virtual instant (about 584 years on, 1 ns before the deadline that
+    // never comes): the wall clock follows it...
     let rt = VirtualRuntime::new();
     rt.advance(Duration::MAX);
-    assert_eq!(rt.now(), Instant::FAR_FUTURE);
-    assert_eq!(rt.wall_clock(), start + Instant::FAR_FUTURE.since_origin());
+    let last = Instant::FAR_FUTURE.saturating_sub(Duration::from_nanos(1));
+    assert_eq!(rt.now(), last);
+    assert_eq!(rt.wall_clock(), start + last.since_origin());
     // ...and a sum past what `SystemTime` holds leaves the value set: documented, no
     // panic.
     let last = SystemTime::UNIX_EPOCH + Duration::from_secs(i64::MAX as u64);
