@@ -3,7 +3,10 @@
 //!
 //! # The contract, as [`RecordingObserver::check_contract`] checks it
 //!
-//! Calls are identified by (api key, [`CallId`]). A *per-send event* is `Started`,
+//! Calls are identified by (api key, [`CallId`]). Call ids are numbered per client,
+//! so give each client that shares one `RecordingObserver` its own api key: two
+//! clients under one key would mix their calls 1, 2, 3, ... and break rules they
+//! both keep. A *per-send event* is `Started`,
 //! `Succeeded`, `Failed`, `Cancelled` or `Redialing`; a *terminal* is `Succeeded`,
 //! `Failed` or `Cancelled`. Other kinds (`RetryScheduled`, breaker events, reports)
 //! are only checked where a rule names them.
