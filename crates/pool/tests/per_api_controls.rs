@@ -807,26 +807,33 @@ fn fail_fast_refusals_do_not_queue_for_the_transports_admission() {
     w.assert_contract();
 }
 
-#[test]
-fn a_probe_cut_by_the_end_of_its_budget_does_not_double_the_cooldown() {
+/// One 503 opens a breaker (threshold 1, `cooldown`); then a call under `policy`
+/// (waiting for the probe) takes the probe, which the API would answer after
+/// `answer_after` but which its time limit cuts first.
+fn a_cut_probe(cooldown: Duration, answer_after: Duration, policy: CallPolicy) -> (World, Client) {
     let w = World::new();
     w.transport.push(Reply::status(503));
-    w.transport.default_reply(Reply::ok().after(ms(50)));
-    let client = w.builder().breaker(1, ms(9_999), secs(60)).build().unwrap();
+    w.transport.default_reply(Reply::ok().after(answer_after));
+    let client = w.builder().breaker(1, cooldown, secs(60)).build().unwrap();
     let _ =
         w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")));
-    assert_eq!(opened(&w.events()), [ms(9_999)]);
-    // The call waits out the cooldown and takes the probe with 1 ms of its 10 s
-    // budget left; the API would answer in 50 ms.
-    let policy = CallPolicy::background()
-        .with_breaker_mode(BreakerMode::WaitForProbe)
-        .with_budget(Some(secs(10)))
-        .unwrap();
+    let policy = policy.with_breaker_mode(BreakerMode::WaitForProbe);
     let error =
         w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
             .unwrap()
             .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::TimedOut);
+    (w, client)
+}
+
+#[test]
+fn a_probe_cut_by_the_end_of_its_budget_does_not_double_the_cooldown() {
+    // The call waits out the 9.999 s cooldown and takes the probe with 1 ms of its
+    // 10 s budget left; the API would answer in 50 ms.
+    let budget = CallPolicy::background()
+        .with_budget(Some(secs(10)))
+        .unwrap();
+    let (w, client) = a_cut_probe(ms(9_999), ms(50), budget);
     assert_eq!(w.now(), secs(10));
     // The cut proves nothing about the API: no doubled cooldown, and the probe slot
     // is free for the next caller, whose probe closes the breaker.
@@ -841,24 +848,13 @@ fn a_probe_cut_by_the_end_of_its_budget_does_not_double_the_cooldown() {
 
 #[test]
 fn a_probe_cut_by_its_own_attempt_timeout_still_doubles_the_cooldown() {
-    let w = World::new();
-    w.transport.push(Reply::status(503));
-    w.transport.default_reply(Reply::ok().after(secs(3)));
-    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
-    let _ =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")));
     // The probe's limit is its whole attempt timeout (2 s); the budget has room.
     let policy = CallPolicy::background()
-        .with_breaker_mode(BreakerMode::WaitForProbe)
         .with_attempt_timeout(secs(2))
         .unwrap()
         .with_budget(Some(secs(60)))
         .unwrap();
-    let error =
-        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::TimedOut);
+    let (w, _client) = a_cut_probe(secs(5), secs(3), policy);
     assert_eq!(opened(&w.events()), [secs(5), secs(10)]);
     w.assert_contract();
 }
