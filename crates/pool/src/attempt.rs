@@ -115,7 +115,7 @@ enum Sent {
     /// The transport failed.
     Failed(TransportError),
     /// The send's time limit cut it; `by_budget`: that limit was the rest of the
-    /// call's budget, shorter than the attempt timeout.
+    /// call's budget, less than half the attempt timeout.
     Cut { by_budget: bool },
 }
 
@@ -595,10 +595,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 Ok(Err(e)) => Sent::Failed(e),
                 Err(_elapsed) => {
                     client.transport.distrust_connection();
+                    // The end of the budget left this send less than half its
+                    // attempt timeout: the cut says nothing about the API.
                     Sent::Cut {
                         by_budget: self.deadline.is_some_and(|deadline| {
                             deadline.saturating_duration_since(started)
-                                < self.policy.attempt_timeout()
+                                < self.policy.attempt_timeout() / 2
                         }),
                     }
                 }

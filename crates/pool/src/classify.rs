@@ -20,7 +20,7 @@
 //! | `NotSent` after 2 redials | as `Interrupted` | failure |
 //! | `Connect` | retry, any method | failure |
 //! | `Interrupted`, `TimedOut` | retry if idempotent, else final | failure |
-//! | `TimedOut` from a time limit that was the rest of the call's budget, shorter than the attempt timeout | retry if idempotent, else final | untouched (the API was not given its time) |
+//! | `TimedOut` from a time limit that was the rest of the call's budget, less than half the attempt timeout | retry if idempotent, else final | untouched (the API was given too little time) |
 //! | `Tls` | final | failure |
 //! | `TooLarge`, `Config` | final | untouched |
 //!
@@ -79,8 +79,11 @@ pub struct CallFacts {
     /// The response carries a valid server delay (`retry-after-ms` or `Retry-After`).
     pub has_server_delay: bool,
     /// The send's own time limit cut it, and that limit was the rest of the call's
-    /// budget, shorter than the attempt timeout: the API was not given its full time,
-    /// so the cut says nothing about whether it is reachable.
+    /// budget, less than half the attempt timeout: the API was given too little time
+    /// for the cut to say whether it is reachable. (A send given at least half its
+    /// attempt timeout and not answered is a breaker failure: a budget equal to the
+    /// attempt timeout, less a few milliseconds of waiting at the gate, must not
+    /// hide an API that never answers.)
     pub cut_by_budget: bool,
 }
 

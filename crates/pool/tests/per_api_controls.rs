@@ -847,6 +847,41 @@ fn a_probe_cut_by_the_end_of_its_budget_does_not_double_the_cooldown() {
 }
 
 #[test]
+fn a_budget_equal_to_the_attempt_timeout_still_opens_on_an_api_that_never_answers() {
+    // Each call's budget is its attempt timeout (10 s); a 1000/s rate limit makes
+    // the later calls wait 1 to 4 ms at the gate, so their sends get a little less
+    // than 10 s, all cut at 10 s. Failures all the same: the breaker opens.
+    let w = World::new();
+    w.transport.default_reply(Reply::stall());
+    let client = w
+        .builder()
+        .breaker(3, secs(5), secs(60))
+        .rate_limit_with_burst(1_000.0, 1)
+        .build()
+        .unwrap();
+    let policy = CallPolicy::background()
+        .with_budget(Some(secs(10)))
+        .unwrap();
+    let calls: Vec<_> = (0..5)
+        .map(|_| w.spawn_call(&client, policy.clone(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    for call in calls {
+        let error = w.rt.block_on(call).unwrap().unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::TimedOut);
+    }
+    assert_eq!(w.transport.requests().len(), 5);
+    let opened_at: Vec<Duration> = w
+        .events()
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::BreakerOpened { .. }))
+        .map(|e| e.at.since_origin())
+        .collect();
+    assert_eq!(opened_at, [secs(10)]);
+    w.assert_contract();
+}
+
+#[test]
 fn a_probe_cut_by_its_own_attempt_timeout_still_doubles_the_cooldown() {
     // The probe's limit is its whole attempt timeout (2 s); the budget has room.
     let policy = CallPolicy::background()

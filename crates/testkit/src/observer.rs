@@ -546,7 +546,7 @@ struct CallState {
     retry_announced: bool,
     /// A `Redialing` waiting for its `Started`: (send, attempt).
     redial: Option<(u32, u32)>,
-    /// The call ended with `Succeeded` or `Cancelled`.
+    /// The call ended: `Succeeded`, `Cancelled` or an unsent `Failed`.
     ended: bool,
 }
 

@@ -21,7 +21,7 @@ kinds=(floor reqwest timeout parts resilient middleware tower)
 concs=(1 16 128)
 
 echo "==> building the bench (cargo bench --no-run)" >&2
-bin=$(cargo bench -p vantage-api-pool-reqwest --bench peers --no-run --message-format=json |
+bin=$(cargo bench -p vantage-api-pool-reqwest --bench peers --no-run --message-format=json-render-diagnostics |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 if [[ -z $bin || ! -x $bin ]]; then
     echo "could not find the bench executable; run: cargo bench -p vantage-api-pool-reqwest --bench peers --no-run" >&2
