@@ -17,7 +17,7 @@ use http::HeaderValue;
 
 use crate::auth::{SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
-use crate::breaker::{CircuitBreaker, Gate, ProbeGuard, Transition};
+use crate::breaker::{Gate, ProbeGuard, Transition};
 use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotent,
 };
@@ -249,43 +249,6 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         ClientError::new(ErrorKind::TimedOut, self.attempt).with_reached(self.reached)
     }
 
-    /// Asks the breaker until it lets this send through: `FailFast` gives up at once,
-    /// `WaitForProbe` sleeps and asks again. The first answer comes without a future;
-    /// only a wait is boxed, so the common case keeps no sleep in the call's state.
-    async fn pass_breaker(
-        &self,
-        now: Instant,
-    ) -> Result<(Option<ProbeGuard<'c>>, Instant), ClientError> {
-        let Some(breaker) = &self.client.breaker else {
-            return Ok((None, now));
-        };
-        match breaker.check(now) {
-            Gate::Allow { probe } => Ok((probe.map(|epoch| ProbeGuard::new(breaker, epoch)), now)),
-            // Failing fast needs no future, so an outage's refusals allocate nothing.
-            Gate::OpenFor(_) if self.fails_fast() => Err(self.breaker_open()),
-            Gate::OpenFor(wait) => Box::pin(self.wait_for_breaker(breaker, now, wait)).await,
-        }
-    }
-
-    /// Under `WaitForProbe`, the breaker is open for `wait` from `now`: sleeps and
-    /// asks again until it lets the send through.
-    async fn wait_for_breaker(
-        &self,
-        breaker: &'c CircuitBreaker,
-        mut now: Instant,
-        mut wait: Duration,
-    ) -> Result<(Option<ProbeGuard<'c>>, Instant), ClientError> {
-        loop {
-            now = self.gate_sleep(now, wait).await?;
-            match breaker.check(now) {
-                Gate::Allow { probe } => {
-                    return Ok((probe.map(|epoch| ProbeGuard::new(breaker, epoch)), now));
-                }
-                Gate::OpenFor(next) => wait = next,
-            }
-        }
-    }
-
     /// Takes a rate token, sleeping until one is due (the sleep boxed, as above).
     async fn take_token(&self, now: Instant) -> Result<Instant, ClientError> {
         match &self.client.bucket {
@@ -313,42 +276,56 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         }
     }
 
-    /// `wait_for_gate`: the transport's shared limiter (not charged to the budget),
-    /// the breaker, the auth token, then a rate token (last, so a long token fetch
-    /// does not sit on a rate token). Holds no permit. Returns the clock as the gate
-    /// let the send through; the clock is read again only after a wait.
+    /// `wait_for_gate`: the breaker's cooldown, the transport's shared limiter (not
+    /// charged to the budget), the breaker's grant, the auth token, then a rate token
+    /// (last, so a long token fetch does not sit on a rate token). Holds no permit.
+    /// Returns the clock as the gate let the send through; the clock is read again
+    /// only after a wait.
     async fn wait_for_gate(&mut self) -> Result<Ticket<'c>, ClientError> {
-        let before = self.now();
-        // A fail-fast caller facing an open breaker is refused before it queues for
-        // (and uses up) the transport's shared admission: a refusal is not a send.
-        if self.fails_fast()
-            && let Some(breaker) = &self.client.breaker
-            && breaker.refuses(before)
-        {
-            return Err(self.breaker_open());
-        }
-        let mut admit = pin!(self.client.transport.admit());
-        let mut now = if poll_once(admit.as_mut()).await.is_ready() {
-            before
-        } else {
-            admit.await;
-            let after = self.now();
-            if let Some(deadline) = self.deadline.as_mut() {
-                *deadline = deadline.saturating_add(after.saturating_duration_since(before));
-            }
-            after
-        };
+        let mut now = self.now();
         // The budget starts when the call first reaches the gate.
         if self.deadline.is_none()
             && let Some(budget) = self.budget.take()
         {
             self.deadline = Some(now.saturating_add(budget));
         }
-        if self.deadline.is_some_and(|deadline| now >= deadline) {
-            return Err(self.timed_out_at_gate());
-        }
-        let probe;
-        (probe, now) = self.pass_breaker(now).await?;
+        let probe = loop {
+            if self.deadline.is_some_and(|deadline| now >= deadline) {
+                return Err(self.timed_out_at_gate());
+            }
+            // An open breaker is waited out (or, failing fast, refused) before the
+            // call queues for the transport's admission: a refused call uses none,
+            // and a waiting one takes its admission when it can send, not before a
+            // cooldown.
+            if let Some(breaker) = &self.client.breaker
+                && let Some(wait) = breaker.refusal(now)
+            {
+                if self.fails_fast() {
+                    return Err(self.breaker_open());
+                }
+                now = Box::pin(self.gate_sleep(now, wait)).await?;
+                continue;
+            }
+            let mut admit = pin!(self.client.transport.admit());
+            if poll_once(admit.as_mut()).await.is_pending() {
+                let before = now;
+                admit.await;
+                now = self.now();
+                if let Some(deadline) = self.deadline.as_mut() {
+                    *deadline = deadline.saturating_add(now.saturating_duration_since(before));
+                }
+            }
+            let Some(breaker) = &self.client.breaker else {
+                break None;
+            };
+            match breaker.check(now) {
+                Gate::Allow { probe } => break probe.map(|epoch| ProbeGuard::new(breaker, epoch)),
+                // It opened (or another caller took the probe) while this call
+                // waited for its admission, which is spent.
+                Gate::OpenFor(_) if self.fails_fast() => return Err(self.breaker_open()),
+                Gate::OpenFor(_) => {}
+            }
+        };
         let breaker_at = now;
         let configured = self.client.auth.is_configured();
         let token = if configured {

@@ -827,6 +827,40 @@ fn a_cut_probe(cooldown: Duration, answer_after: Duration, policy: CallPolicy) -
 }
 
 #[test]
+fn a_call_waiting_for_the_probe_takes_its_admission_when_the_cooldown_ends() {
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.default_reply(Reply::ok());
+    let admitted_at = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&admitted_at);
+    w.transport.admit_with(move |now| {
+        log.lock().unwrap().push(now.since_origin());
+        Duration::ZERO
+    });
+    let client = w.builder().breaker(1, secs(10), secs(60)).build().unwrap();
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")));
+    // Three callers wait out the cooldown; one probes, the others follow it.
+    let waiting = CallPolicy::background().with_breaker_mode(BreakerMode::WaitForProbe);
+    let calls: Vec<_> = (0..3)
+        .map(|_| w.spawn_call(&client, waiting.clone(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    for call in calls {
+        w.rt.block_on(call).unwrap().unwrap();
+    }
+    // No admission is taken before the cooldown ends (one admission per send).
+    let admitted_at = admitted_at.lock().unwrap().clone();
+    assert_eq!(admitted_at.len(), 4);
+    assert_eq!(admitted_at[0], Duration::ZERO);
+    assert!(
+        admitted_at[1..].iter().all(|t| *t >= secs(10)),
+        "{admitted_at:?}"
+    );
+    w.assert_contract();
+}
+
+#[test]
 fn a_probe_cut_by_the_end_of_its_budget_does_not_double_the_cooldown() {
     // The call waits out the 9.999 s cooldown and takes the probe with 1 ms of its
     // 10 s budget left; the API would answer in 50 ms.
