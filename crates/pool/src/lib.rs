@@ -63,7 +63,7 @@ pub use classify::{Action, BreakerEffect, CallFacts, Outcome, Verdict, classify}
 pub use client::{Report, ResilientClient};
 pub use error::{ClientError, ConfigError, ErrorKind, MAX_ERROR_BODY};
 pub use observer::{
-    CallId, EventKind, MaybeSendSync, NullObserver, TransportEvent, TransportObserver,
+    CallId, EventKind, Fanout, MaybeSendSync, NullObserver, TransportEvent, TransportObserver,
 };
 pub use policy::{BreakerMode, CallPolicy, Jitter, RetryMode, RetryPolicy};
 pub use runtime::{Elapsed, Runtime, timeout_at};

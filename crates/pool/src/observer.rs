@@ -7,6 +7,7 @@
 //! for the same (call, send), the last `Failed` of a call carries the error the call
 //! returns, and no lock is held while the callback runs.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -217,10 +218,71 @@ impl TransportObserver for NullObserver {
     fn on_event(&self, _api: &str, _event: &TransportEvent) {}
 }
 
+/// Hands every event to several observers, in the order given. A client takes one
+/// observer; this is how it feeds both a [`HealthObserver`] and a `TracingObserver`
+/// (feature `tracing`), say.
+///
+/// [`HealthObserver`]: crate::health::HealthObserver
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use vantage_api_pool::{Fanout, NullObserver, TransportObserver};
+/// use vantage_api_pool::health::HealthObserver;
+///
+/// let health = Arc::new(HealthObserver::new(Duration::from_secs(60)));
+/// let both: Arc<dyn TransportObserver> =
+///     Arc::new(Fanout::new([health.clone() as Arc<dyn TransportObserver>, Arc::new(NullObserver)]));
+/// // ClientBuilder::observer("orders-api", both)
+/// # drop(both);
+/// ```
+#[derive(Clone, Default)]
+pub struct Fanout {
+    observers: Vec<Arc<dyn TransportObserver>>,
+}
+
+impl Fanout {
+    /// Feeds `observers`, in this order.
+    #[must_use]
+    pub fn new(observers: impl IntoIterator<Item = Arc<dyn TransportObserver>>) -> Self {
+        Fanout {
+            observers: observers.into_iter().collect(),
+        }
+    }
+
+    /// How many observers it feeds.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.observers.len()
+    }
+
+    /// Whether it feeds none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.observers.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Fanout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fanout")
+            .field("observers", &self.observers.len())
+            .finish()
+    }
+}
+
+impl TransportObserver for Fanout {
+    fn on_event(&self, api: &str, event: &TransportEvent) {
+        for observer in &self.observers {
+            observer.on_event(api, event);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use std::sync::Mutex;
 
     #[test]
     fn observer_objects_are_shareable_on_native() {
@@ -231,6 +293,39 @@ mod tests {
             "api",
             &TransportEvent::new(Instant::ORIGIN, None, EventKind::WritePushed),
         );
+    }
+
+    #[test]
+    fn a_fanout_feeds_each_observer_in_order() {
+        #[derive(Default)]
+        struct Log(Mutex<Vec<String>>);
+        struct Named(&'static str, Arc<Log>);
+        impl TransportObserver for Named {
+            fn on_event(&self, api: &str, event: &TransportEvent) {
+                let line = format!("{} {api} {}", self.0, event.kind.name());
+                self.1.0.lock().unwrap().push(line);
+            }
+        }
+        let log = Arc::new(Log::default());
+        let fanout = Fanout::new([
+            Arc::new(Named("a", log.clone())) as Arc<dyn TransportObserver>,
+            Arc::new(Named("b", log.clone())),
+        ]);
+        assert_eq!((fanout.len(), fanout.is_empty()), (2, false));
+        assert_eq!(format!("{fanout:?}"), "Fanout { observers: 2 }");
+        let event = TransportEvent::new(Instant::ORIGIN, None, EventKind::BreakerClosed);
+        fanout.on_event("orders", &event);
+        fanout.on_event("search", &event);
+        assert_eq!(
+            *log.0.lock().unwrap(),
+            [
+                "a orders breaker_closed",
+                "b orders breaker_closed",
+                "a search breaker_closed",
+                "b search breaker_closed"
+            ]
+        );
+        assert!(Fanout::default().is_empty());
     }
 
     #[test]

@@ -51,8 +51,8 @@ use vantage_api_pool::health::{ApiHealth, BreakerView, HealthObserver};
 use vantage_api_pool::http::{HeaderName, HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::tracing_observer::TracingObserver;
 use vantage_api_pool::{
-    BreakerState, CallPolicy, ClientError, EventKind, Instant, ResilientClient, RetryPolicy,
-    Runtime, TransportEvent, TransportObserver,
+    BreakerState, CallPolicy, ClientError, EventKind, Fanout, Instant, ResilientClient,
+    RetryPolicy, Runtime, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_reqwest::{ReqwestResponse, ReqwestTransport, reqwest};
 use vantage_api_pool_tokio::TokioRuntime;
@@ -484,17 +484,6 @@ async fn connection(stream: TcpStream, server: Arc<FlakyServer>) -> std::io::Res
 // ---------------------------------------------------------------------------------
 // Observers: the two shipped ones, plus a tally for the summary and the ticker
 // ---------------------------------------------------------------------------------
-
-/// Hands every event to each observer in turn (a client takes one observer).
-struct Tee(Vec<Arc<dyn TransportObserver>>);
-
-impl TransportObserver for Tee {
-    fn on_event(&self, api: &str, event: &TransportEvent) {
-        for observer in &self.0 {
-            observer.on_event(api, event);
-        }
-    }
-}
 
 /// Notable moments (breaker changes, server phases, token fetches), time-stamped on
 /// the shared clock, for the view's "recent" list and the plain-text log.
@@ -968,8 +957,8 @@ fn draw(view: &View) {
 
 /// Sets up a `tracing` subscriber that writes to a log file in the temp directory.
 fn log_to_file() -> Result<PathBuf, BoxError> {
-    let path =
-        std::env::temp_dir().join(format!("vantage-api-pool-demo-{}.log", std::process::id()));
+    // One file, overwritten by each run, so runs do not pile up logs.
+    let path = std::env::temp_dir().join("vantage-api-pool-demo.log");
     let file = std::fs::File::create(&path)?;
     let subscriber = tracing_subscriber::fmt()
         .with_writer(Mutex::new(file))
@@ -994,15 +983,15 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
     let server = Arc::new(FlakyServer::new(script.clone()));
     let server_task = tokio::spawn(serve(listener, Arc::clone(&server)));
 
-    // The observers: both shipped ones, and the demo's tally, behind one `Tee`.
+    // The observers: both shipped ones, and the demo's tally, behind one `Fanout`.
     let moments = Arc::new(Moments::default());
     let health = Arc::new(HealthObserver::new(settings.window()));
     let totals = Arc::new(Totals {
         per_api: Mutex::new(HashMap::new()),
         moments: Arc::clone(&moments),
     });
-    let observer: Arc<dyn TransportObserver> = Arc::new(Tee(vec![
-        health.clone(),
+    let observer: Arc<dyn TransportObserver> = Arc::new(Fanout::new([
+        health.clone() as Arc<dyn TransportObserver>,
         Arc::new(TracingObserver),
         totals.clone(),
     ]));
@@ -1188,7 +1177,9 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
     ))
 }
 
-/// Prints the summary; returns whether every API had at least one successful call.
+/// Prints the summary; returns whether the story happened: every API had a
+/// successful call, the orders outage opened its breaker, the search quota answered
+/// 429 and was retried, and profile-api refreshed its token after a 401.
 fn summary(
     view: &View,
     server: &FlakyServer,
@@ -1320,12 +1311,35 @@ fn summary(
             let _ = writeln!(out, "tracing log: none (the log file could not be created)");
         }
     }
-    if !all_ok {
-        let _ = writeln!(
-            out,
-            "demo: an API had no successful call at all; something is wrong"
-        );
+    let search_429 = seen
+        .get("/search")
+        .and_then(|statuses| statuses.get(&429))
+        .copied()
+        .unwrap_or(0);
+    let search_retries = health.get("search-api").map_or(0, |h| h.retries);
+    let profile = view.apis.iter().find(|api| api.name == "profile-api");
+    let story = [
+        (all_ok, "every API had a successful call"),
+        (
+            totals.get("orders-api").breaker_openings > 0,
+            "the orders outage opened its breaker",
+        ),
+        (
+            search_429 > 0 && search_retries > 0,
+            "the search quota answered 429 and the client retried",
+        ),
+        (
+            totals.get("profile-api").unauthorized > 0
+                && profile.is_some_and(|api| api.client.token_fetches() >= 2),
+            "a 401 made profile-api refresh its token",
+        ),
+    ];
+    for (happened, what) in story {
+        if !happened {
+            let _ = writeln!(out, "demo: did not happen: {what}; something is wrong");
+        }
     }
+    let all_ok = story.iter().all(|(happened, _)| *happened);
     print!("{out}");
     let _ = std::io::stdout().flush();
     all_ok
