@@ -328,14 +328,26 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         };
         let breaker_at = now;
         let configured = self.client.auth.is_configured();
-        let token = if configured {
+        let mut token = if configured {
             let token = self.auth_token(None).await?;
             now = self.now();
             token
         } else {
             None
         };
+        let before_rate = now;
         now = self.take_token(now).await?;
+        // A refresh during the rate wait: the newer token goes out. (Nothing waits
+        // here: a send holding a rate token goes now, or sends would bunch up.)
+        if configured
+            && now != before_rate
+            && let Some(newer) = self.client.auth_state.current(None)
+            && token
+                .as_ref()
+                .is_none_or(|held| newer.generation > held.generation)
+        {
+            token = Some(newer);
+        }
         Ok(Ticket {
             probe,
             token,
@@ -457,6 +469,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                         request = waited;
                         now = self.now();
                         yielded = true;
+                        // A refresh during the wait: the newer token goes out (one a
+                        // 401 rejected is not handed out; the send keeps its own).
+                        if let Some(newer) = client.auth_state.current(None)
+                            && self.token_generation.is_some_and(|g| newer.generation > g)
+                        {
+                            request.set_header(newer.name, newer.value);
+                            self.token_generation = Some(newer.generation);
+                        }
                         permit
                     }
                     Err(error) => {

@@ -32,6 +32,12 @@ use crate::sync::{Mutex, MutexGuard, PoisonError};
 /// not implement `Error` itself (that would clash with the blanket `From`); its
 /// message and source are reachable through `Display` and [`AuthError::as_error`].
 ///
+/// Its text is the token source's own, unredacted: the client error's `Display` and
+/// `Debug` never show it, but its `source()` chain does. Keep URLs and credentials
+/// out of the errors a token source returns (a `reqwest::Error` from a token
+/// endpoint names its URL: use `without_url()`), or print client errors without
+/// their chain.
+///
 /// ```
 /// use vantage_api_pool::auth::AuthError;
 /// let e: AuthError = "identity provider down".into();
@@ -160,7 +166,12 @@ struct AuthInner {
     token: Option<Token>,
     /// Generation of the last token fetched (0: none yet).
     generation: u64,
+    /// The newest generation a 401 answered: a token of it or older is never handed
+    /// out again (callers wait for, or start, the refresh instead).
+    rejected: u64,
     fetching: bool,
+    /// Fetches started so far (a fetch abandoned by a dropped caller included).
+    fetches_started: u64,
     /// Fetches finished so far (successful or not).
     fetches_done: u64,
     /// The error of the last fetch, with the fetch number it belongs to.
@@ -183,6 +194,15 @@ impl std::fmt::Debug for AuthState {
     }
 }
 
+impl AuthInner {
+    /// The current token, unless a 401 rejected its generation (or it is not newer
+    /// than `stale`).
+    fn usable(&self, stale: Option<u64>) -> Option<&Token> {
+        let floor = self.rejected.max(stale.unwrap_or(0));
+        self.token.as_ref().filter(|t| t.generation > floor)
+    }
+}
+
 enum Step {
     Ready(Token),
     Failed(Arc<AuthError>),
@@ -196,7 +216,9 @@ impl AuthState {
             inner: Mutex::new(AuthInner {
                 token: None,
                 generation: 0,
+                rejected: 0,
                 fetching: false,
+                fetches_started: 0,
                 fetches_done: 0,
                 last_error: None,
                 waiters: Vec::new(),
@@ -209,19 +231,16 @@ impl AuthState {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Fetches done so far (for tests and figures).
+    /// Fetches started so far, abandoned ones included (for tests and figures).
     pub(crate) fn fetches(&self) -> u64 {
-        self.lock().fetches_done
+        self.lock().fetches_started
     }
 
-    /// The current token if there is one (newer than `stale` when given), without
-    /// waiting: the path of every send once a token is cached.
+    /// The current token if there is one that no 401 rejected (and newer than
+    /// `stale` when given), without waiting: the path of every send once a token is
+    /// cached.
     pub(crate) fn current(&self, stale: Option<u64>) -> Option<Token> {
-        self.lock()
-            .token
-            .as_ref()
-            .filter(|t| stale.is_none_or(|g| t.generation > g))
-            .cloned()
+        self.lock().usable(stale).cloned()
     }
 
     /// The current token, fetching it first if there is none, or a newer one than
@@ -243,11 +262,10 @@ impl AuthState {
                         .filter(|(n, _)| *n > seen)
                         .map(|(_, e)| Arc::clone(e))
                 });
-                let ready = inner
-                    .token
-                    .as_ref()
-                    .filter(|t| stale.is_none_or(|g| t.generation > g))
-                    .cloned();
+                if let Some(g) = stale {
+                    inner.rejected = inner.rejected.max(g);
+                }
+                let ready = inner.usable(stale).cloned();
                 if let Some(token) = ready {
                     Step::Ready(token)
                 } else if let Some(error) = shared_failure {
@@ -257,6 +275,7 @@ impl AuthState {
                     Step::Wait(inner.fetches_done)
                 } else {
                     inner.fetching = true;
+                    inner.fetches_started += 1;
                     Step::Fetch
                 }
             };

@@ -227,8 +227,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         self.shared.limiter.peak_in_flight()
     }
 
-    /// Token fetches made so far by the client's token source (first fetch and
-    /// refreshes).
+    /// Token fetches started so far by the client's token source: the first fetch,
+    /// refreshes, and fetches abandoned because their caller was dropped (the
+    /// source was called, so its endpoint may have been reached).
     #[must_use]
     pub fn token_fetches(&self) -> u64 {
         self.shared.auth_state.fetches()

@@ -174,8 +174,11 @@ impl ClientError {
         }
     }
 
-    /// Attempts that sent a request, the first included. Redials are not attempts; a
-    /// 401 replay is. A fail-fast rejection or an auth failure before any send has 0.
+    /// Attempts made, the first included: sends that went through the transport,
+    /// whether or not the request reached the server (a refused connection is an
+    /// attempt; [`nothing_sent`](ClientError::nothing_sent) tells whether any did).
+    /// Redials are not attempts; a 401 replay is. A fail-fast rejection or an auth
+    /// failure before any send has 0.
     #[must_use]
     pub fn attempts(&self) -> u32 {
         self.attempts

@@ -80,7 +80,8 @@ impl RateLimit {
         Ok(self)
     }
 
-    /// The time one token takes to refill.
+    /// The time one token takes to refill: `1 / per_second`, rounded up to whole
+    /// nanoseconds (at least 1 ns), so tokens never come faster than the rate.
     #[must_use]
     pub fn interval(&self) -> Duration {
         self.interval
@@ -100,9 +101,19 @@ fn interval(per_second: f64) -> Result<Duration, ConfigError> {
             "must be a finite number above zero",
         ));
     }
-    let interval = Duration::try_from_secs_f64(1.0 / per_second)
-        .map_err(|_| ConfigError::new("rate_limit", "is too small"))?;
-    Ok(interval.max(Duration::from_nanos(1)))
+    // Whole nanoseconds, rounded up so the bucket never grants faster than the rate
+    // (3/s refills every 333,333,334 ns, not 333,333,333). A quotient within float
+    // error of a whole number (6 s for 1/6 per second) is that number.
+    let exact = 1e9 / per_second;
+    let nanos = if (exact - exact.round()).abs() <= exact * 1e-12 {
+        exact.round()
+    } else {
+        exact.ceil()
+    };
+    if nanos >= u64::MAX as f64 {
+        return Err(ConfigError::new("rate_limit", "is too small"));
+    }
+    Ok(Duration::from_nanos((nanos as u64).max(1)))
 }
 
 /// A token bucket shared by every caller of one client.
@@ -254,6 +265,41 @@ mod tests {
         }
         // And the long-run rate holds.
         assert!((39..=44).contains(&grants.len()), "{}", grants.len());
+    }
+
+    #[test]
+    fn the_interval_is_rounded_up_to_whole_nanoseconds() {
+        let nanos = |rate: f64| RateLimit::per_second(rate).unwrap().interval().as_nanos();
+        // Never faster than the rate: 3/s would grant a fourth token inside a second
+        // with 333,333,333 ns.
+        assert_eq!(nanos(3.0), 333_333_334);
+        assert_eq!(nanos(23.0), 43_478_261);
+        assert_eq!(nanos(2.4e8), 5);
+        assert_eq!(nanos(7e8), 2);
+        // Exact quotients stay exact, also through float error.
+        assert_eq!(nanos(1.0 / 6.0), 6_000_000_000);
+        assert_eq!(nanos(10.0), 100_000_000);
+        assert_eq!(nanos(1e9), 1);
+        // Faster than one a nanosecond: one a nanosecond.
+        assert_eq!(nanos(5e9), 1);
+        // 3/s never grants more than 3 + 3 × T tokens in a window of T.
+        let bucket = TokenBucket::new(RateLimit::with_burst(3.0, 1).unwrap());
+        let t0 = Instant::from_origin(Duration::from_secs(1));
+        // Asked at every instant a grant could fall on, rounded down or up.
+        let mut asks: Vec<u64> = (0..4u64)
+            .flat_map(|k| [k * 333_333_333, k * 333_333_334])
+            .filter(|&ns| ns <= 999_999_999)
+            .collect();
+        asks.sort_unstable();
+        let granted = asks
+            .into_iter()
+            .filter(|&ns| {
+                bucket
+                    .try_take(t0.saturating_add(Duration::from_nanos(ns)))
+                    .is_ok()
+            })
+            .count();
+        assert_eq!(granted, 3, "1 + 3 × 0.999999999 < 4");
     }
 
     #[test]

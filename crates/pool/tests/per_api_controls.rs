@@ -578,6 +578,140 @@ fn sixteen_concurrent_401s_share_one_refresh_and_one_first_fetch() {
     w.assert_contract();
 }
 
+/// The tokens the transport saw, in send order, for `path` (all paths: `None`).
+fn tokens_sent(w: &World, path: Option<&str>) -> Vec<String> {
+    w.transport
+        .requests()
+        .iter()
+        .filter(|r| path.is_none_or(|p| r.path == p))
+        .map(|r| r.headers[AUTHORIZATION].to_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_send_that_waited_for_a_rate_token_goes_out_with_the_newest_token() {
+    // Only t2 is accepted. The first send's 401 brings t2 at 110 ms; the other calls
+    // picked t1 at the gate, then waited for rate tokens (1/s) past the refresh.
+    let w = World::new();
+    require_token(&w, "Bearer t2");
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .rate_limit_with_burst(1.0, 1)
+        .auth(counting_tokens(&w.rt, &fetches))
+        .build()
+        .unwrap();
+    let calls: Vec<_> = (0..3)
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    for call in calls {
+        w.rt.block_on(call).unwrap().unwrap();
+    }
+    // One 401 in all: every send after the refresh carries t2.
+    assert_eq!(
+        tokens_sent(&w, None),
+        ["Bearer t1", "Bearer t2", "Bearer t2", "Bearer t2"]
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    w.assert_contract();
+}
+
+#[test]
+fn a_send_that_waited_for_a_permit_goes_out_with_the_newest_token() {
+    // One permit. P's t1 gets a 401 at 60 ms (refresh: t2 at 110 ms); X1 and X2,
+    // built with t1 at 50 ms, queue for the permit. X1 gets it at 60 ms (t2 is not
+    // there yet) and holds it 200 ms; X2 gets it at 260 ms and must send t2.
+    let w = World::new();
+    w.transport.respond_with(|req, _| {
+        let token = req
+            .headers()
+            .get(AUTHORIZATION)
+            .map(|v| v.to_str().unwrap());
+        match (req.path(), token) {
+            ("/x", _) => Reply::ok().after(ms(200)),
+            (_, Some("Bearer t2")) => Reply::ok().after(ms(10)),
+            _ => Reply::status(401).after(ms(10)),
+        }
+    });
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .max_parallel(1)
+        .auth(counting_tokens(&w.rt, &fetches))
+        .build()
+        .unwrap();
+    let p = w.spawn_call(&client, CallPolicy::background(), "/p");
+    let x1 = w.spawn_call(&client, CallPolicy::background(), "/x");
+    let x2 = w.spawn_call(&client, CallPolicy::background(), "/x");
+    w.rt.run().unwrap();
+    for call in [p, x1, x2] {
+        w.rt.block_on(call).unwrap().unwrap();
+    }
+    assert_eq!(tokens_sent(&w, Some("/x")), ["Bearer t1", "Bearer t2"]);
+    assert_eq!(tokens_sent(&w, Some("/p")), ["Bearer t1", "Bearer t2"]);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    w.assert_contract();
+}
+
+#[test]
+fn a_401_replay_never_gets_a_token_that_another_401_rejected() {
+    // Tokens come 50 ms after they are asked for; only t3 is accepted.
+    //   0 ms: A fetches t1 and sends it at 50 ms to a slow endpoint (401 at 230 ms).
+    // 100 ms: B's t1 gets a 401; the refresh brings t2; B's replay with it: 401.
+    // 200 ms: C sends t2: 401 at 210 ms, which starts the refresh to t3 (260 ms).
+    // 230 ms: A's 401 for t1 arrives while t2, rejected, is still current: A must
+    //         wait for t3, not replay with t2.
+    let w = World::new();
+    w.transport.respond_with(|req, _| {
+        let token = req
+            .headers()
+            .get(AUTHORIZATION)
+            .map(|v| v.to_str().unwrap());
+        let delay = if req.path() == "/slow" {
+            ms(180)
+        } else {
+            ms(10)
+        };
+        match token {
+            Some("Bearer t3") => Reply::ok().after(ms(10)),
+            _ => Reply::status(401).after(delay),
+        }
+    });
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(counting_tokens(&w.rt, &fetches))
+        .build()
+        .unwrap();
+    let call_at = |start: Duration, path: &'static str| {
+        let (client, rt) = (client.clone(), w.rt.clone());
+        w.rt.spawn(async move {
+            rt.sleep_until(at(start)).await;
+            client
+                .execute_with(&CallPolicy::background(), |h| h.get(path))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.kind())
+        })
+    };
+    let a = call_at(Duration::ZERO, "/slow");
+    let b = call_at(ms(100), "/b");
+    let c = call_at(ms(200), "/c");
+    w.rt.run().unwrap();
+    let unauthorized = ErrorKind::Status(StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        w.rt.block_on(b).unwrap(),
+        Err(unauthorized),
+        "B: t1, then t2"
+    );
+    assert_eq!(w.rt.block_on(c).unwrap(), Ok(()));
+    assert_eq!(w.rt.block_on(a).unwrap(), Ok(()), "A replays with t3");
+    assert_eq!(tokens_sent(&w, Some("/slow")), ["Bearer t1", "Bearer t3"]);
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    w.assert_contract();
+}
+
 #[test]
 fn a_dropped_fetching_caller_hands_the_fetch_to_a_waiter() {
     let w = World::new();

@@ -252,6 +252,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
         violations: Mutex::default(),
     });
     let fetches = Arc::new(AtomicUsize::new(0));
+    let completed = Arc::new(AtomicUsize::new(0));
     let mut builder = ResilientClient::builder(transport.clone(), rt.clone())
         .max_parallel(max_parallel)
         .breaker(threshold, cooldown, max_cooldown)
@@ -261,12 +262,15 @@ fn run_seed(seed: u64) -> Result<(), String> {
     }
     let source = {
         let (fetches, server_token, rt) = (fetches.clone(), server_token.clone(), rt.clone());
+        let completed = completed.clone();
         token_fn(move || {
             let fetch = fetches.fetch_add(1, Ordering::SeqCst);
             // The source hands out the server's current token after a short delay.
-            let (server_token, rt) = (server_token.clone(), rt.clone());
+            let (server_token, rt, completed) =
+                (server_token.clone(), rt.clone(), completed.clone());
             async move {
                 rt.sleep(ms(20)).await;
+                completed.fetch_add(1, Ordering::SeqCst);
                 let n = server_token.load(Ordering::SeqCst);
                 let token = format!("Bearer t{n}-{fetch}");
                 Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_str(&token).unwrap()))
@@ -449,8 +453,16 @@ fn run_seed(seed: u64) -> Result<(), String> {
 
     // Token fetches: one first fetch, then at most one per generation that drew a 401.
     if use_auth {
+        // The client counts every fetch it started, abandoned ones included.
+        let started = fetches.load(Ordering::SeqCst);
+        if client.token_fetches() as usize != started {
+            problems.push(format!(
+                "token_fetches() says {} but the source was called {started} times",
+                client.token_fetches()
+            ));
+        }
         // Completed fetches: one abandoned by a dropped caller makes no generation.
-        let fetched = client.token_fetches() as usize;
+        let fetched = completed.load(Ordering::SeqCst);
         let generations = got_401.lock().unwrap().len();
         if fetched > 1 + generations {
             problems.push(format!(
