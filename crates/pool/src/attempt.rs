@@ -335,12 +335,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         } else {
             None
         };
-        let before_rate = now;
         now = self.take_token(now).await?;
-        // A refresh during the rate wait: the newer token goes out. (Nothing waits
+        // A refresh during a rate wait: the newer token goes out. (Nothing waits
         // here: a send holding a rate token goes now, or sends would bunch up.)
         if configured
-            && now != before_rate
+            && self.client.bucket.is_some()
             && let Some(newer) = self.client.auth_state.current(None)
             && token
                 .as_ref()
@@ -391,11 +390,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     }
 
     /// Waits in the permit queue (the lock-free take found no permit, or callers
-    /// queued), raced against the budget's end, holding the prepared request.
+    /// queued), raced against the budget's end, holding the prepared request. If a
+    /// refresh brought a newer token meanwhile, the request goes out with it (a token
+    /// a 401 rejected is not handed out; the request then keeps its own). Returns the
+    /// permit, the request and the generation of the token it now carries.
     async fn wait_for_permit(
         &self,
-        request: T::Request,
-    ) -> Result<(Permit<'c>, T::Request), ClientError> {
+        mut request: T::Request,
+    ) -> Result<(Permit<'c>, T::Request, Option<u64>), ClientError> {
         let client = self.client;
         let acquire = client.limiter.acquire();
         let permit = match self.deadline {
@@ -404,7 +406,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 .map_err(|_| self.timed_out_at_gate())?,
             None => acquire.await,
         };
-        Ok((permit, request))
+        let mut generation = self.token_generation;
+        if let Some(newer) = client.auth_state.current(None)
+            && generation.is_some_and(|g| newer.generation > g)
+        {
+            request.set_header(newer.name, newer.value);
+            generation = Some(newer.generation);
+        }
+        Ok((permit, request, generation))
     }
 
     /// Tells the breaker what a send proved, frees the probe slot, and returns the
@@ -465,18 +474,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             let permit = match client.limiter.try_acquire() {
                 Some(permit) => permit,
                 None => match Box::pin(self.wait_for_permit(request)).await {
-                    Ok((permit, waited)) => {
+                    Ok((permit, waited, generation)) => {
                         request = waited;
                         now = self.now();
                         yielded = true;
-                        // A refresh during the wait: the newer token goes out (one a
-                        // 401 rejected is not handed out; the send keeps its own).
-                        if let Some(newer) = client.auth_state.current(None)
-                            && self.token_generation.is_some_and(|g| newer.generation > g)
-                        {
-                            request.set_header(newer.name, newer.value);
-                            self.token_generation = Some(newer.generation);
-                        }
+                        self.token_generation = generation;
                         permit
                     }
                     Err(error) => {
