@@ -470,6 +470,27 @@ fn counting_tokens(
     })
 }
 
+/// The builder the tests start from.
+type Builder =
+    vantage_api_pool::ClientBuilder<vantage_api_pool_testkit::ScriptedTransport, VirtualRuntime>;
+
+/// A client whose token source is [`counting_tokens`], built from `w.builder()` with
+/// `customize` applied first; returns it with the fetch counter.
+fn client_with_counted_tokens<F: FnOnce(Builder) -> Builder>(
+    w: &World,
+    customize: F,
+) -> (
+    Client<impl vantage_api_pool::TokenSource + use<F>>,
+    Arc<AtomicU32>,
+) {
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = customize(w.builder())
+        .auth(counting_tokens(&w.rt, &fetches))
+        .build()
+        .unwrap();
+    (client, fetches)
+}
+
 /// Answers 401 unless the request carries `Bearer {valid}`.
 fn require_token(w: &World, valid: &'static str) {
     w.transport.respond_with(move |req, _| {
@@ -485,12 +506,7 @@ fn require_token(w: &World, valid: &'static str) {
 fn a_401_refreshes_and_replays_without_spending_retry_budget() {
     let w = World::new();
     require_token(&w, "Bearer t2");
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(counting_tokens(&w.rt, &fetches))
-        .build()
-        .unwrap();
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b);
     let policy = CallPolicy::background();
     assert_eq!(policy.retry(), &RetryMode::None);
     let resp =
@@ -522,12 +538,7 @@ fn a_401_refreshes_and_replays_without_spending_retry_budget() {
 fn a_second_401_is_final() {
     let w = World::new();
     require_token(&w, "never");
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(counting_tokens(&w.rt, &fetches))
-        .build()
-        .unwrap();
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b);
     let err =
         w.rt.block_on(client.execute(|h| h.get("/x")))
             .unwrap()
@@ -541,13 +552,7 @@ fn a_second_401_is_final() {
 fn sixteen_concurrent_401s_share_one_refresh_and_one_first_fetch() {
     let w = World::new();
     require_token(&w, "Bearer t2");
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .max_parallel(16)
-        .auth(counting_tokens(&w.rt, &fetches))
-        .build()
-        .unwrap();
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b.max_parallel(16));
     let calls: Vec<_> = (0..16)
         .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
         .collect();
@@ -578,6 +583,24 @@ fn sixteen_concurrent_401s_share_one_refresh_and_one_first_fetch() {
     w.assert_contract();
 }
 
+/// The `Authorization` value of a scripted request.
+fn bearer(req: &vantage_api_pool_testkit::ScriptedRequest) -> Option<&str> {
+    req.headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+}
+
+/// Runs every spawned call to its end and checks that each succeeded.
+fn all_succeed<E: std::fmt::Debug>(
+    w: &World,
+    calls: Vec<vantage_api_pool_testkit::JoinHandle<Result<(), E>>>,
+) {
+    w.rt.run().unwrap();
+    for call in calls {
+        w.rt.block_on(call).unwrap().unwrap();
+    }
+}
+
 /// The tokens the transport saw, in send order, for `path` (all paths: `None`).
 fn tokens_sent(w: &World, path: Option<&str>) -> Vec<String> {
     w.transport
@@ -594,20 +617,11 @@ fn a_send_that_waited_for_a_rate_token_goes_out_with_the_newest_token() {
     // picked t1 at the gate, then waited for rate tokens (1/s) past the refresh.
     let w = World::new();
     require_token(&w, "Bearer t2");
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .rate_limit_with_burst(1.0, 1)
-        .auth(counting_tokens(&w.rt, &fetches))
-        .build()
-        .unwrap();
-    let calls: Vec<_> = (0..3)
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b.rate_limit_with_burst(1.0, 1));
+    let calls = (0..3)
         .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
         .collect();
-    w.rt.run().unwrap();
-    for call in calls {
-        w.rt.block_on(call).unwrap().unwrap();
-    }
+    all_succeed(&w, calls);
     // One 401 in all: every send after the refresh carries t2.
     assert_eq!(
         tokens_sent(&w, None),
@@ -624,30 +638,19 @@ fn a_send_that_waited_for_a_permit_goes_out_with_the_newest_token() {
     // there yet) and holds it 200 ms; X2 gets it at 260 ms and must send t2.
     let w = World::new();
     w.transport.respond_with(|req, _| {
-        let token = req
-            .headers()
-            .get(AUTHORIZATION)
-            .map(|v| v.to_str().unwrap());
+        let token = bearer(req);
         match (req.path(), token) {
             ("/x", _) => Reply::ok().after(ms(200)),
             (_, Some("Bearer t2")) => Reply::ok().after(ms(10)),
             _ => Reply::status(401).after(ms(10)),
         }
     });
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .max_parallel(1)
-        .auth(counting_tokens(&w.rt, &fetches))
-        .build()
-        .unwrap();
-    let p = w.spawn_call(&client, CallPolicy::background(), "/p");
-    let x1 = w.spawn_call(&client, CallPolicy::background(), "/x");
-    let x2 = w.spawn_call(&client, CallPolicy::background(), "/x");
-    w.rt.run().unwrap();
-    for call in [p, x1, x2] {
-        w.rt.block_on(call).unwrap().unwrap();
-    }
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b.max_parallel(1));
+    let calls = ["/p", "/x", "/x"]
+        .into_iter()
+        .map(|path| w.spawn_call(&client, CallPolicy::background(), path))
+        .collect();
+    all_succeed(&w, calls);
     assert_eq!(tokens_sent(&w, Some("/x")), ["Bearer t1", "Bearer t2"]);
     assert_eq!(tokens_sent(&w, Some("/p")), ["Bearer t1", "Bearer t2"]);
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
@@ -664,10 +667,7 @@ fn a_401_replay_never_gets_a_token_that_another_401_rejected() {
     //         wait for t3, not replay with t2.
     let w = World::new();
     w.transport.respond_with(|req, _| {
-        let token = req
-            .headers()
-            .get(AUTHORIZATION)
-            .map(|v| v.to_str().unwrap());
+        let token = bearer(req);
         let delay = if req.path() == "/slow" {
             ms(180)
         } else {
@@ -678,12 +678,7 @@ fn a_401_replay_never_gets_a_token_that_another_401_rejected() {
             _ => Reply::status(401).after(delay),
         }
     });
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(counting_tokens(&w.rt, &fetches))
-        .build()
-        .unwrap();
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b);
     let call_at = |start: Duration, path: &'static str| {
         let (client, rt) = (client.clone(), w.rt.clone());
         w.rt.spawn(async move {
@@ -716,12 +711,7 @@ fn a_401_replay_never_gets_a_token_that_another_401_rejected() {
 fn a_dropped_fetching_caller_hands_the_fetch_to_a_waiter() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(counting_tokens(&w.rt, &fetches))
-        .build()
-        .unwrap();
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b);
     let first = w.spawn_call(&client, CallPolicy::background(), "/x");
     let second = w.spawn_call(&client, CallPolicy::background(), "/x");
     w.rt.run_until(at(ms(20))).unwrap();
