@@ -42,8 +42,9 @@ struct Ticket<'c> {
     token: Option<Token>,
     /// The clock as the gate let the send through.
     now: Instant,
-    /// Whether the call gave way to other tasks after the breaker let it through
-    /// (an auth fetch or a rate-token sleep), so the breaker may have changed.
+    /// Whether the call may have given way to other tasks after the breaker let it
+    /// through (an admission wait, a rate-token sleep, or any client with a token
+    /// source), so the breaker may have changed.
     yielded: bool,
 }
 
@@ -276,11 +277,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         }
     }
 
-    /// `wait_for_gate`: the breaker's cooldown, the transport's shared limiter (not
-    /// charged to the budget), the breaker's grant, the auth token, then a rate token
-    /// (last, so a long token fetch does not sit on a rate token). Holds no permit.
-    /// Returns the clock as the gate let the send through; the clock is read again
-    /// only after a wait.
+    /// `wait_for_gate`: the breaker (its cooldown waited out, its probe slot taken
+    /// if this send is the probe), the transport's shared limiter (not charged to the
+    /// budget), the auth token, then a rate token (last, so a long token fetch does
+    /// not sit on a rate token). Holds no permit. Returns the clock as the gate let
+    /// the send through; the clock is read again after a wait and after an auth
+    /// token lookup.
     async fn wait_for_gate(&mut self) -> Result<Ticket<'c>, ClientError> {
         let mut now = self.now();
         // The budget starts when the call first reaches the gate.
@@ -289,44 +291,36 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         {
             self.deadline = Some(now.saturating_add(budget));
         }
+        // The breaker comes before the transport's admission: a refused call queues
+        // for none, a waiting one takes its admission when it can send, and the
+        // probe takes its slot first, so callers the probe turns away do not queue
+        // for admissions either. A change during the admission wait is caught by
+        // the second look after the waits (`yielded`).
         let probe = loop {
             if self.deadline.is_some_and(|deadline| now >= deadline) {
                 return Err(self.timed_out_at_gate());
-            }
-            // An open breaker is waited out (or, failing fast, refused) before the
-            // call queues for the transport's admission: a refused call uses none,
-            // and a waiting one takes its admission when it can send, not before a
-            // cooldown.
-            if let Some(breaker) = &self.client.breaker
-                && let Some(wait) = breaker.refusal(now)
-            {
-                if self.fails_fast() {
-                    return Err(self.breaker_open());
-                }
-                now = Box::pin(self.gate_sleep(now, wait)).await?;
-                continue;
-            }
-            let mut admit = pin!(self.client.transport.admit());
-            if poll_once(admit.as_mut()).await.is_pending() {
-                let before = now;
-                admit.await;
-                now = self.now();
-                if let Some(deadline) = self.deadline.as_mut() {
-                    *deadline = deadline.saturating_add(now.saturating_duration_since(before));
-                }
             }
             let Some(breaker) = &self.client.breaker else {
                 break None;
             };
             match breaker.check(now) {
                 Gate::Allow { probe } => break probe.map(|epoch| ProbeGuard::new(breaker, epoch)),
-                // It opened (or another caller took the probe) while this call
-                // waited for its admission, which is spent.
+                // Failing fast needs no future, so an outage's refusals allocate
+                // nothing.
                 Gate::OpenFor(_) if self.fails_fast() => return Err(self.breaker_open()),
-                Gate::OpenFor(_) => {}
+                Gate::OpenFor(wait) => now = Box::pin(self.gate_sleep(now, wait)).await?,
             }
         };
         let breaker_at = now;
+        let mut admit = pin!(self.client.transport.admit());
+        if poll_once(admit.as_mut()).await.is_pending() {
+            admit.await;
+            let after = self.now();
+            if let Some(deadline) = self.deadline.as_mut() {
+                *deadline = deadline.saturating_add(after.saturating_duration_since(now));
+            }
+            now = after;
+        }
         let configured = self.client.auth.is_configured();
         let mut token = if configured {
             let token = self.auth_token(None).await?;
@@ -356,7 +350,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     }
 
     /// The auth token to apply, if the client has a token source: fetched on first
-    /// use, or newer than `stale` after a 401. The wait counts toward the budget.
+    /// use, newer than `stale` after a 401, or awaited while a refresh that a 401
+    /// for the current token started is running. The wait counts toward the budget.
     async fn auth_token(&self, stale: Option<u64>) -> Result<Option<Token>, ClientError> {
         let client = self.client;
         if !client.auth.is_configured() {
@@ -391,9 +386,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
 
     /// Waits in the permit queue (the lock-free take found no permit, or callers
     /// queued), raced against the budget's end, holding the prepared request. If a
-    /// refresh brought a newer token meanwhile, the request goes out with it (a token
-    /// a 401 rejected is not handed out; the request then keeps its own). Returns the
-    /// permit, the request and the generation of the token it now carries.
+    /// refresh brought a newer token under the same header meanwhile, the request
+    /// goes out with it (a token rejected while its refresh runs is not handed out;
+    /// the request then keeps its own). Returns the permit, the request and the
+    /// generation of the token it now carries.
     async fn wait_for_permit(
         &self,
         mut request: T::Request,
@@ -407,8 +403,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             None => acquire.await,
         };
         let mut generation = self.token_generation;
+        // Swapped only under the same header name: a request cannot drop a header,
+        // so a token under another name would go out beside the old one.
         if let Some(newer) = client.auth_state.current(None)
             && generation.is_some_and(|g| newer.generation > g)
+            && request.header(&newer.name).is_some()
         {
             request.set_header(newer.name, newer.value);
             generation = Some(newer.generation);

@@ -9,7 +9,10 @@
 //! a newer token and replays at once. Fetches are single-flight by token generation:
 //! concurrent first callers cause one fetch; concurrent 401s answered with generation
 //! `g` cause one fetch of `g + 1`; a 401 for a generation already replaced replays with
-//! the current token without another fetch.
+//! the current token without another fetch, unless a 401 for the current token has
+//! started a refresh that is still running: then it waits for that refresh, as does
+//! a call that just needs a token (if the refresh fails, such a call sends the
+//! cached token).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -166,8 +169,10 @@ struct AuthInner {
     token: Option<Token>,
     /// Generation of the last token fetched (0: none yet).
     generation: u64,
-    /// The newest generation a 401 answered: a token of it or older is never handed
-    /// out again (callers wait for, or start, the refresh instead).
+    /// The newest generation whose 401 asked for a refresh: while that refresh runs
+    /// (or succeeded), a token of it or older is not handed out (callers wait for
+    /// the refresh instead). Lowered again when the refresh fails, so callers that
+    /// only need a token fall back to the cached one rather than fail.
     rejected: u64,
     fetching: bool,
     /// Fetches started so far (a fetch abandoned by a dropped caller included).
@@ -336,6 +341,9 @@ impl FetchGuard<'_> {
                 Err(e) => {
                     let e = Arc::new(e);
                     inner.last_error = Some((inner.fetches_done, Arc::clone(&e)));
+                    // No newer token: a call that just needs one sends the cached one
+                    // (it may be answered 401 again; its replay then asks again).
+                    inner.rejected = 0;
                     Err(e)
                 }
             };

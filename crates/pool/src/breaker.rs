@@ -242,22 +242,6 @@ impl CircuitBreaker {
         }
     }
 
-    /// How long a check at `now` would turn a send away (`OpenFor`), without granting
-    /// the probe slot: the rest of the cooldown, or [`PROBE_RECHECK`] while another
-    /// caller holds the probe. `None`: a check would let a send through. A caller
-    /// learns its answer, or waits out the cooldown, before it queues for anything.
-    pub fn refusal(&self, now: Instant) -> Option<Duration> {
-        if self.quiet.load(Ordering::Acquire) {
-            return None;
-        }
-        let s = self.lock();
-        match s.mode {
-            Mode::Closed => None,
-            Mode::Open { until } if now < until => Some(until.saturating_duration_since(now)),
-            Mode::Open { .. } | Mode::HalfOpen => s.probe.map(|_| PROBE_RECHECK),
-        }
-    }
-
     /// Whether `epoch` still holds the probe slot. A grant goes stale when the breaker
     /// closes (or closes and opens again) while its holder waits at the gate.
     pub fn holds_probe(&self, epoch: u64) -> bool {
@@ -429,27 +413,22 @@ mod tests {
     }
 
     #[test]
-    fn refusal_answers_as_check_would_without_taking_the_probe() {
+    fn a_probe_grant_goes_stale_when_the_breaker_closes() {
         let b = breaker();
-        assert_eq!(b.refusal(at(0)), None);
         open_it(&b, at(0));
-        // Open: the rest of the cooldown, as check says.
-        assert_eq!(b.refusal(at(2)), Some(Duration::from_secs(3)));
-        assert_eq!(b.check(at(2)), Gate::OpenFor(Duration::from_secs(3)));
-        // Cooldown over: no refusal, and asking took nothing, so check still grants.
-        assert_eq!(b.refusal(at(5)), None);
-        assert_eq!(b.refusal(at(5)), None);
-        assert!(!b.probe_in_flight());
         let Gate::Allow { probe: Some(epoch) } = b.check(at(5)) else {
             panic!("the probe slot after the cooldown")
         };
         assert!(b.holds_probe(epoch));
-        // Probe taken: others are turned away for the recheck interval.
-        assert_eq!(b.refusal(at(5)), Some(PROBE_RECHECK));
-        // Closed by any answer: the grant goes stale.
+        // Closed by any answer: the grant goes stale, and stays stale.
         assert_eq!(b.record(Reachable, None, at(6)), Some(Transition::Closed));
         assert!(!b.holds_probe(epoch));
-        assert_eq!(b.refusal(at(6)), None);
+        // A reachable answer keeps the failure run: one more failure opens again.
+        assert!(matches!(
+            b.record(Failure, None, at(7)),
+            Some(Transition::Opened { .. })
+        ));
+        assert!(!b.holds_probe(epoch));
     }
 
     fn open_it(b: &CircuitBreaker, now: Instant) {

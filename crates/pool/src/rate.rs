@@ -102,10 +102,10 @@ fn interval(per_second: f64) -> Result<Duration, ConfigError> {
         ));
     }
     // Whole nanoseconds, rounded up so the bucket never grants faster than the rate
-    // (3/s refills every 333,333,334 ns, not 333,333,333). A quotient within float
-    // error of a whole number (6 s for 1/6 per second) is that number.
+    // (3/s refills every 333,333,334 ns, not 333,333,333). A quotient within a few
+    // ulps of a whole number (6 s for 1/6 per second) is that number.
     let exact = 1e9 / per_second;
-    let nanos = if (exact - exact.round()).abs() <= exact * 1e-12 {
+    let nanos = if (exact - exact.round()).abs() <= exact * 4.0 * f64::EPSILON {
         exact.round()
     } else {
         exact.ceil()

@@ -708,6 +708,104 @@ fn a_401_replay_never_gets_a_token_that_another_401_rejected() {
 }
 
 #[test]
+fn when_the_refresh_after_a_401_fails_other_calls_still_use_the_cached_token() {
+    // t1 is good for /x; /admin answers 401 to any token. After the first fetch the
+    // identity provider is down.
+    let w = World::new();
+    w.transport
+        .respond_with(|req, _| match (req.path(), bearer(req)) {
+            ("/x", Some("Bearer t1")) => Reply::ok().after(ms(10)),
+            _ => Reply::status(401).after(ms(10)),
+        });
+    let fetches = Arc::new(AtomicU32::new(0));
+    let counter = Arc::clone(&fetches);
+    let client = w
+        .builder()
+        .auth(token_fn(move || {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n == 1 {
+                    Ok((AUTHORIZATION, HeaderValue::from_static("Bearer t1")))
+                } else {
+                    Err(AuthError::from("identity provider down"))
+                }
+            }
+        }))
+        .build()
+        .unwrap();
+    let admin =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/admin")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(admin.kind(), ErrorKind::Auth);
+    // The failed refresh leaves t1 usable: calls that just need a token send it.
+    let calls = (0..3)
+        .map(|_| w.spawn_call(&client, CallPolicy::essential(), "/x"))
+        .collect();
+    all_succeed(&w, calls);
+    assert_eq!(
+        fetches.load(Ordering::SeqCst),
+        2,
+        "the first fetch and one refresh"
+    );
+    assert_eq!(
+        tokens_sent(&w, Some("/x")),
+        ["Bearer t1", "Bearer t1", "Bearer t1"]
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
+    // As in the permit test above, but the refresh comes under another header: X2's
+    // request keeps its own header only (it cannot drop one, so it adds none).
+    let w = World::new();
+    let api_key = http::HeaderName::from_static("x-api-key");
+    w.transport
+        .respond_with(|req, _| match (req.path(), bearer(req)) {
+            ("/x", _) => Reply::ok().after(ms(200)),
+            (_, None) => Reply::ok().after(ms(10)),
+            _ => Reply::status(401).after(ms(10)),
+        });
+    let counter = Arc::new(AtomicU32::new(0));
+    let (rt, header) = (w.rt.clone(), api_key.clone());
+    let client = w
+        .builder()
+        .max_parallel(1)
+        .auth(token_fn(move || {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            let (rt, header) = (rt.clone(), header.clone());
+            async move {
+                rt.sleep(ms(50)).await;
+                Ok::<_, AuthError>(if n == 1 {
+                    (AUTHORIZATION, HeaderValue::from_static("Bearer t1"))
+                } else {
+                    (header, HeaderValue::from_static("k2"))
+                })
+            }
+        }))
+        .build()
+        .unwrap();
+    let calls = ["/p", "/x", "/x"]
+        .into_iter()
+        .map(|path| w.spawn_call(&client, CallPolicy::background(), path))
+        .collect();
+    all_succeed(&w, calls);
+    let x: Vec<_> = w
+        .transport
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/x")
+        .collect();
+    assert_eq!(x.len(), 2);
+    for request in x {
+        assert_eq!(request.headers[AUTHORIZATION], "Bearer t1");
+        assert!(request.headers.get(&api_key).is_none());
+    }
+    w.assert_contract();
+}
+
+#[test]
 fn a_dropped_fetching_caller_hands_the_fetch_to_a_waiter() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
@@ -954,16 +1052,19 @@ fn a_cut_probe(cooldown: Duration, answer_after: Duration, policy: CallPolicy) -
 fn a_call_waiting_for_the_probe_takes_its_admission_when_the_cooldown_ends() {
     let w = World::new();
     w.transport.push(Reply::status(503));
-    w.transport.default_reply(Reply::ok());
+    // The probe takes 50 ms: meanwhile the others are turned away.
+    w.transport.default_reply(Reply::ok().after(ms(50)));
     let admitted_at = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = Arc::clone(&admitted_at);
+    // Each admission takes 100 ms.
     w.transport.admit_with(move |now| {
         log.lock().unwrap().push(now.since_origin());
-        Duration::ZERO
+        ms(100)
     });
     let client = w.builder().breaker(1, secs(10), secs(60)).build().unwrap();
     let _ =
         w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")));
+    let opened = w.now();
     // Three callers wait out the cooldown; one probes, the others follow it.
     let waiting = CallPolicy::background().with_breaker_mode(BreakerMode::WaitForProbe);
     let calls: Vec<_> = (0..3)
@@ -973,12 +1074,14 @@ fn a_call_waiting_for_the_probe_takes_its_admission_when_the_cooldown_ends() {
     for call in calls {
         w.rt.block_on(call).unwrap().unwrap();
     }
-    // No admission is taken before the cooldown ends (one admission per send).
+    // No admission is taken before the cooldown ends, and one per send: the probe
+    // claims its slot before its admission, so the callers it turns away take none.
     let admitted_at = admitted_at.lock().unwrap().clone();
-    assert_eq!(admitted_at.len(), 4);
+    assert_eq!(w.transport.requests().len(), 4);
+    assert_eq!(admitted_at.len(), 4, "{admitted_at:?}");
     assert_eq!(admitted_at[0], Duration::ZERO);
     assert!(
-        admitted_at[1..].iter().all(|t| *t >= secs(10)),
+        admitted_at[1..].iter().all(|t| *t >= opened + secs(10)),
         "{admitted_at:?}"
     );
     w.assert_contract();
