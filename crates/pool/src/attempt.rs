@@ -313,7 +313,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         };
         let breaker_at = now;
         let mut admit = pin!(self.client.transport.admit());
-        if poll_once(admit.as_mut()).await.is_pending() {
+        // An admission that waited counts as giving way even when the clock did not
+        // move (a virtual or paused clock, a coarse browser clock).
+        let admission_waited = poll_once(admit.as_mut()).await.is_pending();
+        if admission_waited {
             admit.await;
             let after = self.now();
             if let Some(deadline) = self.deadline.as_mut() {
@@ -345,7 +348,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             probe,
             token,
             now,
-            yielded: configured || now != breaker_at,
+            yielded: configured || admission_waited || now != breaker_at,
         })
     }
 

@@ -267,21 +267,30 @@ impl AuthState {
                         .filter(|(n, _)| *n > seen)
                         .map(|(_, e)| Arc::clone(e))
                 });
-                if let Some(g) = stale {
-                    inner.rejected = inner.rejected.max(g);
-                }
                 let ready = inner.usable(stale).cloned();
                 if let Some(token) = ready {
                     Step::Ready(token)
                 } else if let Some(error) = shared_failure {
-                    // The fetch we waited for failed: share its error, do not fetch again.
-                    Step::Failed(error)
-                } else if inner.fetching {
-                    Step::Wait(inner.fetches_done)
+                    // The fetch we waited for failed: do not fetch again. A call that
+                    // only needs a token sends the cached one; a replay shares the
+                    // error.
+                    match (stale, &inner.token) {
+                        (None, Some(cached)) => Step::Ready(cached.clone()),
+                        _ => Step::Failed(error),
+                    }
                 } else {
-                    inner.fetching = true;
-                    inner.fetches_started += 1;
-                    Step::Fetch
+                    // About to wait for a refresh or start one: the generation this
+                    // 401 answered is rejected until the refresh ends.
+                    if let Some(g) = stale {
+                        inner.rejected = inner.rejected.max(g);
+                    }
+                    if inner.fetching {
+                        Step::Wait(inner.fetches_done)
+                    } else {
+                        inner.fetching = true;
+                        inner.fetches_started += 1;
+                        Step::Fetch
+                    }
                 }
             };
             match step {
@@ -302,7 +311,12 @@ impl AuthState {
                         armed: true,
                     };
                     let result = source.fetch().await;
-                    return guard.complete(result);
+                    return match guard.complete(result) {
+                        // As for a waiter: a call that only needs a token falls back
+                        // to the cached one.
+                        Err(error) if stale.is_none() => self.lock().token.clone().ok_or(error),
+                        outcome => outcome,
+                    };
                 }
             }
         }

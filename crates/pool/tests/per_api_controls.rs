@@ -756,6 +756,69 @@ fn when_the_refresh_after_a_401_fails_other_calls_still_use_the_cached_token() {
 }
 
 #[test]
+fn callers_that_waited_on_a_failed_refresh_fall_back_to_the_cached_token() {
+    // t1 is good for /x; /a and /b answer 401 to anything. The first fetch is at
+    // once; every later fetch fails after 50 ms.
+    let w = World::new();
+    w.transport
+        .respond_with(|req, _| match (req.path(), bearer(req)) {
+            ("/x", Some("Bearer t1")) => Reply::ok().after(ms(10)),
+            _ => Reply::status(401).after(ms(10)),
+        });
+    let fetches = Arc::new(AtomicU32::new(0));
+    let (counter, rt) = (Arc::clone(&fetches), w.rt.clone());
+    let client = w
+        .builder()
+        .auth(token_fn(move || {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            let rt = rt.clone();
+            async move {
+                if n == 1 {
+                    return Ok((AUTHORIZATION, HeaderValue::from_static("Bearer t1")));
+                }
+                rt.sleep(ms(50)).await;
+                Err(AuthError::from("identity provider down"))
+            }
+        }))
+        .build()
+        .unwrap();
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let call_at = |start: Duration, path: &'static str| {
+        let (client, rt) = (client.clone(), w.rt.clone());
+        w.rt.spawn(async move {
+            rt.sleep_until(at(start)).await;
+            client
+                .execute_with(&CallPolicy::background(), |h| h.get(path))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.kind())
+        })
+    };
+    // 10 ms: A's and B's t1 get 401s; A refreshes (fails at 70 ms), B waits.
+    // 40 ms: E only needs a token and waits for that refresh too.
+    // 100 ms: C comes after it all.
+    let calls = [
+        call_at(Duration::ZERO, "/a"),
+        call_at(Duration::ZERO, "/b"),
+        call_at(ms(40), "/x"),
+        call_at(ms(100), "/x"),
+    ];
+    w.rt.run().unwrap();
+    let results: Vec<_> = calls
+        .into_iter()
+        .map(|call| w.rt.block_on(call).unwrap())
+        .collect();
+    assert_eq!(
+        results,
+        [Err(ErrorKind::Auth), Err(ErrorKind::Auth), Ok(()), Ok(())]
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 2, "one refresh, shared");
+    w.assert_contract();
+}
+
+#[test]
 fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
     // As in the permit test above, but the refresh comes under another header: X2's
     // request keeps its own header only (it cannot drop one, so it adds none).
@@ -1084,6 +1147,127 @@ fn a_call_waiting_for_the_probe_takes_its_admission_when_the_cooldown_ends() {
         admitted_at[1..].iter().all(|t| *t >= opened + secs(10)),
         "{admitted_at:?}"
     );
+    w.assert_contract();
+}
+
+/// A ScriptedTransport whose first admission waits until the gate opens, on no
+/// clock: the waiting call resumes at the same virtual instant.
+struct HeldAdmission {
+    inner: vantage_api_pool_testkit::ScriptedTransport,
+    gate: Arc<AdmissionGate>,
+}
+
+#[derive(Default)]
+struct AdmissionGate {
+    open: std::sync::atomic::AtomicBool,
+    held: std::sync::atomic::AtomicBool,
+    waker: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+impl AdmissionGate {
+    fn open(&self) {
+        self.open.store(true, Ordering::SeqCst);
+        if let Some(waker) = self.waker.lock().unwrap().take() {
+            waker.wake();
+        }
+    }
+}
+
+/// Opens the gate when the breaker opens.
+struct OpenOnBreakerOpened(Arc<AdmissionGate>);
+
+impl vantage_api_pool::TransportObserver for OpenOnBreakerOpened {
+    fn on_event(&self, _api: &str, event: &TransportEvent) {
+        if matches!(event.kind, EventKind::BreakerOpened { .. }) {
+            self.0.open();
+        }
+    }
+}
+
+impl vantage_api_pool::Transport for HeldAdmission {
+    type Handle = vantage_api_pool_testkit::ScriptedHttp;
+    type Draft = vantage_api_pool_testkit::ScriptedRequestBuilder;
+    type Request = vantage_api_pool_testkit::ScriptedRequest;
+    type Response = vantage_api_pool_testkit::ScriptedResponse;
+
+    fn handle(&self) -> &Self::Handle {
+        self.inner.handle()
+    }
+
+    fn prepare(
+        &self,
+        draft: Self::Draft,
+    ) -> Result<Self::Request, vantage_api_pool::TransportError> {
+        self.inner.prepare(draft)
+    }
+
+    fn send(
+        &self,
+        request: Self::Request,
+    ) -> impl std::future::Future<Output = Result<Self::Response, vantage_api_pool::TransportError>>
+    {
+        self.inner.send(request)
+    }
+
+    fn admit(&self) -> impl std::future::Future<Output = ()> {
+        let gate = Arc::clone(&self.gate);
+        let hold = !gate.held.swap(true, Ordering::SeqCst);
+        std::future::poll_fn(move |cx| {
+            if !hold || gate.open.load(Ordering::SeqCst) {
+                return std::task::Poll::Ready(());
+            }
+            *gate.waker.lock().unwrap() = Some(cx.waker().clone());
+            if gate.open.load(Ordering::SeqCst) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+    }
+}
+
+#[test]
+fn a_send_whose_admission_waited_asks_the_breaker_again_even_if_no_time_passed() {
+    // N passes the closed breaker, then its admission waits; F's 503 opens the
+    // breaker, which releases N's admission at the same instant. N must see the
+    // open breaker and be refused, not go out inside the cooldown.
+    let w = World::new();
+    w.transport.on_path("/f", [Reply::status(503)]);
+    w.transport.default_reply(Reply::ok());
+    let gate = Arc::new(AdmissionGate::default());
+    let transport = HeldAdmission {
+        inner: w.transport.clone(),
+        gate: Arc::clone(&gate),
+    };
+    let observer = vantage_api_pool::Fanout::new([
+        Arc::new(w.observer.clone()) as Arc<dyn vantage_api_pool::TransportObserver>,
+        Arc::new(OpenOnBreakerOpened(gate)),
+    ]);
+    let client = vantage_api_pool::ResilientClient::builder(transport, w.rt.clone())
+        .observer("api", Arc::new(observer))
+        .breaker(1, secs(60), secs(60))
+        .build()
+        .unwrap();
+    let call = |path: &'static str| {
+        let client = client.clone();
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::background(), |h| h.get(path))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.kind())
+        })
+    };
+    let n = call("/n");
+    let f = call("/f");
+    w.rt.run().unwrap();
+    assert_eq!(w.now(), Duration::ZERO);
+    assert_eq!(
+        w.rt.block_on(f).unwrap(),
+        Err(ErrorKind::Status(StatusCode::SERVICE_UNAVAILABLE))
+    );
+    assert_eq!(w.rt.block_on(n).unwrap(), Err(ErrorKind::BreakerOpen));
+    assert!(w.transport.requests().iter().all(|r| r.path != "/n"));
     w.assert_contract();
 }
 
