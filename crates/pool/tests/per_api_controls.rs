@@ -1227,6 +1227,8 @@ impl vantage_api_pool::Transport for HeldAdmission {
 }
 
 #[test]
+// On wasm32 observers need not be Send + Sync, and the client still takes an Arc.
+#[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 fn a_send_whose_admission_waited_asks_the_breaker_again_even_if_no_time_passed() {
     // N passes the closed breaker, then its admission waits; F's 503 opens the
     // breaker, which releases N's admission at the same instant. N must see the
