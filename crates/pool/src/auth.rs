@@ -275,6 +275,8 @@ impl AuthState {
                     // only needs a token sends the cached one; a replay shares the
                     // error.
                     match (stale, &inner.token) {
+                        // Another 401 started a new refresh meanwhile: wait for it.
+                        (None, Some(_)) if inner.fetching => Step::Wait(inner.fetches_done),
                         (None, Some(cached)) => Step::Ready(cached.clone()),
                         _ => Step::Failed(error),
                     }
@@ -311,12 +313,9 @@ impl AuthState {
                         armed: true,
                     };
                     let result = source.fetch().await;
-                    return match guard.complete(result) {
-                        // As for a waiter: a call that only needs a token falls back
-                        // to the cached one.
-                        Err(error) if stale.is_none() => self.lock().token.clone().ok_or(error),
-                        outcome => outcome,
-                    };
+                    // As for a waiter: a call that only needs a token falls back to
+                    // the cached one (decided under the lock that ends the fetch).
+                    return guard.complete(result, stale.is_none());
                 }
             }
         }
@@ -331,9 +330,12 @@ struct FetchGuard<'a> {
 }
 
 impl FetchGuard<'_> {
+    /// Ends the fetch. On failure, `fall_back` hands out the cached token instead of
+    /// the error, if there is one.
     fn complete(
         mut self,
         result: Result<(HeaderName, HeaderValue), AuthError>,
+        fall_back: bool,
     ) -> Result<Token, Arc<AuthError>> {
         self.armed = false;
         let (outcome, waiters) = {
@@ -358,7 +360,10 @@ impl FetchGuard<'_> {
                     // No newer token: a call that just needs one sends the cached one
                     // (it may be answered 401 again; its replay then asks again).
                     inner.rejected = 0;
-                    Err(e)
+                    match &inner.token {
+                        Some(cached) if fall_back => Ok(cached.clone()),
+                        _ => Err(e),
+                    }
                 }
             };
             (outcome, std::mem::take(&mut inner.waiters))
@@ -446,5 +451,123 @@ impl std::fmt::Display for SharedAuthError {
 impl std::error::Error for SharedAuthError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.0.as_error().source()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::channel::oneshot;
+    use std::collections::VecDeque;
+    use std::future::Future;
+    use std::task::{Context, Poll};
+
+    type Answer = Result<(HeaderName, HeaderValue), String>;
+
+    /// A token source whose fetches end when the test says so, in order.
+    #[derive(Default)]
+    struct Controlled {
+        pending: std::sync::Mutex<VecDeque<oneshot::Receiver<Answer>>>,
+    }
+
+    impl Controlled {
+        /// Queues the next fetch; answering on the returned sender ends it.
+        fn next_fetch(&self) -> oneshot::Sender<Answer> {
+            let (tx, rx) = oneshot::channel();
+            self.pending.lock().unwrap().push_back(rx);
+            tx
+        }
+    }
+
+    impl TokenSource for Controlled {
+        fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+            let rx = self
+                .pending
+                .lock()
+                .unwrap()
+                .pop_front()
+                .expect("a fetch was queued");
+            async move {
+                match rx.await.expect("answered") {
+                    Ok(token) => Ok(token),
+                    Err(e) => Err(AuthError::from(e)),
+                }
+            }
+        }
+    }
+
+    fn token(value: &'static str) -> Answer {
+        Ok((http::header::AUTHORIZATION, HeaderValue::from_static(value)))
+    }
+
+    /// Polls `future` once with a waker that does nothing.
+    fn poll<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+        let waker = futures::task::noop_waker();
+        Pin::new(future).poll(&mut Context::from_waker(&waker))
+    }
+
+    fn generation(poll: Poll<Result<Token, Arc<AuthError>>>) -> Option<u64> {
+        match poll {
+            Poll::Ready(Ok(token)) => Some(token.generation),
+            Poll::Ready(Err(_)) => Some(0),
+            Poll::Pending => None,
+        }
+    }
+
+    #[test]
+    fn a_caller_whose_refresh_failed_waits_for_a_newer_refresh_of_the_same_token() {
+        let (state, source) = (AuthState::new(), Controlled::default());
+        source.next_fetch().send(token("Bearer t1")).unwrap();
+        let first = futures::executor::block_on(state.token(&source, None)).unwrap();
+        assert_eq!(first.generation, 1);
+        // A's 401 for t1 starts refresh F1; C, a new call, waits for it.
+        let f1 = source.next_fetch();
+        let mut a = Box::pin(state.token(&source, Some(1)));
+        let mut c = Box::pin(state.token(&source, None));
+        assert_eq!(generation(poll(&mut a)), None);
+        assert_eq!(generation(poll(&mut c)), None);
+        // F1 fails: A shares the failure. Before C runs again, D's 401 for t1
+        // starts refresh F2.
+        f1.send(Err("identity provider down".into())).unwrap();
+        assert_eq!(generation(poll(&mut a)), Some(0), "A fails");
+        let f2 = source.next_fetch();
+        let mut d = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut d)), None);
+        // C must not be handed t1 while F2 runs: it waits, then gets t2.
+        assert_eq!(generation(poll(&mut c)), None, "t1 handed out during F2");
+        f2.send(token("Bearer t2")).unwrap();
+        assert_eq!(generation(poll(&mut d)), Some(2));
+        assert_eq!(generation(poll(&mut c)), Some(2));
+        assert_eq!(state.fetches(), 3);
+    }
+
+    #[test]
+    fn a_call_that_only_needs_a_token_falls_back_when_its_own_refresh_fails() {
+        let (state, source) = (AuthState::new(), Controlled::default());
+        source.next_fetch().send(token("Bearer t1")).unwrap();
+        futures::executor::block_on(state.token(&source, None)).unwrap();
+        // A replay for t1 waits on a refresh that the test lets fail; meanwhile a
+        // new call finds t1 rejected and waits too. Both are woken by the failure:
+        // the replay fails, the new call sends t1.
+        let f1 = source.next_fetch();
+        let mut replay = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut replay)), None);
+        let mut fresh = Box::pin(state.token(&source, None));
+        assert_eq!(generation(poll(&mut fresh)), None);
+        f1.send(Err("down".into())).unwrap();
+        assert_eq!(generation(poll(&mut replay)), Some(0));
+        assert_eq!(generation(poll(&mut fresh)), Some(1));
+        // A fetch for a new call (t1 rejected again) that fails hands out t1 too.
+        let f2 = source.next_fetch();
+        let mut second_replay = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut second_replay)), None);
+        drop(second_replay); // abandons F2's fetch: the flag is cleared
+        let mut fetcher = Box::pin(state.token(&source, None));
+        // t1 is still rejected (the abandoned refresh did not end it): fetch F3.
+        let f3 = source.next_fetch();
+        assert_eq!(generation(poll(&mut fetcher)), None);
+        drop(f2);
+        f3.send(Err("down".into())).unwrap();
+        assert_eq!(generation(poll(&mut fetcher)), Some(1));
     }
 }

@@ -843,12 +843,12 @@ impl Drop for Running {
 }
 
 /// A token source that takes two yields to fetch and hands out `t<n>` for the n-th
-/// fetch to complete.
-struct ModelSource(Arc<FetchStats>);
+/// fetch to complete; with its flag set, every fetch after the first fails.
+struct ModelSource(Arc<FetchStats>, bool);
 
 impl TokenSource for ModelSource {
     fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
-        let stats = self.0.clone();
+        let (stats, fail_refreshes) = (self.0.clone(), self.1);
         async move {
             stats.started.fetch_add(1, SeqCst);
             let running = stats.running.fetch_add(1, SeqCst) + 1;
@@ -862,6 +862,9 @@ impl TokenSource for ModelSource {
             let n = stats.completed.fetch_add(1, SeqCst) + 1;
             guard.completed = true;
             drop(guard);
+            if fail_refreshes && n > 1 {
+                return Err(AuthError::from("identity provider down"));
+            }
             let value = HeaderValue::from_str(&format!("t{n}")).unwrap();
             Ok((AUTHORIZATION, value))
         }
@@ -878,8 +881,20 @@ impl TokenSource for ModelSource {
 /// not aborted succeeded; nothing in flight at the end; the client's fetch count is
 /// the source's completed count.
 fn run_callers(callers: usize, reject_first: bool, abort_one: bool) -> Arc<FetchStats> {
+    run_callers_with(callers, reject_first, abort_one, false)
+}
+
+/// [`run_callers`]; with `fail_refreshes`, every fetch after the first fails, and a
+/// call may then end with an auth error (or the 401 it could not replay) instead of
+/// succeeding.
+fn run_callers_with(
+    callers: usize,
+    reject_first: bool,
+    abort_one: bool,
+    fail_refreshes: bool,
+) -> Arc<FetchStats> {
     let stats = Arc::new(FetchStats::default());
-    let source = ModelSource(stats.clone());
+    let source = ModelSource(stats.clone(), fail_refreshes);
     let transport = ModelTransport {
         reject_first,
         sends: AtomicUsize::new(0),
@@ -913,6 +928,15 @@ fn run_callers(callers: usize, reject_first: bool, abort_one: bool) -> Arc<Fetch
         }
         for (i, call) in calls.into_iter().enumerate() {
             match call.await {
+                // Sent with t1 (a 401 it could not replay for a new token) or
+                // failed at its refresh.
+                Ok(result) if fail_refreshes => assert!(
+                    result == Ok(200)
+                        || result
+                            .as_ref()
+                            .is_err_and(|e| e.contains("HTTP 401") || e.contains("auth")),
+                    "call {i}: {result:?}"
+                ),
                 Ok(result) => assert_eq!(result, Ok(200), "call {i}"),
                 Err(_cancelled) => assert_eq!(Some(i), aborted, "call {i} was cancelled"),
             }
@@ -952,6 +976,19 @@ fn concurrent_401s_refresh_once_per_generation() {
     explore("401 refresh", 0xB4EA_0006, || {
         let stats = run_callers(3, true, false);
         assert_eq!(stats.started.load(SeqCst), 2, "one fetch per generation");
+    });
+}
+
+/// Refreshes that fail, under every interleaving of three callers (one of them
+/// maybe dropped): never two fetches at once, nobody left waiting, nothing in
+/// flight at the end, at most one fetch started per call plus the first.
+#[test]
+fn failing_refreshes_end_every_call_without_overlapping_fetches() {
+    explore("failing refreshes", 0xB4EA_0009, || {
+        let stats = run_callers_with(3, true, false, true);
+        assert!(stats.started.load(SeqCst) <= 1 + 3, "fetches");
+        let stats = run_callers_with(3, true, true, true);
+        assert!(stats.started.load(SeqCst) <= 1 + 3, "fetches");
     });
 }
 
