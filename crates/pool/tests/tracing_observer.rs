@@ -93,3 +93,80 @@ fn events_become_tracing_events_with_the_api_key() {
             .all(|(_, f)| f.values().all(|v| !v.contains("secret")))
     );
 }
+
+#[test]
+fn every_kind_of_event_has_its_level_and_fields() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::fail(
+            vantage_api_pool::TransportErrorKind::NotSent,
+            "stale connection",
+        ),
+        Reply::status(503),
+        Reply::ok(),
+        Reply::stall(),
+    ]);
+    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("orders-api", Arc::new(TracingObserver))
+        .breaker(1, secs(1), secs(1))
+        .build()
+        .unwrap();
+    let background = vantage_api_pool::CallPolicy::background();
+    let capture = Capture::default();
+    tracing::subscriber::with_default(capture.clone(), || {
+        // A redial, then a 503 that opens the breaker; a call refused while it is
+        // open; after the cooldown a success that closes it; a stalled call dropped;
+        // a report.
+        let call = || client.execute_with(&background, |h| h.get("/x"));
+        let _ = w.rt.block_on(call()).unwrap().unwrap_err();
+        let _ = w.rt.block_on(call()).unwrap().unwrap_err();
+        w.rt.advance(secs(1));
+        w.rt.block_on(call()).unwrap().unwrap();
+        let stalled = {
+            let client = client.clone();
+            let background = background.clone();
+            w.rt.spawn(async move {
+                let _ = client.execute_with(&background, |h| h.get("/x")).await;
+            })
+        };
+        w.rt.run_until_idle().unwrap();
+        stalled.abort();
+        w.rt.run_until_idle().unwrap();
+        client.report(vantage_api_pool::Report::RowsPulled { n: 7 });
+    });
+    let lines = capture.0.lock().unwrap().clone();
+    let names: Vec<_> = lines
+        .iter()
+        .map(|(level, f)| format!("{level} {}", f["event"].trim_matches('"')))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "TRACE started",
+            "WARN failed",
+            "DEBUG redialing",
+            "TRACE started",
+            "WARN failed",
+            "WARN breaker_opened",
+            "TRACE started",
+            "WARN failed",
+            "TRACE started",
+            "DEBUG succeeded",
+            "DEBUG breaker_closed",
+            "TRACE started",
+            "DEBUG cancelled",
+            "DEBUG rows_pulled",
+        ]
+    );
+    assert!(lines.iter().all(|(_, f)| f["api"] == "\"orders-api\""));
+    let field = |i: usize, name: &str| lines[i].1.get(name).cloned();
+    assert_eq!(field(1, "kind").as_deref(), Some("\"transport\""));
+    assert_eq!(field(5, "cooldown_ms").as_deref(), Some("1000.0"));
+    // The refusal: unsent, no time, kind breaker_open.
+    assert_eq!(field(7, "sent").as_deref(), Some("false"));
+    assert_eq!(field(7, "ms").as_deref(), Some("0"));
+    assert_eq!(field(7, "kind").as_deref(), Some("\"breaker_open\""));
+    assert_eq!(field(12, "send").as_deref(), Some("1"));
+    assert_eq!(field(13, "n").as_deref(), Some("7"));
+    assert_eq!(field(13, "call"), None, "a report belongs to no call");
+}
