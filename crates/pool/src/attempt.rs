@@ -113,11 +113,13 @@ struct ErrorHead {
 enum Sent {
     /// Any other status, with what the call keeps of it.
     ErrorStatus { head: ErrorHead, body: Bytes },
-    /// The transport failed.
-    Failed(TransportError),
-    /// The send's time limit cut it; `by_budget`: that limit was the rest of the
-    /// call's budget, less than half the attempt timeout.
-    Cut { by_budget: bool },
+    /// The transport failed, or the send's time limit cut it (`TimedOut`);
+    /// `cut_by_budget`: that limit was the rest of the call's budget, less than half
+    /// the attempt timeout.
+    Failed {
+        error: TransportError,
+        cut_by_budget: bool,
+    },
 }
 
 /// Emits `Cancelled` for a send whose future is dropped before its terminal event.
@@ -335,12 +337,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         now = self.take_token(now).await?;
         // A refresh during a rate wait: the newer token goes out. (Nothing waits
         // here: a send holding a rate token goes now, or sends would bunch up.)
-        if configured
-            && self.client.bucket.is_some()
-            && let Some(newer) = self.client.auth_state.current(None)
-            && token
-                .as_ref()
-                .is_none_or(|held| newer.generation > held.generation)
+        if self.client.bucket.is_some()
+            && let Some(held) = &token
+            && let Some(newer) = self.client.auth_state.current(Some(held.generation))
         {
             token = Some(newer);
         }
@@ -408,8 +407,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         let mut generation = self.token_generation;
         // Swapped only under the same header name: a request cannot drop a header,
         // so a token under another name would go out beside the old one.
-        if let Some(newer) = client.auth_state.current(None)
-            && generation.is_some_and(|g| newer.generation > g)
+        if let Some(held) = generation
+            && let Some(newer) = client.auth_state.current(Some(held))
             && request.header(&newer.name).is_some()
         {
             request.set_header(newer.name, newer.value);
@@ -593,13 +592,20 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     .await;
                     Sent::ErrorStatus { head, body }
                 }
-                Ok(Err(e)) => Sent::Failed(e),
+                Ok(Err(error)) => Sent::Failed {
+                    error,
+                    cut_by_budget: false,
+                },
                 Err(_elapsed) => {
                     client.transport.distrust_connection();
                     // The end of the budget left this send less than half its
                     // attempt timeout: the cut says nothing about the API.
-                    Sent::Cut {
-                        by_budget: self.deadline.is_some_and(|deadline| {
+                    Sent::Failed {
+                        error: TransportError::new(
+                            TransportErrorKind::TimedOut,
+                            "time limit reached",
+                        ),
+                        cut_by_budget: self.deadline.is_some_and(|deadline| {
                             deadline.saturating_duration_since(started)
                                 < self.policy.attempt_timeout() / 2
                         }),
@@ -609,7 +615,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             // An error body read after the head moves the clock; otherwise reuse it.
             let ended = match sent {
                 Sent::ErrorStatus { .. } => self.now(),
-                Sent::Failed(_) | Sent::Cut { .. } => head_at,
+                Sent::Failed { .. } => head_at,
             };
 
             // ---- record, then decide (a sync helper: its error and verdict never
@@ -705,8 +711,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     ) -> Next {
         let client = self.client;
         let (send, attempt) = (guard.send, guard.attempt);
-        let mut cut_by_budget = false;
-        let (outcome, server_wait, error) = match sent {
+        let (outcome, server_wait, error, cut_by_budget) = match sent {
             Sent::ErrorStatus {
                 head:
                     ErrorHead {
@@ -722,9 +727,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                     .with_request_id(request_id)
                     .with_retry_after(wait)
                     .with_reached(true);
-                (Outcome::Status(status), wait, error)
+                (Outcome::Status(status), wait, error, false)
             }
-            Sent::Failed(e) => {
+            Sent::Failed {
+                error: e,
+                cut_by_budget,
+            } => {
                 let outcome = Outcome::Transport(e.kind());
                 self.reached |= outcome.may_have_reached();
                 let error = if e.kind() == TransportErrorKind::TimedOut {
@@ -732,19 +740,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 } else {
                     ClientError::transport(e, self.attempt)
                 };
-                (outcome, None, error.with_reached(self.reached))
-            }
-            Sent::Cut { by_budget } => {
-                cut_by_budget = by_budget;
-                let outcome = Outcome::Transport(TransportErrorKind::TimedOut);
-                self.reached |= outcome.may_have_reached();
-                let error = ClientError::new(ErrorKind::TimedOut, self.attempt)
-                    .with_source(Arc::new(TransportError::new(
-                        TransportErrorKind::TimedOut,
-                        "time limit reached",
-                    )))
-                    .with_reached(self.reached);
-                (outcome, None, error)
+                (
+                    outcome,
+                    None,
+                    error.with_reached(self.reached),
+                    cut_by_budget,
+                )
             }
         };
         let verdict = classify(

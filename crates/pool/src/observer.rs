@@ -236,7 +236,7 @@ impl TransportObserver for NullObserver {
 /// // ClientBuilder::observer("orders-api", both)
 /// # drop(both);
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Fanout {
     observers: Vec<Arc<dyn TransportObserver>>,
 }
@@ -248,18 +248,6 @@ impl Fanout {
         Fanout {
             observers: observers.into_iter().collect(),
         }
-    }
-
-    /// How many observers it feeds.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.observers.len()
-    }
-
-    /// Whether it feeds none.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.observers.is_empty()
     }
 }
 
@@ -311,7 +299,6 @@ mod tests {
             Arc::new(Named("a", log.clone())) as Arc<dyn TransportObserver>,
             Arc::new(Named("b", log.clone())),
         ]);
-        assert_eq!((fanout.len(), fanout.is_empty()), (2, false));
         assert_eq!(format!("{fanout:?}"), "Fanout { observers: 2 }");
         let event = TransportEvent::new(Instant::ORIGIN, None, EventKind::BreakerClosed);
         fanout.on_event("orders", &event);
@@ -325,7 +312,6 @@ mod tests {
                 "b search breaker_closed"
             ]
         );
-        assert!(Fanout::default().is_empty());
     }
 
     #[test]
