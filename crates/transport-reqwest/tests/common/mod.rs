@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use vantage_api_pool::{
@@ -209,7 +209,7 @@ pub(crate) fn reset(stream: TcpStream) {
 
 /// Reads one request head (lowercased) and discards its `content-length` body; `None`
 /// at end of file.
-pub(crate) async fn read_request(stream: &mut TcpStream) -> Option<String> {
+pub(crate) async fn read_request<S: AsyncRead + Unpin>(stream: &mut S) -> Option<String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {

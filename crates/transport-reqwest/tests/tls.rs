@@ -1,0 +1,228 @@
+//! HTTPS end to end: a TLS server on 127.0.0.1 (rustls, with the test CA of
+//! `tests/certs`) against clients the adapter builds.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{assert_no_url, ok, policy, policy_with_timeout, read_request, short, trace};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
+use vantage_api_pool::{BreakerState, ErrorKind, ResilientClient, TransportErrorKind};
+use vantage_api_pool_reqwest::ReqwestTransport;
+use vantage_api_pool_testkit::RecordingObserver;
+use vantage_api_pool_tokio::TokioRuntime;
+
+const CA: &[u8] = include_bytes!("certs/ca.pem");
+const CERT: &[u8] = include_bytes!("certs/server.pem");
+const KEY: &[u8] = include_bytes!("certs/server.key");
+
+/// An HTTPS server on 127.0.0.1 (HTTP/1.1 over TLS): it answers `200 OK` with
+/// `https ok`, except that it never answers the requests `stall(n)` names (counted
+/// from 0). Dropping it aborts its task and every connection.
+struct TlsServer {
+    port: u16,
+    /// Request heads read after a completed handshake, in order.
+    heads: Arc<Mutex<Vec<String>>>,
+    /// TCP connections accepted, handshakes completed or not.
+    connections: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TlsServer {
+    async fn start(stall: fn(usize) -> bool) -> TlsServer {
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from_pem_slice(CERT).expect("server.pem")],
+                PrivateKeyDer::from_pem_slice(KEY).expect("server.key"),
+            )
+            .expect("certificate and key");
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn({
+            let (heads, connections) = (Arc::clone(&heads), Arc::clone(&connections));
+            async move {
+                let mut tasks = JoinSet::new();
+                while let Ok((stream, _)) = listener.accept().await {
+                    connections.fetch_add(1, Ordering::SeqCst);
+                    let (acceptor, heads) = (acceptor.clone(), Arc::clone(&heads));
+                    tasks.spawn(async move {
+                        // A client that rejects the certificate ends the handshake.
+                        let Ok(mut tls) = acceptor.accept(stream).await else {
+                            return;
+                        };
+                        while let Some(head) = read_request(&mut tls).await {
+                            let n = {
+                                let mut heads = heads.lock().unwrap();
+                                heads.push(head);
+                                heads.len() - 1
+                            };
+                            if stall(n) {
+                                std::future::pending::<()>().await;
+                            }
+                            if tls.write_all(ok("https ok").as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        TlsServer {
+            port,
+            heads,
+            connections,
+            task,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn requests(&self) -> usize {
+        self.heads.lock().unwrap().len()
+    }
+}
+
+/// A client over a transport the adapter builds from its default builder, trusting
+/// only the test CA, so every rebuild after a distrusted connection trusts it too.
+fn trusting_client(
+    observer: &RecordingObserver,
+) -> (
+    ResilientClient<ReqwestTransport, TokioRuntime>,
+    ReqwestTransport,
+) {
+    let ca = reqwest::Certificate::from_pem(CA).expect("ca.pem");
+    let transport = ReqwestTransport::with_builder(move || {
+        ReqwestTransport::default_client_builder()
+            .no_proxy()
+            .tls_certs_only([ca.clone()])
+    })
+    .expect("client");
+    let client = ResilientClient::builder(transport.clone(), TokioRuntime::new())
+        .observer("test-api", Arc::new(observer.clone()))
+        .build()
+        .unwrap();
+    (client, transport)
+}
+
+#[tokio::test]
+async fn a_call_over_https_succeeds_and_its_body_streams_to_the_caller() {
+    let server = TlsServer::start(|_| false).await;
+    let observer = RecordingObserver::new();
+    let (client, _transport) = trusting_client(&observer);
+    let url = server.url("/orders");
+    let response = client
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .expect("200 over TLS");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.into_inner().text().await.unwrap(), "https ok");
+    assert_eq!(trace(&observer), ["started s1 a1", "ok s1 a1 200"]);
+    assert_eq!(server.requests(), 1);
+    assert!(server.heads.lock().unwrap()[0].starts_with("get /orders http/1.1"));
+}
+
+#[tokio::test]
+async fn a_retry_after_a_cut_send_goes_out_on_a_rebuilt_client_that_still_trusts_the_ca() {
+    // The first request is never answered: its time limit cuts it, the adapter
+    // rebuilds its client (the connection is distrusted), and the retry must make a
+    // new TLS connection with the same trust settings.
+    let server = TlsServer::start(|n| n == 0).await;
+    let observer = RecordingObserver::new();
+    let (client, transport) = trusting_client(&observer);
+    let url = server.url("/orders");
+    let response = client
+        .execute_with(
+            &policy_with_timeout(1, Duration::from_secs(2)),
+            |http| http.get(&url),
+        )
+        .await
+        .expect("the retry is answered");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 timed_out",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "ok s2 a2 200",
+        ]
+    );
+    assert_eq!(transport.rebuilds(), 1);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(server.connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn an_untrusted_certificate_is_a_final_tls_error_and_nothing_is_sent() {
+    let server = TlsServer::start(|_| false).await;
+    let observer = RecordingObserver::new();
+    // The adapter's defaults: the platform's roots, which do not hold the test CA.
+    let client = ReqwestTransport::tokio_builder(
+        ReqwestTransport::default_client_builder()
+            .no_proxy()
+            .build()
+            .unwrap(),
+    )
+    .observer("test-api", Arc::new(observer.clone()))
+    .breaker(1, Duration::from_secs(60), Duration::from_secs(600))
+    .build()
+    .unwrap();
+    let url = server.url("/secret?token=hunter2");
+    let error = client
+        .execute_with(&policy(3), |http| http.get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Tls),
+        "{error}"
+    );
+    assert_eq!(short(&error), "transport:tls");
+    // Final: one attempt though three retries were allowed; nothing reached the
+    // server, and no URL or host shows in the error.
+    assert_eq!(error.attempts(), 1);
+    assert!(error.nothing_sent());
+    assert!(!error.is_retryable());
+    assert_no_url(&error);
+    assert!(!error.to_string().contains("127.0.0.1"), "{error}");
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:tls",
+            "breaker_opened"
+        ]
+    );
+    assert_eq!(server.requests(), 0);
+    assert_eq!(server.connections.load(Ordering::SeqCst), 1);
+    // A TLS failure is the API's side: it counts against the breaker (threshold 1).
+    assert!(
+        matches!(client.breaker_state(), BreakerState::Open { .. }),
+        "{:?}",
+        client.breaker_state()
+    );
+}
