@@ -19,7 +19,8 @@ use crate::auth::{SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
 use crate::breaker::{Gate, ProbeGuard, Transition};
 use crate::classify::{
-    Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotent,
+    Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, MAX_REDIALS, Outcome, classify,
+    is_idempotent,
 };
 use crate::client::Shared;
 use crate::concurrency::Permit;
@@ -658,8 +659,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             .with_reached(self.reached)
         })?;
         // The header is looked up only when the method and the policy leave it open.
+        // A request without a method is idempotent only by policy, key or not.
         let idempotent = is_idempotent(request.method(), false, self.policy.is_idempotent())
-            || request.header(&IDEMPOTENCY_KEY).is_some();
+            || (request.method().is_some() && request.header(&IDEMPOTENCY_KEY).is_some());
         self.token_generation = token.map(|t| {
             request.set_header(t.name, t.value);
             t.generation
@@ -734,7 +736,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 cut_by_budget,
             } => {
                 let outcome = Outcome::Transport(e.kind());
-                self.reached |= outcome.may_have_reached();
+                // A `NotSent` past the free redials is taken as `Interrupted` (see
+                // `classify`): the request may have reached the server, so the call is
+                // no longer "nothing sent" either.
+                let distrusted =
+                    e.kind() == TransportErrorKind::NotSent && self.redials >= MAX_REDIALS;
+                self.reached |= outcome.may_have_reached() || distrusted;
                 let error = if e.kind() == TransportErrorKind::TimedOut {
                     ClientError::new(ErrorKind::TimedOut, self.attempt).with_source(Arc::new(e))
                 } else {

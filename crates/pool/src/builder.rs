@@ -127,16 +127,20 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
         self
     }
 
-    /// At most `per_second` sends per second, with a burst of `ceil(per_second)`. The
-    /// bucket starts full. `build()` refuses 0, negative, NaN and infinite rates, and
-    /// one so slow that refilling the burst would take more than
-    /// [`MAX_REFILL`](crate::rate::MAX_REFILL).
+    /// A long-run rate of `per_second` sends per second, with a burst of
+    /// `ceil(per_second)`. The bucket starts full, so in any window of length T up to
+    /// burst + `per_second` × T sends may start (at 10/s: ten at once, then one every
+    /// 100 ms). Set it below an API's hard quota, or use
+    /// [`rate_limit_with_burst`](Self::rate_limit_with_burst) with a burst of 1.
+    /// `build()` refuses 0, negative, NaN and infinite rates, and one so slow that
+    /// refilling the burst would take more than [`MAX_REFILL`](crate::rate::MAX_REFILL).
     pub fn rate_limit(mut self, per_second: f64) -> Self {
         self.rate = Some((per_second, None));
         self
     }
 
-    /// At most `per_second` sends per second, with an explicit `burst`. `build()`
+    /// A long-run rate of `per_second` sends per second, with an explicit `burst`
+    /// (in any window of length T, up to burst + `per_second` × T sends). `build()`
     /// refuses the rates [`rate_limit`](Self::rate_limit) refuses, a burst of 0, and a
     /// burst that would take more than [`MAX_REFILL`](crate::rate::MAX_REFILL) to
     /// refill.

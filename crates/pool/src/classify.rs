@@ -95,7 +95,8 @@ pub enum Action {
     Success,
     /// Retry after a back-off, if the policy and the budget allow.
     Retry,
-    /// Send the same attempt again at once on a fresh connection; not an attempt.
+    /// Send the same attempt again with no back-off, back through the gate; not an
+    /// attempt.
     Redial,
     /// Refresh the token and send again at once; an attempt, but no retry budget spent.
     Replay,
@@ -141,6 +142,8 @@ const fn verdict(action: Action, breaker: BreakerEffect) -> Verdict {
 /// assert!(!is_idempotent(Some(&Method::POST), false, false));
 /// assert!(is_idempotent(Some(&Method::POST), true, false));
 /// assert!(!is_idempotent(None, false, false));
+/// assert!(!is_idempotent(None, true, false)); // a key alone does not do it
+/// assert!(is_idempotent(None, false, true));
 /// ```
 #[must_use]
 pub fn is_idempotent(
@@ -149,17 +152,17 @@ pub fn is_idempotent(
     policy_says: bool,
 ) -> bool {
     policy_says
-        || has_idempotency_key
         || method.is_some_and(|m| {
-            matches!(
-                *m,
-                Method::GET
-                    | Method::HEAD
-                    | Method::OPTIONS
-                    | Method::TRACE
-                    | Method::PUT
-                    | Method::DELETE
-            )
+            has_idempotency_key
+                || matches!(
+                    *m,
+                    Method::GET
+                        | Method::HEAD
+                        | Method::OPTIONS
+                        | Method::TRACE
+                        | Method::PUT
+                        | Method::DELETE
+                )
         })
 }
 

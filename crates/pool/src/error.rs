@@ -63,7 +63,8 @@ pub enum ErrorKind {
     /// The transport failed and the failure was final or retries ran out.
     /// `Transport(Config)` means the request could not be built: nothing was sent.
     Transport(TransportErrorKind),
-    /// An attempt timeout or the call's budget ended the call.
+    /// A time limit ended the call: an attempt timeout, the call's budget, or the
+    /// transport's own timeout (reported here, never as `Transport(TimedOut)`).
     TimedOut,
     /// The circuit breaker was open and the policy fails fast. Nothing was sent.
     BreakerOpen,
@@ -214,15 +215,17 @@ impl ClientError {
 
     /// True only when no attempt of the call can have reached the server: nothing was
     /// sent (fail-fast, auth failure, a request that could not be built), or every
-    /// send was refused before the request left (`Connect`, `NotSent`, `Tls`).
+    /// send was refused before the request left (`Connect`, `NotSent`, `Tls`). A
+    /// `NotSent` after the call's two free redials is taken as `Interrupted`, which
+    /// may have reached the server.
     #[must_use]
     pub fn nothing_sent(&self) -> bool {
         !self.reached
     }
 
     /// Whether the same call, tried again later, might succeed: 408, 429 and 5xx
-    /// statuses, `NotSent`, `Connect`, `Interrupted` and `TimedOut` transport failures,
-    /// time limits and an open breaker. Other 4xx, `Tls`, `TooLarge`, `Config`,
+    /// statuses, `NotSent`, `Connect` and `Interrupted` transport failures, time limits
+    /// (`TimedOut`) and an open breaker. Other 4xx, `Tls`, `TooLarge`, `Config`,
     /// auth failures and a closed client are not.
     #[must_use]
     pub fn is_retryable(&self) -> bool {

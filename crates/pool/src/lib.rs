@@ -23,7 +23,7 @@
 //! | [`server_delay`] | `retry-after-ms` and `Retry-After` parsing |
 //! | [`classify`](mod@classify) | what an outcome means: the verdict and the breaker effect |
 //! | [`client`] | [`ResilientClient`], [`Report`]; [`builder`]: [`ClientBuilder`] |
-//! | `attempt` (private) | the attempt loop: `wait_for_gate` → `send_once` → `record` |
+//! | `attempt` (private) | the attempt loop: `wait_for_gate` → `send_once` → `record` (the last two are sections of `Call::run`) |
 //! | [`breaker`] | [`CircuitBreaker`](breaker::CircuitBreaker) with probe epochs |
 //! | [`rate`] | the token bucket |
 //! | [`concurrency`] | the fair permit limiter behind `max_parallel` |

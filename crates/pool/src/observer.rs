@@ -137,7 +137,8 @@ pub enum EventKind {
         /// Attempt number within the call.
         attempt: u32,
     },
-    /// The send failed with `NotSent` and is sent again at once on a fresh connection.
+    /// The send failed with `NotSent` and is sent again with no back-off (back
+    /// through the gate: breaker, admission, tokens, permit).
     /// Sits between that send's `Failed` and the next `Started`.
     Redialing {
         /// The number the redial will have.

@@ -38,7 +38,9 @@ pub trait Transport {
     /// Turns a draft into a request.
     ///
     /// A draft that cannot be prepared should fail with
-    /// [`TransportErrorKind::Config`]: the call then ends at once, nothing sent.
+    /// [`TransportErrorKind::Config`]: the call then ends at once, nothing sent. The
+    /// loop reports any error from here as `Config` (with its message), whatever kind
+    /// it carries.
     fn prepare(&self, draft: Self::Draft) -> Result<Self::Request, TransportError>;
 
     /// Sends one request and resolves when the response head has arrived.

@@ -278,6 +278,78 @@ fn a_post_is_not_retried_after_a_500_unless_it_carries_an_idempotency_key() {
     assert_eq!(w.transport.request_count(), 2);
 }
 
+/// The scripted transport with requests that have no method (a transport for
+/// something other than HTTP methods).
+struct Methodless(vantage_api_pool_testkit::ScriptedTransport);
+
+struct MethodlessRequest(vantage_api_pool_testkit::ScriptedRequest);
+
+impl vantage_api_pool::PreparedRequest for MethodlessRequest {
+    fn method(&self) -> Option<&http::Method> {
+        None
+    }
+    fn header(&self, name: &http::HeaderName) -> Option<&http::HeaderValue> {
+        self.0.header(name)
+    }
+    fn set_header(&mut self, name: http::HeaderName, value: http::HeaderValue) {
+        self.0.set_header(name, value);
+    }
+}
+
+impl vantage_api_pool::Transport for Methodless {
+    type Handle = vantage_api_pool_testkit::ScriptedHttp;
+    type Draft = vantage_api_pool_testkit::ScriptedRequestBuilder;
+    type Request = MethodlessRequest;
+    type Response = vantage_api_pool_testkit::ScriptedResponse;
+
+    fn handle(&self) -> &Self::Handle {
+        self.0.handle()
+    }
+    fn prepare(
+        &self,
+        draft: Self::Draft,
+    ) -> Result<MethodlessRequest, vantage_api_pool::TransportError> {
+        self.0.prepare(draft).map(MethodlessRequest)
+    }
+    fn send(
+        &self,
+        request: MethodlessRequest,
+    ) -> impl std::future::Future<Output = Result<Self::Response, vantage_api_pool::TransportError>>
+    {
+        self.0.send(request.0)
+    }
+}
+
+#[test]
+fn a_request_without_a_method_is_retried_after_a_500_only_when_the_policy_says_so() {
+    let policy = bounded(3, ms(10));
+    let call = |policy: &CallPolicy| {
+        let w = World::new();
+        w.transport.push_many([Reply::status(500), Reply::ok()]);
+        let client = vantage_api_pool::ResilientClient::builder(
+            Methodless(w.transport.clone()),
+            w.rt.clone(),
+        )
+        .build()
+        .unwrap();
+        let result = w
+            .rt
+            .block_on(client.execute_with(policy, |h| h.get("/x").header("idempotency-key", "k-1")))
+            .unwrap();
+        (result.map(|r| r.status()), w.transport.request_count())
+    };
+    // Even a GET's draft with an Idempotency-Key: without a method, neither counts.
+    let (result, sent) = call(&policy);
+    assert_eq!(
+        result.unwrap_err().status(),
+        Some(StatusCode::INTERNAL_SERVER_ERROR)
+    );
+    assert_eq!(sent, 1);
+    let (result, sent) = call(&policy.clone().idempotent(true));
+    assert_eq!(result.unwrap(), StatusCode::OK);
+    assert_eq!(sent, 2);
+}
+
 #[test]
 fn a_post_refused_with_connect_is_retried_but_not_one_interrupted() {
     let w = World::new();
@@ -444,7 +516,8 @@ fn not_sent_is_redialed_twice_for_free_then_treated_as_interrupted() {
     );
     w.assert_contract();
 
-    // A third NotSent counts as Interrupted: final for a POST, with 1 attempt.
+    // A third NotSent counts as Interrupted: final for a POST, with 1 attempt, and,
+    // as it may have reached the server, not "nothing sent".
     let w = World::new();
     w.transport.default_reply(not_sent());
     let client = w.client();
@@ -457,7 +530,7 @@ fn not_sent_is_redialed_twice_for_free_then_treated_as_interrupted() {
         ErrorKind::Transport(TransportErrorKind::NotSent)
     );
     assert_eq!(err.attempts(), 1);
-    assert!(err.nothing_sent());
+    assert!(!err.nothing_sent());
     assert_eq!(w.transport.request_count(), 3);
     // ...and retried with back-off for a GET.
     let w = World::new();

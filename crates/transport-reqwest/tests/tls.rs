@@ -154,10 +154,9 @@ async fn a_retry_after_a_cut_send_goes_out_on_a_rebuilt_client_that_still_trusts
     let (client, transport) = trusting_client(&observer);
     let url = server.url("/orders");
     let response = client
-        .execute_with(
-            &policy_with_timeout(1, Duration::from_secs(2)),
-            |http| http.get(&url),
-        )
+        .execute_with(&policy_with_timeout(1, Duration::from_secs(2)), |http| {
+            http.get(&url)
+        })
         .await
         .expect("the retry is answered");
     assert_eq!(response.status(), 200);
