@@ -60,8 +60,10 @@ pub trait Transport {
         std::future::ready(())
     }
 
-    /// Called after a send was cut off by a time limit: the connection it used may be
-    /// stuck, so the next send should not reuse it. The default does nothing.
+    /// Called after the pool's own time limit cut a send (or the read of an error
+    /// body): the connection it used may be stuck, so the next send should not reuse
+    /// it. Not called for a `TimedOut` the transport reports itself (its own timeout
+    /// already knows which connection it gave up on). The default does nothing.
     fn distrust_connection(&self) {}
 }
 
