@@ -164,7 +164,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     }
 
     /// Fetches a token from `source` on first use, applies it to every send, and
-    /// refreshes it once per call on a 401 (single-flight across the client).
+    /// refreshes it once per call on a 401 (single-flight across the client). A
+    /// call waits for a token at most as long as for a send (its attempt timeout, or
+    /// the rest of its budget), then ends with `TimedOut`.
     pub fn auth<S: TokenSource>(self, source: S) -> ClientBuilder<T, R, S> {
         ClientBuilder {
             transport: self.transport,
