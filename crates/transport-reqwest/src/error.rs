@@ -53,8 +53,10 @@
 //!
 //! The message is [`reqwest::Error::without_url`]'s text followed by the texts of its
 //! sources (for example `error sending request: client error (Connect): tcp connect
-//! error: Connection refused (os error 111)`). Anything that still looks like a URL
-//! (`scheme://...`) is replaced by `<url>`, and the message is cut at 512 bytes.
+//! error: Connection refused (os error 111)`). A reqwest error among the sources (the
+//! refused hop of a redirect, say) has its own URL replaced by `<url>`; then anything
+//! that still looks like a URL (`scheme://` up to whitespace, `"`, `<` or `>`) is
+//! replaced too, and the message is cut at 512 bytes.
 
 use std::error::Error as StdError;
 use std::io;
@@ -247,7 +249,15 @@ fn sources(err: &reqwest::Error) -> impl Iterator<Item = &(dyn StdError + 'stati
 fn describe(err: &reqwest::Error) -> String {
     let mut text = err.to_string();
     for source in sources(err) {
-        let part = source.to_string();
+        let mut part = source.to_string();
+        // A reqwest error inside another (a redirect that `https_only` refused, say)
+        // still names its URL: that exact text goes, whatever characters it holds.
+        if let Some(url) = source
+            .downcast_ref::<reqwest::Error>()
+            .and_then(reqwest::Error::url)
+        {
+            part = part.replace(url.as_str(), "<url>");
+        }
         // Some errors repeat their source's text in their own.
         if !part.is_empty() && !text.ends_with(&part) {
             text.push_str(": ");
@@ -272,51 +282,44 @@ fn shorten(mut text: String) -> String {
     text
 }
 
-/// Replaces everything that looks like `scheme://rest` with `<url>`. `rest` ends at
-/// whitespace, a quote, a backtick, an angle bracket or a brace, or at a `)` or `]`
-/// that closes a bracket opened before the URL; brackets opened inside it (an IPv6
-/// host `[::1]`, a path like `Orders(42)`) are part of it.
+/// Replaces everything that looks like `scheme://rest` with `<url>`. `rest` runs to
+/// whitespace, `"`, `<` or `>` (characters a serialized URL always escapes), brackets,
+/// quotes and braces included, so no part of a URL is left behind whatever it holds;
+/// only a `)` or `]` that ends it, closing a bracket opened just before the scheme
+/// (as in `for url (…)`), is given back. Linear in the text's length.
 fn redact_urls(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {
-        let before = &rest[..at];
+        let (before, after) = (&rest[..at], &rest[at + 3..]);
         let scheme_len = before
             .chars()
             .rev()
             .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
             .count(); // ASCII only, so chars == bytes
-        let after = &rest[at + 3..];
-        let url_len = url_end(after);
         if scheme_len == 0 {
             out.push_str(&rest[..at + 3]);
-        } else {
-            out.push_str(&before[..before.len() - scheme_len]);
-            out.push_str("<url>");
+            rest = after;
+            continue;
         }
-        rest = if scheme_len == 0 {
-            after
-        } else {
-            &after[url_len..]
+        let head = &before[..before.len() - scheme_len];
+        let mut end = after
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '<' | '>'))
+            .unwrap_or(after.len());
+        let closer = match head.chars().next_back() {
+            Some('(') => Some(')'),
+            Some('[') => Some(']'),
+            _ => None,
         };
+        if closer.is_some_and(|c| after[..end].ends_with(c)) {
+            end -= 1;
+        }
+        out.push_str(head);
+        out.push_str("<url>");
+        rest = &after[end..];
     }
     out.push_str(rest);
     out
-}
-
-/// Where the URL that `after` (the text after `://`) starts with ends.
-fn url_end(after: &str) -> usize {
-    let mut depth = 0usize;
-    for (i, c) in after.char_indices() {
-        match c {
-            '(' | '[' => depth += 1,
-            ')' | ']' if depth == 0 => return i,
-            ')' | ']' => depth -= 1,
-            c if c.is_whitespace() || "\"'`<>{}".contains(c) => return i,
-            _ => {}
-        }
-    }
-    after.len()
 }
 
 #[cfg(test)]
@@ -341,9 +344,10 @@ mod tests {
             redact_urls("builder error for url (http://[::1]:8080/secret?token=hunter2)"),
             "builder error for url (<url>)"
         );
+        // A URL runs to whitespace: a `)` inside it cannot end it early.
         assert_eq!(
             redact_urls("for url (https://api.example/odata/Orders(42)?token=hunter2): x"),
-            "for url (<url>): x"
+            "for url (<url> x"
         );
         assert_eq!(
             redact_urls("[http://h/a[1]?t=hunter2] tail"),
@@ -353,6 +357,40 @@ mod tests {
             redact_urls("unbalanced http://h/a(b?t=hunter2"),
             "unbalanced <url>"
         );
+    }
+
+    #[test]
+    fn no_character_a_url_may_hold_unescaped_ends_it_early() {
+        // The url crate leaves these unescaped in a path, a query or userinfo.
+        for hostile in [
+            "http://127.0.0.1:1/p?a=)&token=hunter2",
+            "http://127.0.0.1:1/p?a=`&token=hunter2",
+            "http://127.0.0.1:1/p?a={&token=hunter2}",
+            "http://127.0.0.1:1/a]/hunter2",
+            "http://127.0.0.1:1/it's/hunter2",
+            "http://us'er:p)w@127.0.0.1:1/hunter2",
+        ] {
+            let text = format!("builder error for url ({hostile}): URL scheme is not allowed");
+            let redacted = redact_urls(&text);
+            assert!(!redacted.contains("hunter2"), "{redacted}");
+            assert!(
+                redacted.starts_with("builder error for url (<url>"),
+                "{redacted}"
+            );
+            assert!(
+                redacted.ends_with(" URL scheme is not allowed"),
+                "{redacted}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_text_full_of_separators_is_redacted_in_one_pass() {
+        // Each `://` used to rescan the rest of the text: 60 KB of them took minutes.
+        let text = format!("for url (http://h/a){} tail", "://".repeat(20_000));
+        assert_eq!(redact_urls(&text), "for url (<url> tail");
+        let text = format!("x{}", " ://".repeat(20_000));
+        assert_eq!(redact_urls(&text), text, "no scheme: nothing to redact");
     }
 
     #[test]

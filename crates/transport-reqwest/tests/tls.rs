@@ -15,7 +15,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
-use vantage_api_pool::{BreakerState, ErrorKind, ResilientClient, TransportErrorKind};
+use vantage_api_pool::{BreakerState, ErrorKind, ResilientClient, Transport, TransportErrorKind};
 use vantage_api_pool_reqwest::ReqwestTransport;
 use vantage_api_pool_testkit::RecordingObserver;
 use vantage_api_pool_tokio::TokioRuntime;
@@ -24,9 +24,9 @@ const CA: &[u8] = include_bytes!("certs/ca.pem");
 const CERT: &[u8] = include_bytes!("certs/server.pem");
 const KEY: &[u8] = include_bytes!("certs/server.key");
 
-/// An HTTPS server on 127.0.0.1 (HTTP/1.1 over TLS): it answers `200 OK` with
-/// `https ok`, except that it never answers the requests `stall(n)` names (counted
-/// from 0). Dropping it aborts its task and every connection.
+/// An HTTPS server on 127.0.0.1 (HTTP/1.1 over TLS): it answers request `n`
+/// (counted from 0) with `answer(n)`, or never when that is `None`. Dropping it
+/// aborts its task and every connection.
 struct TlsServer {
     port: u16,
     /// Request heads read after a completed handshake, in order.
@@ -43,7 +43,8 @@ impl Drop for TlsServer {
 }
 
 impl TlsServer {
-    async fn start(stall: fn(usize) -> bool) -> TlsServer {
+    async fn start(answer: impl Fn(usize) -> Option<String> + Send + Sync + 'static) -> TlsServer {
+        let answer = Arc::new(answer);
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -66,6 +67,7 @@ impl TlsServer {
                 while let Ok((stream, _)) = listener.accept().await {
                     connections.fetch_add(1, Ordering::SeqCst);
                     let (acceptor, heads) = (acceptor.clone(), Arc::clone(&heads));
+                    let answer = Arc::clone(&answer);
                     tasks.spawn(async move {
                         // A client that rejects the certificate ends the handshake.
                         let Ok(mut tls) = acceptor.accept(stream).await else {
@@ -77,10 +79,11 @@ impl TlsServer {
                                 heads.push(head);
                                 heads.len() - 1
                             };
-                            if stall(n) {
+                            let Some(bytes) = answer(n) else {
                                 std::future::pending::<()>().await;
-                            }
-                            if tls.write_all(ok("https ok").as_bytes()).await.is_err() {
+                                return;
+                            };
+                            if tls.write_all(bytes.as_bytes()).await.is_err() {
                                 return;
                             }
                         }
@@ -129,7 +132,7 @@ fn trusting_client(
 
 #[tokio::test]
 async fn a_call_over_https_succeeds_and_its_body_streams_to_the_caller() {
-    let server = TlsServer::start(|_| false).await;
+    let server = TlsServer::start(|_| Some(ok("https ok"))).await;
     let observer = RecordingObserver::new();
     let (client, _transport) = trusting_client(&observer);
     let url = server.url("/orders");
@@ -149,7 +152,7 @@ async fn a_retry_after_a_cut_send_goes_out_on_a_rebuilt_client_that_still_trusts
     // The first request is never answered: its time limit cuts it, the adapter
     // rebuilds its client (the connection is distrusted), and the retry must make a
     // new TLS connection with the same trust settings.
-    let server = TlsServer::start(|n| n == 0).await;
+    let server = TlsServer::start(|n| (n > 0).then(|| ok("https ok"))).await;
     let observer = RecordingObserver::new();
     let (client, transport) = trusting_client(&observer);
     let url = server.url("/orders");
@@ -177,7 +180,7 @@ async fn a_retry_after_a_cut_send_goes_out_on_a_rebuilt_client_that_still_trusts
 
 #[tokio::test]
 async fn an_untrusted_certificate_is_a_final_tls_error_and_nothing_is_sent() {
-    let server = TlsServer::start(|_| false).await;
+    let server = TlsServer::start(|_| Some(ok("https ok"))).await;
     let observer = RecordingObserver::new();
     // The adapter's defaults: the platform's roots, which do not hold the test CA.
     let client = ReqwestTransport::tokio_builder(
@@ -224,4 +227,49 @@ async fn an_untrusted_certificate_is_a_final_tls_error_and_nothing_is_sent() {
         "{:?}",
         client.breaker_state()
     );
+}
+
+#[tokio::test]
+async fn a_refused_redirect_to_plain_http_names_no_part_of_its_target() {
+    // `https_only` refuses the hop to http, and reqwest reports it as an error inside
+    // the redirect error, one that still carries the target URL. Its text must not
+    // survive into the message, whatever characters the URL holds.
+    for location in [
+        "http://127.0.0.1:1/p?a=)&token=hunter2",
+        "http://127.0.0.1:1/p?a=`&token=hunter2",
+        "http://127.0.0.1:1/p?a={&token=hunter2",
+        "http://127.0.0.1:1/a]/hunter2",
+        "http://127.0.0.1:1/it's/hunter2",
+    ] {
+        let server = TlsServer::start(move |_| {
+            Some(common::response(
+                "302 Found",
+                &[&format!("location: {location}")],
+                "",
+            ))
+        })
+        .await;
+        let ca = reqwest::Certificate::from_pem(CA).expect("ca.pem");
+        let transport = ReqwestTransport::with_builder(move || {
+            ReqwestTransport::default_client_builder()
+                .no_proxy()
+                .https_only(true)
+                .tls_certs_only([ca.clone()])
+        })
+        .expect("client");
+        let request = transport
+            .prepare(transport.client().get(server.url("/start")))
+            .expect("prepared");
+        let err = transport
+            .send(request)
+            .await
+            .expect_err("the hop to http is refused");
+        // The server answered the first request: not "never sent".
+        assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
+        for text in [err.to_string(), format!("{err:?}")] {
+            assert!(!text.contains("hunter2"), "{location}: {text}");
+            assert!(!text.contains("127.0.0.1"), "{location}: {text}");
+        }
+        assert_eq!(server.requests(), 1);
+    }
 }
