@@ -80,6 +80,9 @@ pub(crate) struct Call<'c, T, R, A> {
     budget: Option<Duration>,
     /// When the budget ends; pushed later by time spent in `admit()`.
     deadline: Option<Instant>,
+    /// The error of the last failed send that the call went on from (retry, redial,
+    /// replay): the `source()` of a refusal that ends the call before its next send.
+    last_failure: Option<Arc<ClientError>>,
 }
 
 /// Whether a response with this status goes to the caller (1xx, 2xx, 3xx); any
@@ -182,6 +185,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             token_generation: None,
             budget: policy.budget(),
             deadline: None,
+            last_failure: None,
         }
     }
 
@@ -202,6 +206,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     /// Ends the call before a send: a synthetic `Started` + `Failed { sent: false }`
     /// pair carrying `error`, which is returned.
     fn refuse(&mut self, error: ClientError) -> ClientError {
+        let error = self.after_last_failure(error);
         let attempt = if self.redialing {
             self.attempt
         } else {
@@ -211,6 +216,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         self.emit(|| EventKind::Started { send, attempt });
         self.failed_unsent(None, send, attempt, &error);
         error
+    }
+
+    /// A refusal (time limit, open breaker) that ends a call which had failed sends
+    /// gets the last of their errors as its source, so the 503 and its body that led
+    /// here are not lost. An error with a source of its own keeps it.
+    fn after_last_failure(&self, error: ClientError) -> ClientError {
+        match &self.last_failure {
+            Some(last) if std::error::Error::source(&error).is_none() => {
+                error.with_source(Arc::clone(last) as _)
+            }
+            _ => error,
+        }
     }
 
     /// Reports the `Failed { ms: 0, sent: false }` of a send that never went out, at
@@ -680,7 +697,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     #[cold]
     fn no_time_left(&self, send: u32, attempt: u32, at: Instant) -> ClientError {
         let before = if self.redialing { attempt } else { attempt - 1 };
-        let error = ClientError::new(ErrorKind::TimedOut, before).with_reached(self.reached);
+        let error = self.after_last_failure(
+            ClientError::new(ErrorKind::TimedOut, before).with_reached(self.reached),
+        );
         self.failed_unsent(Some(at), send, attempt, &error);
         error
     }
@@ -779,7 +798,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         );
         self.report_transition(ended, transition);
 
-        match verdict.action {
+        let next = match verdict.action {
             Action::Replay => {
                 // A newer token than the one the 401 answered; no retry budget
                 // spent, no RetryScheduled. The next gate applies it.
@@ -810,8 +829,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 });
                 Next::Retry { wake }
             }
-            _ => Next::Return(error),
-        }
+            _ => return Next::Return(error),
+        };
+        // The call goes on: this error is what a refusal before the next send
+        // names as its source.
+        self.last_failure = Some(Arc::new(error));
+        next
     }
 
     /// The sleep before the next retry: the server's delay (clamped to the policy's

@@ -64,9 +64,12 @@ pub enum ErrorKind {
     /// `Transport(Config)` means the request could not be built: nothing was sent.
     Transport(TransportErrorKind),
     /// A time limit ended the call: an attempt timeout, the call's budget, or the
-    /// transport's own timeout (reported here, never as `Transport(TimedOut)`).
+    /// transport's own timeout (reported here, never as `Transport(TimedOut)`). When
+    /// the limit ended the call before a retry, redial or replay went out,
+    /// `source()` is the failed send's [`ClientError`] (the 503 with its body, say).
     TimedOut,
-    /// The circuit breaker was open and the policy fails fast. Nothing was sent.
+    /// The circuit breaker was open and the policy fails fast; nothing was sent this
+    /// time. On a retry, `source()` is the failed send's [`ClientError`].
     BreakerOpen,
     /// The auth token source failed. Not retried by the client.
     Auth,

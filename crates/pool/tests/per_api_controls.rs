@@ -266,6 +266,78 @@ fn fifty_waiting_callers_send_one_probe_per_cooldown_then_all_complete() {
     w.assert_contract();
 }
 
+/// The `ClientError` under `err`: the failed send a refusal ended the call after.
+fn last_failure(err: &vantage_api_pool::ClientError) -> &vantage_api_pool::ClientError {
+    std::error::Error::source(err)
+        .and_then(|s| s.downcast_ref::<vantage_api_pool::ClientError>())
+        .unwrap_or_else(|| panic!("no earlier failure under {err:?}"))
+}
+
+#[test]
+fn a_refusal_after_failed_sends_keeps_the_last_failure_as_its_source() {
+    let maintenance = || {
+        Reply::status(503)
+            .body("down for maintenance")
+            .header("x-request-id", "r-9")
+    };
+    // Waiting for the probe: the third cooldown (20 s) would end after the 30 s
+    // budget, so the call ends at once at 16 s, as TimedOut, with the 503 under it.
+    let w = World::new();
+    w.transport.default_reply(maintenance());
+    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
+    let waiting = bounded(3, ms(250)).with_breaker_mode(BreakerMode::WaitForProbe);
+    let err =
+        w.rt.block_on(client.execute_with(&waiting, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(w.rt.now(), at(secs(16)));
+    assert_eq!(w.sent_at(), [secs(0), secs(5), secs(15)]);
+    let last = last_failure(&err);
+    assert_eq!(last.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(last.body_text().as_deref(), Some("down for maintenance"));
+    assert_eq!(last.request_id(), Some("r-9"));
+    assert_eq!(last.attempts(), 3);
+    w.assert_contract();
+
+    // Failing fast: the retry meets the open breaker; BreakerOpen, the 503 under it.
+    let w = World::new();
+    w.transport.default_reply(maintenance());
+    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(3, ms(250)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BreakerOpen);
+    assert_eq!(
+        last_failure(&err).status(),
+        Some(StatusCode::SERVICE_UNAVAILABLE)
+    );
+    // The event reports the same error, source included.
+    let failed: Vec<_> = w
+        .events()
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Failed { error, sent, .. } => Some((error, sent)),
+            _ => None,
+        })
+        .collect();
+    let (unsent, sent) = failed.last().unwrap();
+    assert!(!sent);
+    assert_eq!(
+        last_failure(unsent).body_text().as_deref(),
+        Some("down for maintenance")
+    );
+
+    // A call refused before any send has no earlier failure to show.
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(3, ms(250)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BreakerOpen);
+    assert!(std::error::Error::source(&err).is_none());
+}
+
 #[test]
 fn a_fail_fast_caller_is_not_held_up_by_a_sleeping_caller() {
     let w = World::new();
