@@ -292,7 +292,8 @@ impl StdError for ClientError {
 
 /// Cuts `body` to at most [`MAX_ERROR_BODY`] bytes.
 ///
-/// When the kept prefix ends inside a UTF-8 sequence of an otherwise valid text, the
+/// When the kept prefix is valid text up to a character the cut split in two (the
+/// bytes past the cut finish it, or the body ends before they could tell), that
 /// partial character is dropped too; a body that is not UTF-8 is cut at exactly
 /// [`MAX_ERROR_BODY`] bytes. Never copies: the result shares `body`'s storage.
 #[must_use]
@@ -303,9 +304,16 @@ pub fn truncate_body(body: Bytes) -> Bytes {
     let prefix = &body[..MAX_ERROR_BODY];
     let cut = match std::str::from_utf8(prefix) {
         Ok(_) => MAX_ERROR_BODY,
-        // The prefix is valid text up to a character the cut split in two.
+        // The prefix is valid text up to a sequence the cut left unfinished: a
+        // character split in two if the bytes past the cut finish it (or the body
+        // ends before they could tell), binary otherwise.
         Err(e) if e.error_len().is_none() && e.valid_up_to() + 4 > MAX_ERROR_BODY => {
-            e.valid_up_to()
+            let start = e.valid_up_to();
+            let next = &body[start..body.len().min(start + 4)];
+            match std::str::from_utf8(next) {
+                Err(e) if e.valid_up_to() == 0 && e.error_len().is_some() => MAX_ERROR_BODY,
+                _ => start,
+            }
         }
         Err(_) => MAX_ERROR_BODY,
     };
@@ -462,5 +470,25 @@ mod tests {
         let e = status(500, 1).with_body(Bytes::from("é".repeat(2000)));
         assert_eq!(e.body().unwrap().len(), 2048);
         assert_eq!(e.body_text().unwrap().chars().count(), 1024);
+    }
+
+    #[test]
+    fn a_binary_body_whose_cut_looks_like_a_split_character_is_cut_at_the_limit() {
+        // The prefix ends in the first two bytes of a three-byte sequence, but the
+        // bytes past the cut do not finish it: binary, so exactly the limit.
+        let mut body = vec![b'a'; MAX_ERROR_BODY - 2];
+        body.extend_from_slice(&[0xE2, 0x82]);
+        body.extend_from_slice(&[0xFF; 10]);
+        assert_eq!(truncate_body(Bytes::from(body)).len(), MAX_ERROR_BODY);
+        // The same start finished past the cut (a euro sign): text, cut before it.
+        let mut body = vec![b'a'; MAX_ERROR_BODY - 2];
+        body.extend_from_slice("€ tail".as_bytes());
+        assert_eq!(truncate_body(Bytes::from(body)).len(), MAX_ERROR_BODY - 2);
+        // Only one byte past the cut, and a four-byte sequence it cannot finish: the
+        // body ends before it can tell, so it is taken as text (what the loop keeps:
+        // the limit plus one byte).
+        let mut body = vec![b'a'; MAX_ERROR_BODY - 2];
+        body.extend_from_slice(&"😀".as_bytes()[..3]);
+        assert_eq!(truncate_body(Bytes::from(body)).len(), MAX_ERROR_BODY - 2);
     }
 }

@@ -811,3 +811,30 @@ fn a_waiting_call_sleeps_through_a_cooldown_that_ends_inside_its_budget() {
         "the probe at the cooldown's end"
     );
 }
+
+#[test]
+fn a_retry_due_exactly_at_the_end_of_the_budget_is_not_slept_for() {
+    // The server asks for 1 s, and 1 s is all the budget has: the retry could only
+    // start as the budget ends, so the call returns the 503 at once.
+    let w = World::new();
+    w.transport
+        .push(Reply::status(503).header("retry-after-ms", "1000"));
+    let client = w.client();
+    let policy = bounded(3, ms(100))
+        .with_attempt_timeout(ms(500))
+        .unwrap()
+        .with_budget(Some(secs(1)))
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        err.status(),
+        Some(StatusCode::SERVICE_UNAVAILABLE),
+        "{err:?}"
+    );
+    assert_eq!(w.now(), ms(0), "no sleep into the budget's end");
+    assert!(scheduled(&w.events()).is_empty());
+    w.assert_contract();
+}

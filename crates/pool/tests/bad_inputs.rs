@@ -65,6 +65,16 @@ fn server_delays_malformed_and_extreme() {
             ceiling,
         ),
         (
+            "past u128 seconds (2^128 + 1): ignored, never wrapped to 1",
+            &[("retry-after", b"340282366920938463463374607431768211457")],
+            policy,
+        ),
+        (
+            "past u128 ms (2^128 + 1): ignored, never wrapped to 1",
+            &[("retry-after-ms", b"340282366920938463463374607431768211457")],
+            policy,
+        ),
+        (
             "u64::MAX seconds: clamped",
             &[("retry-after", b"18446744073709551615")],
             ceiling,

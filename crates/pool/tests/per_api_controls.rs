@@ -1510,3 +1510,55 @@ fn a_probe_cut_by_its_own_attempt_timeout_still_doubles_the_cooldown() {
     assert_eq!(opened(&w.events()), [secs(5), secs(10)]);
     w.assert_contract();
 }
+
+#[test]
+fn a_rate_wait_ending_exactly_at_the_end_of_the_budget_is_not_slept_for() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().rate_limit_with_burst(1.0, 1).build().unwrap();
+    let policy = bounded(0, ms(100))
+        .with_attempt_timeout(ms(500))
+        .unwrap()
+        .with_budget(Some(secs(1)))
+        .unwrap();
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/a")))
+        .unwrap()
+        .unwrap();
+    // The next token is due in exactly 1 s, when the budget ends: TimedOut now,
+    // and the token is left for the next call.
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/b")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(w.now(), ms(0), "ended at once, not at the budget's end");
+    w.rt.run_for(secs(1)).unwrap();
+    w.rt.block_on(client.execute_with(&bounded(0, ms(100)), |h| h.get("/c")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [ms(0), secs(1)]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_send_cut_with_exactly_half_its_timeout_left_counts_against_the_breaker() {
+    // "Less than half" is strict: a send the budget left exactly half its 2 s
+    // timeout (1 s) says something about the API when it is cut.
+    let w = World::new();
+    w.transport.push(Reply::status(500).after(ms(900)));
+    w.transport.default_reply(Reply::stall());
+    let client = w.builder().breaker(2, secs(5), secs(60)).build().unwrap();
+    let policy = bounded(1, ms(100))
+        .with_attempt_timeout(secs(2))
+        .unwrap()
+        .with_budget(Some(secs(2)))
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(w.sent_at(), [ms(0), secs(1)]);
+    assert_eq!(opened(&w.events()), [secs(5)], "{:?}", w.kinds());
+    w.assert_contract();
+}

@@ -193,6 +193,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
     let threshold = 1 + rng.below(5) as u32;
     let cooldown = secs(1) + rng.ms(4000);
     let max_cooldown = cooldown * (1 + rng.below(8) as u32);
+    let base_cooldown = cooldown;
     let rate = if rng.chance(50) {
         Some((1.0 + rng.below(50) as f64, 1 + rng.below(10) as u32))
     } else {
@@ -376,12 +377,25 @@ fn run_seed(seed: u64) -> Result<(), String> {
     }
     for (call, evs) in &by_call {
         let mut last_failed: Option<(&TransportEvent, Option<Duration>)> = None;
+        // When the announced retry is due: its send may not start before.
+        let mut retry_due: Option<Instant> = None;
         for e in evs {
             match &e.kind {
+                EventKind::Started { .. } => {
+                    if let Some(due) = retry_due.take()
+                        && e.at < due
+                    {
+                        problems.push(format!(
+                            "{call:?}: a retry started at {:?}, before it was due at {due:?}",
+                            e.at
+                        ));
+                    }
+                }
                 EventKind::Failed {
                     error, sent: true, ..
                 } => last_failed = Some((e, error.retry_after())),
                 EventKind::RetryScheduled { after, .. } => {
+                    retry_due = Some(e.at + *after);
                     // No retry leaves before the server's delay, clamped to the ceiling:
                     // the ceilings here are at least 500 ms and the delays 750 ms or 1 s.
                     if let Some((_, Some(wait))) = last_failed
@@ -425,6 +439,11 @@ fn run_seed(seed: u64) -> Result<(), String> {
                     if cooldown != (prev * 2).min(max_cooldown) {
                         problems.push(format!("cooldown {cooldown:?} after {prev:?}"));
                     }
+                } else if cooldown != base_cooldown {
+                    // The first opening, and the first after a close, start afresh.
+                    problems.push(format!(
+                        "opened for {cooldown:?}, not the base {base_cooldown:?}"
+                    ));
                 }
                 prev_open = Some((e.at, cooldown));
             }
