@@ -93,6 +93,18 @@ impl ErrorKind {
     }
 }
 
+/// The kind's [`name`](ErrorKind::name), with a status's code: `status 503`,
+/// `transport not_sent`, `timed_out`.
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrorKind::Status(s) => write!(f, "status {}", s.as_u16()),
+            ErrorKind::Transport(k) => write!(f, "transport {k}"),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
 /// Why a call failed, after how many attempts, and what the API said.
 ///
 /// Cheap to clone (the body is reference-counted). `Display` reads like
@@ -490,5 +502,19 @@ mod tests {
         let mut body = vec![b'a'; MAX_ERROR_BODY - 2];
         body.extend_from_slice(&"😀".as_bytes()[..3]);
         assert_eq!(truncate_body(Bytes::from(body)).len(), MAX_ERROR_BODY - 2);
+    }
+
+    #[test]
+    fn kinds_display_their_name_and_code() {
+        assert_eq!(
+            ErrorKind::Status(StatusCode::SERVICE_UNAVAILABLE).to_string(),
+            "status 503"
+        );
+        assert_eq!(
+            ErrorKind::Transport(TransportErrorKind::NotSent).to_string(),
+            "transport not_sent"
+        );
+        assert_eq!(ErrorKind::TimedOut.to_string(), "timed_out");
+        assert_eq!(ErrorKind::BreakerOpen.to_string(), "breaker_open");
     }
 }

@@ -210,6 +210,15 @@ pub struct CallPolicy {
     idempotent: bool,
 }
 
+/// [`CallPolicy::bounded`] with [`RetryPolicy::default`]: what
+/// [`execute`](crate::ResilientClient::execute) uses on a client whose default retry
+/// was not changed.
+impl Default for CallPolicy {
+    fn default() -> Self {
+        CallPolicy::bounded(RetryPolicy::default())
+    }
+}
+
 impl CallPolicy {
     fn preset(retry: RetryMode, breaker: BreakerMode, budget: Option<Duration>) -> Self {
         CallPolicy {
@@ -368,6 +377,7 @@ mod tests {
         assert_eq!(b.budget(), Some(Duration::from_secs(30)));
         assert_eq!(b.attempt_timeout(), Duration::from_secs(10));
         assert_eq!(b.jitter(), Jitter::Proportional(0.25));
+        assert_eq!(CallPolicy::default(), b);
 
         let e = CallPolicy::essential();
         assert_eq!(

@@ -234,7 +234,7 @@ mod tests {
         while granted.len() < 100 {
             match b.try_take(now) {
                 Ok(()) => granted.push(now),
-                Err(wait) => now = now + wait,
+                Err(wait) => now += wait,
             }
         }
         assert_eq!(granted[9], at_ms(0));

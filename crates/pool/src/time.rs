@@ -7,7 +7,7 @@
 //! comparable in any meaningful way.
 
 use std::fmt;
-use std::ops::{Add, Sub};
+use std::ops::{Add, AddAssign, Sub};
 use std::time::Duration;
 
 /// A point on a runtime's monotonic clock, measured from that runtime's origin in
@@ -29,6 +29,9 @@ use std::time::Duration;
 /// assert_eq!(t + Duration::from_millis(500), Instant::from_origin(Duration::from_secs(2)));
 /// assert_eq!(Instant::ORIGIN - t, Duration::ZERO); // saturates
 /// assert_eq!(Instant::from_origin(Duration::MAX), Instant::FAR_FUTURE); // saturates
+/// let mut later = t;
+/// later += Duration::MAX;
+/// assert_eq!(later, Instant::FAR_FUTURE);
 /// ```
 #[derive(Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Instant {
@@ -110,6 +113,13 @@ impl Add<Duration> for Instant {
     /// Saturating: never panics.
     fn add(self, rhs: Duration) -> Instant {
         self.saturating_add(rhs)
+    }
+}
+
+impl AddAssign<Duration> for Instant {
+    /// Saturating, as `+`.
+    fn add_assign(&mut self, rhs: Duration) {
+        *self = self.saturating_add(rhs);
     }
 }
 

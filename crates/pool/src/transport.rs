@@ -168,7 +168,7 @@ impl fmt::Display for TransportErrorKind {
 ///
 /// The description must never hold a URL, a body or a header value; adapters strip
 /// them before building the error (the reqwest adapter uses `without_url`).
-#[derive(Clone, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kind}: {message}")]
 pub struct TransportError {
     kind: TransportErrorKind,
@@ -182,6 +182,9 @@ impl TransportError {
     /// use vantage_api_pool::{TransportError, TransportErrorKind};
     /// let e = TransportError::new(TransportErrorKind::Connect, "connection refused");
     /// assert_eq!(e.to_string(), "connect: connection refused");
+    /// // Equal when kind and message are.
+    /// assert_eq!(e, TransportError::new(TransportErrorKind::Connect, "connection refused"));
+    /// assert_ne!(e, TransportError::new(TransportErrorKind::Tls, "connection refused"));
     /// ```
     #[must_use]
     pub fn new(kind: TransportErrorKind, message: impl Into<Arc<str>>) -> Self {

@@ -21,6 +21,11 @@
 //! [`DriveError::Deadlock`] instead of hanging; a task that never stops waking itself
 //! ends in [`DriveError::StepLimit`].
 //!
+//! Only this driver moves the clock. A future that waits on a `VirtualRuntime` (a
+//! call, a sleep, a scripted delay) must run inside [`VirtualRuntime::block_on`] or a
+//! task [`spawn`](VirtualRuntime::spawn)ed on it: awaited under `#[tokio::test]` or
+//! another executor, nothing advances the clock and it waits forever.
+//!
 //! # Testing your own policy
 //!
 //! Build the client over a [`ScriptedTransport`] and a [`VirtualRuntime`], script
