@@ -48,6 +48,22 @@ mod imp {
         pub fn into_inner(self) -> reqwest::Response {
             self.inner
         }
+
+        /// The rest of the body: reqwest's [`bytes`](reqwest::Response::bytes), with
+        /// a failure mapped by [`body_error`](crate::body_error) (`TimedOut` for a
+        /// read timeout, otherwise `Interrupted`; no URL in its text). The same call
+        /// on every target.
+        pub async fn bytes(self) -> Result<Bytes, TransportError> {
+            self.inner.bytes().await.map_err(body_error)
+        }
+
+        /// The rest of the body as text: reqwest's [`text`](reqwest::Response::text)
+        /// (UTF-8 with invalid bytes replaced; by the `Content-Type` charset if your
+        /// build enables reqwest's `charset` feature), failures as for
+        /// [`bytes`](ReqwestResponse::bytes).
+        pub async fn text(self) -> Result<String, TransportError> {
+            self.inner.text().await.map_err(body_error)
+        }
     }
 
     impl Deref for ReqwestResponse {
@@ -135,6 +151,27 @@ mod imp {
         #[must_use]
         pub fn as_inner(&self) -> Option<&reqwest::Response> {
             self.unread.as_ref()
+        }
+
+        /// The rest of the body, whatever [`chunk`](TransportResponse::chunk) has not
+        /// read; failures mapped by [`body_error`](crate::body_error). The same call
+        /// on every target.
+        pub async fn bytes(mut self) -> Result<Bytes, TransportError> {
+            if let Some(inner) = self.unread.take() {
+                return inner.bytes().await.map_err(body_error);
+            }
+            let mut body = Vec::new();
+            while let Some(chunk) = self.chunk().await? {
+                body.extend_from_slice(&chunk);
+            }
+            Ok(Bytes::from(body))
+        }
+
+        /// The rest of the body as text (UTF-8, invalid bytes replaced), failures as
+        /// for [`bytes`](ReqwestResponse::bytes).
+        pub async fn text(self) -> Result<String, TransportError> {
+            let body = self.bytes().await?;
+            Ok(String::from_utf8_lossy(&body).into_owned())
         }
     }
 
