@@ -25,7 +25,9 @@ impl ReqwestRequest {
         ReqwestRequest { client, request }
     }
 
-    /// The client that will send this request.
+    /// The client the draft came from. It sends the request, except on a transport
+    /// the adapter built, where [`send`](vantage_api_pool::Transport::send) takes the
+    /// newest client (one rebuilt after a distrusted connection) instead.
     #[must_use]
     pub fn client(&self) -> &reqwest::Client {
         &self.client
