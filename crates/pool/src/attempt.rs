@@ -76,8 +76,9 @@ pub(crate) struct Call<'c, T, R, A> {
     replayed: bool,
     /// The token generation of the last send's auth header.
     token_generation: Option<u64>,
-    /// The budget not yet turned into a deadline (the first gate does that).
-    budget: Option<Duration>,
+    /// Whether the call reached the gate yet (the first visit turns the policy's
+    /// budget into `deadline`).
+    gate_reached: bool,
     /// When the budget ends; pushed later by time spent in `admit()`.
     deadline: Option<Instant>,
     /// The error of the last failed send that the call went on from (retry, redial,
@@ -183,7 +184,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             redialing: false,
             replayed: false,
             token_generation: None,
-            budget: policy.budget(),
+            gate_reached: false,
             deadline: None,
             last_failure: None,
         }
@@ -306,10 +307,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     async fn wait_for_gate(&mut self) -> Result<Ticket<'c>, ClientError> {
         let mut now = self.now();
         // The budget starts when the call first reaches the gate.
-        if self.deadline.is_none()
-            && let Some(budget) = self.budget.take()
-        {
-            self.deadline = Some(now.saturating_add(budget));
+        if !self.gate_reached {
+            self.gate_reached = true;
+            self.deadline = self.policy.budget().map(|budget| now.saturating_add(budget));
         }
         // The breaker comes before the transport's admission: a refused call queues
         // for none, a waiting one takes its admission when it can send, and the
