@@ -309,7 +309,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         // The budget starts when the call first reaches the gate.
         if !self.gate_reached {
             self.gate_reached = true;
-            self.deadline = self.policy.budget().map(|budget| now.saturating_add(budget));
+            self.deadline = self
+                .policy
+                .budget()
+                .map(|budget| now.saturating_add(budget));
         }
         // The breaker comes before the transport's admission: a refused call queues
         // for none, a waiting one takes its admission when it can send, and the
@@ -385,17 +388,16 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         Box::pin(self.fetch_token(stale)).await
     }
 
-    /// Fetches a token (single-flight), or waits for another caller's fetch, under
-    /// the time limit of a send: the attempt timeout, or the rest of the budget if
-    /// that ends first. A hung token source thus ends the call (`TimedOut`) even
-    /// under a policy without a budget; the fetch it ran goes to a waiting caller.
+    /// Fetches a token (single-flight), raced against the budget's end.
     async fn fetch_token(&self, stale: Option<u64>) -> Result<Option<Token>, ClientError> {
         let client = self.client;
-        let limit = self.now().saturating_add(self.policy.attempt_timeout());
-        let end = self.deadline.map_or(limit, |deadline| deadline.min(limit));
         let fetch = client.auth_state.token(&client.auth, stale);
-        let Ok(result) = timeout_at(&client.runtime, end, fetch).await else {
-            return Err(self.timed_out_at_gate());
+        let result = match self.deadline {
+            Some(deadline) => match timeout_at(&client.runtime, deadline, fetch).await {
+                Ok(result) => result,
+                Err(_) => return Err(self.timed_out_at_gate()),
+            },
+            None => fetch.await,
         };
         match result {
             Ok(token) => Ok(Some(token)),

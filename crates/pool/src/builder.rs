@@ -164,9 +164,14 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     }
 
     /// Fetches a token from `source` on first use, applies it to every send, and
-    /// refreshes it once per call on a 401 (single-flight across the client). A
-    /// call waits for a token at most as long as for a send (its attempt timeout, or
-    /// the rest of its budget), then ends with `TimedOut`.
+    /// refreshes it once per call on a 401 (single-flight across the client).
+    ///
+    /// A call's wait for a token counts toward its budget and ends with it
+    /// (`TimedOut`); the attempt timeout does not apply (a fetch that one caller
+    /// gave up would start again from nothing in the next, so a source slower than
+    /// the timeout could never deliver). Under a policy without a budget
+    /// (`essential`, `background`), a source that never answers holds its callers
+    /// until they are dropped: give it a timeout of its own.
     pub fn auth<S: TokenSource>(self, source: S) -> ClientBuilder<T, R, S> {
         ClientBuilder {
             transport: self.transport,

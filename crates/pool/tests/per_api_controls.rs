@@ -955,102 +955,78 @@ fn a_dropped_fetching_caller_hands_the_fetch_to_a_waiter() {
     assert_eq!(w.sent_at(), [ms(70)]);
 }
 
-/// A token source whose first fetch never ends; later ones give `Bearer t{n}` after
-/// 50 ms.
-fn first_fetch_hangs(
+/// A token source that answers `Bearer t` after `delay`, counting its fetches.
+fn slow_tokens(
     rt: &VirtualRuntime,
     fetches: &Arc<AtomicU32>,
+    delay: Duration,
 ) -> impl vantage_api_pool::TokenSource + use<> {
-    let rt = rt.clone();
-    let fetches = Arc::clone(fetches);
+    let (rt, fetches) = (rt.clone(), Arc::clone(fetches));
     token_fn(move || {
         let rt = rt.clone();
-        let n = fetches.fetch_add(1, Ordering::SeqCst) + 1;
+        fetches.fetch_add(1, Ordering::SeqCst);
         async move {
-            if n == 1 {
-                std::future::pending::<()>().await;
-            }
-            rt.sleep(ms(50)).await;
-            Ok::<_, AuthError>((
-                AUTHORIZATION,
-                HeaderValue::from_str(&format!("Bearer t{n}")).unwrap(),
-            ))
+            rt.sleep(delay).await;
+            Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer t")))
         }
     })
 }
 
 #[test]
-fn a_hung_token_fetch_ends_the_call_at_its_attempt_timeout_even_without_a_budget() {
-    for (policy, limit) in [
-        (
-            CallPolicy::background()
-                .with_attempt_timeout(secs(1))
-                .unwrap(),
-            secs(1),
-        ),
-        // Retry until dropped, no budget: still no wait without end for a token.
-        (CallPolicy::essential(), secs(10)),
-    ] {
-        let w = World::new();
-        w.transport.default_reply(Reply::ok());
-        let fetches = Arc::new(AtomicU32::new(0));
-        let client = w
-            .builder()
-            .auth(first_fetch_hangs(&w.rt, &fetches))
-            .build()
-            .unwrap();
-        let err =
-            w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
-                .unwrap()
-                .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::TimedOut);
-        assert_eq!(err.attempts(), 0);
-        assert!(err.nothing_sent());
-        assert_eq!(w.rt.now(), at(limit));
-        assert_eq!(w.transport.request_count(), 0);
-        assert_eq!(w.kinds(), ["started", "failed"]);
-        assert!(matches!(
-            w.events()[1].kind,
-            EventKind::Failed {
-                sent: false,
-                ms: 0,
-                ..
-            }
-        ));
-        // The abandoned fetch holds nothing: the next call fetches afresh.
-        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
-            .unwrap()
-            .unwrap();
-        assert_eq!(fetches.load(Ordering::SeqCst), 2);
-        assert_eq!(w.sent_at(), [limit + ms(50)]);
-        w.assert_contract();
-    }
-}
-
-#[test]
-fn a_caller_waiting_on_a_fetch_cut_by_its_fetchers_time_limit_takes_it_over() {
+fn a_token_source_slower_than_the_attempt_timeout_still_delivers() {
+    // The attempt timeout limits sends, not the token wait: a 1.5 s source under a
+    // 1 s attempt timeout (no budget), and a 15 s one within `execute`'s 30 s
+    // budget, each deliver with one fetch.
     let w = World::new();
     w.transport.default_reply(Reply::ok());
     let fetches = Arc::new(AtomicU32::new(0));
     let client = w
         .builder()
-        .auth(first_fetch_hangs(&w.rt, &fetches))
+        .auth(slow_tokens(&w.rt, &fetches, ms(1500)))
         .build()
         .unwrap();
-    let short = CallPolicy::background()
+    let policy = CallPolicy::essential()
         .with_attempt_timeout(secs(1))
         .unwrap();
-    let first = w.spawn_call(&client, short, "/x");
-    w.rt.run_until(at(ms(500))).unwrap();
-    let second = w.spawn_call(&client, CallPolicy::background(), "/x");
-    w.rt.run().unwrap();
-    let first = w.rt.block_on(first).unwrap();
-    assert_eq!(first.unwrap_err().kind(), ErrorKind::TimedOut);
-    // The second caller waited for the first fetch, then ran its own when the first
-    // caller's limit cut it at 1 s.
-    assert!(w.rt.block_on(second).unwrap().is_ok());
-    assert_eq!(fetches.load(Ordering::SeqCst), 2);
-    assert_eq!(w.sent_at(), [secs(1) + ms(50)]);
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [ms(1500)]);
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(slow_tokens(&w.rt, &fetches, secs(15)))
+        .build()
+        .unwrap();
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(15)]);
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_token_wait_ends_with_the_budget() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(slow_tokens(&w.rt, &fetches, secs(60)))
+        .build()
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(w.now(), secs(30));
+    assert_eq!(w.transport.request_count(), 0);
+    assert_eq!(w.kinds(), ["started", "failed"]);
     w.assert_contract();
 }
 
