@@ -43,7 +43,7 @@ fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
     if !auth_ok {
         return Reply::status(401).after(rng.ms(50));
     }
-    let reply = match rng.below(20) {
+    let reply = match rng.below(21) {
         0..=5 => Reply::ok(),
         6 => Reply::status(500),
         7 => Reply::status(502),
@@ -67,6 +67,11 @@ fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
         ),
         16 => Reply::fail(TransportErrorKind::NotSent, "stale"),
         17 => Reply::stall(),
+        // An error body that stalls part-way: cut by the send's time limit, or
+        // dropped mid-body by a caller.
+        18 => Reply::status(500)
+            .body("x".repeat(4096))
+            .body_stalls_after(rng.below(3000) as usize),
         _ => Reply::status(503).after(rng.ms(3000)),
     };
     reply.after(rng.ms(200))
