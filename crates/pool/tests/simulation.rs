@@ -259,6 +259,9 @@ fn run_seed(seed: u64) -> Result<(), String> {
     });
     let fetches = Arc::new(AtomicUsize::new(0));
     let completed = Arc::new(AtomicUsize::new(0));
+    // The token each completed fetch replaced (`None` for the first), in order.
+    let replaced: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let current: Arc<Mutex<Option<String>>> = Arc::default();
     let mut builder = ResilientClient::builder(transport.clone(), rt.clone())
         .max_parallel(max_parallel)
         .breaker(threshold, cooldown, max_cooldown)
@@ -268,17 +271,21 @@ fn run_seed(seed: u64) -> Result<(), String> {
     }
     let source = {
         let (fetches, server_token, rt) = (fetches.clone(), server_token.clone(), rt.clone());
-        let completed = completed.clone();
+        let (completed, replaced, current) = (completed.clone(), replaced.clone(), current.clone());
         token_fn(move || {
             let fetch = fetches.fetch_add(1, Ordering::SeqCst);
+            let previous = current.lock().unwrap().clone();
             // The source hands out the server's current token after a short delay.
             let (server_token, rt, completed) =
                 (server_token.clone(), rt.clone(), completed.clone());
+            let (replaced, current) = (replaced.clone(), current.clone());
             async move {
                 rt.sleep(ms(20)).await;
                 completed.fetch_add(1, Ordering::SeqCst);
                 let n = server_token.load(Ordering::SeqCst);
                 let token = format!("Bearer t{n}-{fetch}");
+                replaced.lock().unwrap().push(previous);
+                *current.lock().unwrap() = Some(token.clone());
                 Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_str(&token).unwrap()))
             }
         })
@@ -492,6 +499,21 @@ fn run_seed(seed: u64) -> Result<(), String> {
             problems.push(format!(
                 "{fetched} token fetches for {generations} generations that drew a 401"
             ));
+        }
+        // Per generation: each completed fetch replaced a token that drew a 401 (or
+        // was the first), and no token was replaced twice.
+        let replaced = replaced.lock().unwrap();
+        let got_401 = got_401.lock().unwrap();
+        let mut seen = HashSet::new();
+        for previous in replaced.iter() {
+            if !seen.insert(previous.clone()) {
+                problems.push(format!("{previous:?} was replaced twice"));
+            }
+            if let Some(token) = previous
+                && !got_401.contains(token)
+            {
+                problems.push(format!("{token} was replaced without drawing a 401"));
+            }
         }
     }
 
