@@ -97,7 +97,9 @@ struct ApiState {
     breaker: BreakerView,
     /// The `at` of the breaker event behind `breaker`.
     breaker_at: Instant,
-    in_flight: u32,
+    /// `Started` heard minus terminal events heard: signed, so a terminal event
+    /// heard before its `Started` (events relayed out of order) evens out.
+    in_flight: i64,
     /// Sorted by `at`.
     samples: VecDeque<Sample>,
     /// Sorted.
@@ -213,8 +215,11 @@ impl HealthObserver {
     /// quiet, for example while its breaker is open and nothing is sent. `None` if no
     /// event of it was seen yet.
     ///
-    /// A read changes nothing: a later [`snapshot`](HealthObserver::snapshot), or one
-    /// at an earlier `now`, still sees every send of its own window.
+    /// A `now` before the API's latest event reads as that event's time (as
+    /// [`snapshot`](HealthObserver::snapshot) does): samples are kept for the window
+    /// before the latest event only, and a clock read just before another thread's
+    /// report must not hide it. A read changes nothing: a later read still sees every
+    /// send of its own window.
     #[must_use]
     pub fn snapshot_at(&self, api: &str, now: Instant) -> Option<ApiHealth> {
         let apis = self.lock();
@@ -274,7 +279,7 @@ fn figures(state: &ApiState, horizon: Instant) -> ApiHealth {
     let total_ms: u128 = samples().map(|s| u128::from(s.ms)).sum();
     ApiHealth {
         breaker: state.breaker,
-        in_flight: state.in_flight,
+        in_flight: u32::try_from(state.in_flight.max(0)).unwrap_or(u32::MAX),
         sends_in_window: sends,
         successes_in_window: successes,
         refused_in_window: u32::try_from(refused).unwrap_or(u32::MAX),
@@ -303,7 +308,7 @@ impl TransportObserver for HealthObserver {
         match &event.kind {
             EventKind::Started { .. } => state.in_flight += 1,
             EventKind::Succeeded { status, ms, .. } => {
-                state.in_flight = state.in_flight.saturating_sub(1);
+                state.in_flight -= 1;
                 state.saw_status(*status, event.at);
                 push_in_order(
                     &mut state.samples,
@@ -318,7 +323,7 @@ impl TransportObserver for HealthObserver {
             EventKind::Failed {
                 error, ms, sent, ..
             } => {
-                state.in_flight = state.in_flight.saturating_sub(1);
+                state.in_flight -= 1;
                 if *sent {
                     push_in_order(
                         &mut state.samples,
@@ -347,7 +352,7 @@ impl TransportObserver for HealthObserver {
                 }
             }
             EventKind::Cancelled { .. } => {
-                state.in_flight = state.in_flight.saturating_sub(1);
+                state.in_flight -= 1;
                 state.cancelled += 1;
             }
             EventKind::Redialing { .. } => state.redials += 1,
@@ -663,5 +668,31 @@ mod tests {
         assert_eq!(figures(h.snapshot_at("a", at(5_000)).unwrap()), (2, 1));
         // 10 s after the first success, only the second is in the window.
         assert_eq!(figures(h.snapshot_at("a", at(10_015)).unwrap()), (1, 1));
+    }
+
+    #[test]
+    fn a_terminal_event_heard_before_its_started_leaves_nothing_in_flight() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        let call = Some(CallId(1));
+        let ok = EventKind::Succeeded {
+            send: 1,
+            attempt: 1,
+            status: StatusCode::OK,
+            ms: 20,
+            bytes: None,
+        };
+        h.on_event("a", &TransportEvent::new(at(30), call, ok));
+        h.on_event(
+            "a",
+            &TransportEvent::new(
+                at(10),
+                call,
+                EventKind::Started {
+                    send: 1,
+                    attempt: 1,
+                },
+            ),
+        );
+        assert_eq!(h.snapshot("a").unwrap().in_flight, 0);
     }
 }

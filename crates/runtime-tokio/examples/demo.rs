@@ -42,6 +42,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+use tracing_subscriber::layer::SubscriberExt as _;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -960,10 +961,14 @@ fn log_to_file() -> Result<PathBuf, BoxError> {
     // One file, overwritten by each run, so runs do not pile up logs.
     let path = std::env::temp_dir().join("vantage-api-pool-demo.log");
     let file = std::fs::File::create(&path)?;
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(Mutex::new(file))
-        .with_max_level(tracing_subscriber::filter::LevelFilter::DEBUG)
-        .finish();
+    // Only the pool's events (hyper and reqwest log too): the log is what the
+    // TracingObserver wrote, and the summary counts its lines.
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(Mutex::new(file)))
+        .with(tracing_subscriber::filter::Targets::new().with_target(
+            "vantage_api_pool",
+            tracing_subscriber::filter::LevelFilter::DEBUG,
+        ));
     tracing::subscriber::set_global_default(subscriber)?;
     Ok(path)
 }
@@ -1239,7 +1244,7 @@ fn summary(
     }
     let _ = writeln!(
         out,
-        "  (dropped: calls still running when the traffic stopped, cancelled by dropping them;\n   refused: calls failed fast while a breaker was open, nothing sent; breaker: times it opened)"
+        "  (dropped: calls still running when the traffic stopped, cancelled by dropping them;\n   refused: calls ended before a send (breaker open, auth, time), nothing sent; breaker: times it opened)"
     );
     for (i, api) in view.apis.iter().enumerate() {
         let reasons = api
