@@ -1059,7 +1059,10 @@ impl VirtualRuntime {
             }
         }
         let mut executor = self.executor(false);
-        let mut batch: VecDeque<u64> = VecDeque::new();
+        let mut batch = Batch {
+            queue: &shared.queue,
+            keys: VecDeque::new(),
+        };
         let mut wakers: Vec<Waker> = Vec::new();
         let time_limit = match until {
             Until::Time(t) => Some(t),
@@ -1076,7 +1079,7 @@ impl VirtualRuntime {
                     return Ok(());
                 }
             }
-            shared.queue.take_all(&mut batch);
+            shared.queue.take_all(&mut batch.keys);
             if batch.is_empty() {
                 if matches!(until, Until::Idle) {
                     return Ok(());
@@ -1109,7 +1112,7 @@ impl VirtualRuntime {
             while let Some(key) = batch.pop_front() {
                 if steps >= limit {
                     batch.push_front(key);
-                    self.requeue_front(&mut batch);
+                    self.requeue_front(&mut batch.keys);
                     return Err(DriveError::StepLimit {
                         limit,
                         now: self.now(),
@@ -1122,7 +1125,7 @@ impl VirtualRuntime {
                     main.flag.queued.store(false, Ordering::Release);
                     let mut cx = Context::from_waker(main.waker);
                     if (main.poll)(&mut cx) {
-                        self.requeue_front(&mut batch);
+                        self.requeue_front(&mut batch.keys);
                         return Ok(());
                     }
                     continue;
@@ -1145,6 +1148,36 @@ impl VirtualRuntime {
     /// Puts unprocessed keys back at the front of the shared queue, keeping order.
     fn requeue_front(&self, batch: &mut VecDeque<u64>) {
         self.shared.queue.requeue_front(batch);
+    }
+}
+
+/// The keys the driver took off the queue to poll in turn. If a poll panics, the
+/// keys not polled yet go back to the front of the queue: their tasks are marked
+/// queued, so no later wake would queue them again and the next run would see a
+/// deadlock that is not there.
+struct Batch<'q> {
+    queue: &'q ReadyQueue,
+    keys: VecDeque<u64>,
+}
+
+impl std::ops::Deref for Batch<'_> {
+    type Target = VecDeque<u64>;
+    fn deref(&self) -> &VecDeque<u64> {
+        &self.keys
+    }
+}
+
+impl std::ops::DerefMut for Batch<'_> {
+    fn deref_mut(&mut self) -> &mut VecDeque<u64> {
+        &mut self.keys
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.queue.requeue_front(&mut self.keys);
+        }
     }
 }
 

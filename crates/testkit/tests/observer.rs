@@ -584,3 +584,53 @@ fn a_redial_is_followed_by_the_start_it_announced() {
         (ContractRule::RedialNotFollowedByStart, 3, Some(2))
     );
 }
+
+#[test]
+fn a_redial_after_a_retry_scheduled_is_refused() {
+    // A NotSent failure is followed by a redial, never by a retry and then a redial.
+    let mut real = recorded(
+        &[Reply::fail(
+            vantage_api_pool::TransportErrorKind::NotSent,
+            "pooled connection closed",
+        )],
+        false,
+    );
+    real.truncate(2); // started, failed (NotSent)
+    real.push(retry(2));
+    real.push(EventKind::Redialing {
+        send: 2,
+        attempt: 1,
+    });
+    assert_eq!(
+        first_violation(timed(real)),
+        (ContractRule::RedialNotAfterFailure, 3, Some(2))
+    );
+}
+
+#[test]
+fn one_calls_events_keep_time_order_across_threads() {
+    // Two threads report for one call; the per-thread order holds, the call's not.
+    let observer = RecordingObserver::new();
+    observer.on_event(
+        "api",
+        &TransportEvent::new(at(10), Some(CallId(1)), started(1, 1)),
+    );
+    let other = observer.clone();
+    std::thread::spawn(move || {
+        other.on_event(
+            "api",
+            &TransportEvent::new(
+                at(5),
+                Some(CallId(1)),
+                EventKind::Cancelled {
+                    send: 1,
+                    attempt: 1,
+                },
+            ),
+        );
+    })
+    .join()
+    .unwrap();
+    let v = observer.check_contract().unwrap_err();
+    assert_eq!((v.rule, v.index), (ContractRule::TimeWentBackwards, 1));
+}

@@ -731,3 +731,62 @@ fn block_on_after_a_step_limit_is_still_woken() {
     );
     assert_eq!(rt.elapsed(), Duration::from_secs(1));
 }
+
+#[test]
+fn a_panic_does_not_lose_the_wakes_queued_behind_it() {
+    // Both tasks wake at +1 s, in one batch; the first panics. The second's wake must
+    // survive, or the next run reports a deadlock that is not there.
+    let rt = VirtualRuntime::new();
+    let r = rt.clone();
+    rt.spawn(async move {
+        r.sleep(Duration::from_secs(1)).await;
+        panic!("boom");
+    })
+    .detach();
+    let (r, done) = (rt.clone(), Rc::new(Cell::new(false)));
+    let d = Rc::clone(&done);
+    rt.spawn(async move {
+        r.sleep(Duration::from_secs(1)).await;
+        d.set(true);
+    })
+    .detach();
+    let rt2 = rt.clone();
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt2.run())).is_err());
+    assert_eq!(rt.run(), Ok(()));
+    assert!(done.get());
+}
+
+#[test]
+fn a_timer_nobody_waits_on_yet_does_not_end_the_run() {
+    // The 1 s sleep is registered now but first polled at +2 s: when it fires it
+    // wakes nobody, and the run must go on to the 2 s timer, not call it a deadlock.
+    let rt = VirtualRuntime::new();
+    let later = rt.sleep(Duration::from_secs(1));
+    let r = rt.clone();
+    let woke = rt
+        .block_on(async move {
+            r.sleep(Duration::from_secs(2)).await;
+            later.await;
+            r.now()
+        })
+        .expect("two timers pending: not a deadlock");
+    assert_eq!(woke, at(2000));
+}
+
+#[test]
+fn tasks_woken_with_the_finishing_main_future_still_run() {
+    // The main future and a task wake at the same instant; main finishes first. The
+    // task's wake, in the same batch, must be kept for the next run.
+    let rt = VirtualRuntime::new();
+    let main_sleep = rt.sleep(Duration::from_secs(1)); // created first: fires first
+    let done = Rc::new(Cell::new(false));
+    let (r, d) = (rt.clone(), Rc::clone(&done));
+    rt.spawn(async move {
+        r.sleep(Duration::from_secs(1)).await;
+        d.set(true);
+    })
+    .detach();
+    rt.block_on(main_sleep).unwrap();
+    rt.run().expect("the task's wake was kept");
+    assert!(done.get());
+}
