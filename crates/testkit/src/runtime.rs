@@ -830,7 +830,8 @@ impl VirtualRuntime {
             .flatten()
     }
 
-    /// How many spawned tasks have not finished (nor been aborted).
+    /// How many spawned tasks have not finished (nor been aborted). Tasks live on
+    /// the thread that spawned them: asked from another thread, this is 0.
     ///
     /// ```
     /// use std::time::Duration;
@@ -849,7 +850,8 @@ impl VirtualRuntime {
 
     /// Drops every spawned task that has not finished, running their `Drop`s now,
     /// and returns how many there were. Awaiting the [`JoinHandle`] of such a task
-    /// panics.
+    /// panics. Only the calling thread's tasks (those it spawned): from another
+    /// thread this drops nothing and returns 0.
     ///
     /// Tasks that never finish keep a clone of whatever they captured (often this
     /// runtime) alive until the thread ends; this frees them sooner, for example
