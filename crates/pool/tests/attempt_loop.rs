@@ -820,11 +820,7 @@ fn a_retry_due_exactly_at_the_end_of_the_budget_is_not_slept_for() {
     w.transport
         .push(Reply::status(503).header("retry-after-ms", "1000"));
     let client = w.client();
-    let policy = bounded(3, ms(100))
-        .with_attempt_timeout(ms(500))
-        .unwrap()
-        .with_budget(Some(secs(1)))
-        .unwrap();
+    let policy = bounded_within(3, ms(100), ms(500), secs(1));
     let err =
         w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
             .unwrap()

@@ -527,13 +527,22 @@ fn counting_tokens(
     rt: &VirtualRuntime,
     fetches: &Arc<AtomicU32>,
 ) -> impl vantage_api_pool::TokenSource + use<> {
+    counting_tokens_after(rt, fetches, ms(50))
+}
+
+/// [`counting_tokens`], each fetch taking `delay`.
+fn counting_tokens_after(
+    rt: &VirtualRuntime,
+    fetches: &Arc<AtomicU32>,
+    delay: Duration,
+) -> impl vantage_api_pool::TokenSource + use<> {
     let rt = rt.clone();
     let fetches = Arc::clone(fetches);
     token_fn(move || {
         let rt = rt.clone();
         let n = fetches.fetch_add(1, Ordering::SeqCst) + 1;
         async move {
-            rt.sleep(ms(50)).await;
+            rt.sleep(delay).await;
             Ok::<_, AuthError>((
                 AUTHORIZATION,
                 HeaderValue::from_str(&format!("Bearer t{n}")).unwrap(),
@@ -955,21 +964,23 @@ fn a_dropped_fetching_caller_hands_the_fetch_to_a_waiter() {
     assert_eq!(w.sent_at(), [ms(70)]);
 }
 
-/// A token source that answers `Bearer t` after `delay`, counting its fetches.
-fn slow_tokens(
-    rt: &VirtualRuntime,
-    fetches: &Arc<AtomicU32>,
+/// A client that answers 200 to a request, over a token source whose fetches take
+/// `delay`; returns it with the fetch counter.
+fn client_with_slow_tokens(
+    w: &World,
     delay: Duration,
-) -> impl vantage_api_pool::TokenSource + use<> {
-    let (rt, fetches) = (rt.clone(), Arc::clone(fetches));
-    token_fn(move || {
-        let rt = rt.clone();
-        fetches.fetch_add(1, Ordering::SeqCst);
-        async move {
-            rt.sleep(delay).await;
-            Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer t")))
-        }
-    })
+) -> (
+    Client<impl vantage_api_pool::TokenSource + use<>>,
+    Arc<AtomicU32>,
+) {
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(counting_tokens_after(&w.rt, &fetches, delay))
+        .build()
+        .unwrap();
+    (client, fetches)
 }
 
 #[test]
@@ -978,13 +989,7 @@ fn a_token_source_slower_than_the_attempt_timeout_still_delivers() {
     // 1 s attempt timeout (no budget), and a 15 s one within `execute`'s 30 s
     // budget, each deliver with one fetch.
     let w = World::new();
-    w.transport.default_reply(Reply::ok());
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(slow_tokens(&w.rt, &fetches, ms(1500)))
-        .build()
-        .unwrap();
+    let (client, fetches) = client_with_slow_tokens(&w, ms(1500));
     let policy = CallPolicy::essential()
         .with_attempt_timeout(secs(1))
         .unwrap();
@@ -995,13 +1000,7 @@ fn a_token_source_slower_than_the_attempt_timeout_still_delivers() {
     assert_eq!(fetches.load(Ordering::SeqCst), 1);
 
     let w = World::new();
-    w.transport.default_reply(Reply::ok());
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(slow_tokens(&w.rt, &fetches, secs(15)))
-        .build()
-        .unwrap();
+    let (client, fetches) = client_with_slow_tokens(&w, secs(15));
     w.rt.block_on(client.execute(|h| h.get("/x")))
         .unwrap()
         .unwrap();
@@ -1012,13 +1011,7 @@ fn a_token_source_slower_than_the_attempt_timeout_still_delivers() {
 #[test]
 fn a_token_wait_ends_with_the_budget() {
     let w = World::new();
-    w.transport.default_reply(Reply::ok());
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(slow_tokens(&w.rt, &fetches, secs(60)))
-        .build()
-        .unwrap();
+    let (client, _) = client_with_slow_tokens(&w, secs(60));
     let err =
         w.rt.block_on(client.execute(|h| h.get("/x")))
             .unwrap()
@@ -1492,11 +1485,7 @@ fn a_rate_wait_ending_exactly_at_the_end_of_the_budget_is_not_slept_for() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
     let client = w.builder().rate_limit_with_burst(1.0, 1).build().unwrap();
-    let policy = bounded(0, ms(100))
-        .with_attempt_timeout(ms(500))
-        .unwrap()
-        .with_budget(Some(secs(1)))
-        .unwrap();
+    let policy = bounded_within(0, ms(100), ms(500), secs(1));
     w.rt.block_on(client.execute_with(&policy, |h| h.get("/a")))
         .unwrap()
         .unwrap();
@@ -1524,11 +1513,7 @@ fn a_send_cut_with_exactly_half_its_timeout_left_counts_against_the_breaker() {
     w.transport.push(Reply::status(500).after(ms(900)));
     w.transport.default_reply(Reply::stall());
     let client = w.builder().breaker(2, secs(5), secs(60)).build().unwrap();
-    let policy = bounded(1, ms(100))
-        .with_attempt_timeout(secs(2))
-        .unwrap()
-        .with_budget(Some(secs(2)))
-        .unwrap();
+    let policy = bounded_within(1, ms(100), secs(2), secs(2));
     let err =
         w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
             .unwrap()

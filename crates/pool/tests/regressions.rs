@@ -12,11 +12,7 @@ fn a_redial_refused_at_the_gate_keeps_its_attempt_number() {
     w.transport
         .push(Reply::fail(TransportErrorKind::NotSent, "stale").after(secs(1)));
     let client = w.client();
-    let policy = bounded(3, ms(10))
-        .with_attempt_timeout(secs(1))
-        .unwrap()
-        .with_budget(Some(secs(1)))
-        .unwrap();
+    let policy = bounded_within(3, ms(10), secs(1), secs(1));
     let err =
         w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
             .unwrap()
@@ -137,11 +133,7 @@ fn a_budget_that_ends_during_the_permit_wait_sends_nothing() {
     w.transport.push(Reply::stall());
     w.transport.default_reply(Reply::ok());
     let client = w.builder().max_parallel(1).build().unwrap();
-    let policy = bounded(0, ms(10))
-        .with_attempt_timeout(secs(10))
-        .unwrap()
-        .with_budget(Some(secs(10)))
-        .unwrap();
+    let policy = bounded_within(0, ms(10), secs(10), secs(10));
     let first = w.spawn_call(&client, policy.clone(), "/a");
     let second = w.spawn_call(&client, policy, "/b");
     w.rt.run().unwrap();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use vantage_api_pool::http::{Response, StatusCode};
 use vantage_api_pool::{ErrorKind, TransportErrorKind};
 use vantage_api_pool_reqwest::ReqwestTransport;
@@ -240,13 +240,7 @@ struct H2Server {
     addr: std::net::SocketAddr,
     connections: Arc<AtomicUsize>,
     streams: Arc<AtomicUsize>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for H2Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _task: ServerTask,
 }
 
 impl H2Server {
@@ -285,7 +279,7 @@ impl H2Server {
             addr,
             connections,
             streams,
-            task,
+            _task: ServerTask(task),
         }
     }
 

@@ -8,12 +8,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{assert_no_url, ok, policy, policy_with_timeout, read_request, short, trace};
+use common::{
+    ServerTask, assert_no_url, ok, policy, policy_with_timeout, read_request, short, trace,
+};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use vantage_api_pool::{BreakerState, ErrorKind, ResilientClient, Transport, TransportErrorKind};
 use vantage_api_pool_reqwest::ReqwestTransport;
@@ -33,13 +35,7 @@ struct TlsServer {
     heads: Arc<Mutex<Vec<String>>>,
     /// TCP connections accepted, handshakes completed or not.
     connections: Arc<AtomicUsize>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _task: ServerTask,
 }
 
 impl TlsServer {
@@ -95,7 +91,7 @@ impl TlsServer {
             port,
             heads,
             connections,
-            task,
+            _task: ServerTask(task),
         }
     }
 

@@ -119,6 +119,20 @@ pub fn bounded(retries: u32, base: Duration) -> CallPolicy {
     .unwrap()
 }
 
+/// [`bounded`] with this attempt timeout and budget.
+pub fn bounded_within(
+    retries: u32,
+    base: Duration,
+    attempt_timeout: Duration,
+    budget: Duration,
+) -> CallPolicy {
+    bounded(retries, base)
+        .with_attempt_timeout(attempt_timeout)
+        .unwrap()
+        .with_budget(Some(budget))
+        .unwrap()
+}
+
 /// Retry until cancelled with a fixed back-off, jitter off.
 pub fn forever(backoff: Duration) -> CallPolicy {
     CallPolicy::essential()

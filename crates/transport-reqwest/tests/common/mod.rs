@@ -77,17 +77,21 @@ struct Record {
 /// A script: the action for the request numbered `n` (from 0, over all connections).
 pub(crate) type Script = Arc<dyn Fn(usize, &Seen) -> Act + Send + Sync>;
 
+/// A test server's accept task: aborted when dropped, which drops the listener and
+/// every connection task it holds.
+pub(crate) struct ServerTask(pub(crate) JoinHandle<()>);
+
+impl Drop for ServerTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A raw HTTP/1.1 server on 127.0.0.1:0 that follows a script.
 pub(crate) struct FaultServer {
     pub(crate) addr: SocketAddr,
     record: Arc<Record>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for FaultServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _task: ServerTask,
 }
 
 impl FaultServer {
@@ -130,7 +134,11 @@ impl FaultServer {
                 }
             }
         });
-        FaultServer { addr, record, task }
+        FaultServer {
+            addr,
+            record,
+            _task: ServerTask(task),
+        }
     }
 
     /// `http://127.0.0.1:port{path}`.
