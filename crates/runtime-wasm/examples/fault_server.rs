@@ -15,6 +15,7 @@
 //! | `OPTIONS` anything | `204`, the CORS allow headers (methods, the requested headers); not counted |
 //! | `GET /flaky/<id>` | first request `503` with `Retry-After: 1`, later ones `200 ok` |
 //! | `GET /missing/<id>` | `404` with the body `no such order` |
+//! | `GET /stall-body/<id>` | `200` announcing 100 body bytes, sends 10 (`0123456789`), then nothing until the client closes |
 //! | `GET /count?path=<path>` | how many requests (not preflights) `<path>` received |
 //! | `GET /preflights?path=<path>` | how many `OPTIONS` preflights `<path>` received |
 //! | anything else | `200 ok` |
@@ -125,6 +126,12 @@ fn serve(stream: TcpStream, counts: &Shared) -> std::io::Result<()> {
         let reply = answer(&method, &target, &headers, counts);
         writer.write_all(&reply)?;
         writer.flush()?;
+        if target.starts_with("/stall-body/") && method != "OPTIONS" {
+            // The rest of the body never comes: wait for the client to give up.
+            let mut rest = Vec::new();
+            let _ = reader.read_to_end(&mut rest);
+            return Ok(());
+        }
     }
 }
 
@@ -197,6 +204,11 @@ fn answer(
         )
     } else if path.starts_with("/missing/") {
         response("404 Not Found", &[id], "no such order")
+    } else if path.starts_with("/stall-body/") {
+        let mut bytes = response("200 OK", &[id], &"x".repeat(100));
+        bytes.truncate(bytes.len() - 100);
+        bytes.extend_from_slice(b"0123456789");
+        bytes
     } else {
         response("200 OK", &[id], "ok")
     }

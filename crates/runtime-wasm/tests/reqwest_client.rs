@@ -235,3 +235,21 @@ async fn a_body_is_read_by_the_caller_after_success() {
     assert_eq!(body, "ok");
     assert_eq!(counted("count", &path).await, 1);
 }
+
+#[wasm_bindgen_test]
+async fn a_body_cut_by_the_requests_timeout_is_timed_out() {
+    // The head comes at once, then 10 of 100 body bytes, then nothing: the request's
+    // own 500 ms timeout aborts the fetch mid-body, which reqwest reports as a decode
+    // error; the adapter must still call it TimedOut, as on native.
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let url = format!("{}{}", server(), fresh("stall-body"));
+    let response = client
+        .execute(|http| http.get(&url).timeout(Duration::from_millis(500)))
+        .await
+        .expect("the head arrives");
+    assert_eq!(response.status(), StatusCode::OK);
+    let err = response.bytes().await.expect_err("the body stalls");
+    assert_eq!(err.kind(), TransportErrorKind::TimedOut, "{err}");
+    assert!(!err.to_string().contains("127.0.0.1"), "{err}");
+}

@@ -103,7 +103,7 @@ pub fn transport_error(err: reqwest::Error) -> TransportError {
 #[must_use]
 pub fn body_error(err: reqwest::Error) -> TransportError {
     let err = err.without_url();
-    let kind = if err.is_timeout() {
+    let kind = if err.is_timeout() || aborted_by_timeout(&err) {
         TransportErrorKind::TimedOut
     } else {
         TransportErrorKind::Interrupted
@@ -238,6 +238,18 @@ fn io_kinds(err: &reqwest::Error) -> impl Iterator<Item = io::ErrorKind> + '_ {
         })
         .map(io::Error::kind)
     })
+}
+
+/// The reason reqwest on wasm32 gives the fetch it aborts when a request's `timeout`
+/// passes. reqwest recognises it only while waiting for the head; during a body read
+/// it surfaces as a decode error whose text holds it.
+const WASM_TIMEOUT_ABORT: &str = "reqwest::errors::TimedOut";
+
+/// Whether `err` (or a source) is reqwest's wasm32 timeout abort.
+fn aborted_by_timeout(err: &reqwest::Error) -> bool {
+    std::iter::once(err as &(dyn StdError + 'static))
+        .chain(sources(err))
+        .any(|e| e.to_string().contains(WASM_TIMEOUT_ABORT))
 }
 
 /// `err`'s sources, outermost first (not `err` itself).
