@@ -274,6 +274,7 @@ mod tests {
     use std::sync::Mutex;
 
     #[test]
+    #[cfg(not(target_arch = "wasm32"))]
     fn observer_objects_are_shareable_on_native() {
         fn assert_send_sync<T: Send + Sync>(_: &T) {}
         let obs: Arc<dyn TransportObserver> = Arc::new(NullObserver);

@@ -17,6 +17,21 @@ mod demo {
     use vantage_api_pool_wasm::WasmRuntime;
     use wasm_bindgen::prelude::{JsError, wasm_bindgen};
 
+    type Client = ResilientClient<ReqwestTransport, WasmRuntime>;
+
+    thread_local! {
+        // One client per API, kept for the page's (or worker's) life, so the
+        // breaker and the rate limit see every call. Its settings are constants, so
+        // building it cannot fail.
+        static ORDERS_API: Client = ResilientClient::builder(
+            ReqwestTransport::new(reqwest::Client::new()),
+            WasmRuntime::new(),
+        )
+        .max_parallel(4)
+        .build()
+        .expect("valid settings");
+    }
+
     /// Fetches `{base}/orders/count` with retries, and returns its body.
     #[allow(
         unreachable_pub,
@@ -24,28 +39,15 @@ mod demo {
     )]
     #[wasm_bindgen]
     pub async fn order_count(base: String) -> Result<String, JsError> {
-        // One client per API; keep it (e.g. in a thread_local) rather than building
-        // one per call, so the breaker and the rate limit see every call.
-        let client = ResilientClient::builder(
-            ReqwestTransport::new(reqwest::Client::new()),
-            WasmRuntime::new(),
-        )
-        .max_parallel(4)
-        .build()?;
-
+        // Clones are cheap and share the client's state.
+        let client = ORDERS_API.with(Client::clone);
         let url = format!("{base}/orders/count");
         // Bounded: 3 retries, a 10 s attempt timeout, a 30 s budget. A JavaScript
         // promise cannot be cancelled, so a call awaited from JavaScript should not
         // use `CallPolicy::essential` (retry until the future is dropped).
         let policy = CallPolicy::bounded(RetryPolicy::default());
         let response = client.execute_with(&policy, |http| http.get(&url)).await?;
-        // On wasm32 the loop hands over the response unread.
-        let body = response
-            .into_inner()
-            .ok_or_else(|| JsError::new("the body was already read"))?
-            .text()
-            .await?;
-        Ok(body)
+        Ok(response.text().await?)
     }
 }
 
