@@ -240,16 +240,23 @@ fn io_kinds(err: &reqwest::Error) -> impl Iterator<Item = io::ErrorKind> + '_ {
     })
 }
 
-/// The reason reqwest on wasm32 gives the fetch it aborts when a request's `timeout`
-/// passes. reqwest recognises it only while waiting for the head; during a body read
-/// it surfaces as a decode error whose text holds it.
-const WASM_TIMEOUT_ABORT: &str = "reqwest::errors::TimedOut";
+/// The text of the abort reason reqwest on wasm32 gives a fetch when a request's
+/// `timeout` passes (the same exact text reqwest itself compares while waiting for
+/// the head). During a body read it surfaces as the source of a decode error.
+#[cfg(target_arch = "wasm32")]
+const WASM_TIMEOUT_ABORT: &str = "JsValue(\"reqwest::errors::TimedOut\")";
 
-/// Whether `err` (or a source) is reqwest's wasm32 timeout abort.
+/// Whether a source of `err` is exactly reqwest's wasm32 timeout abort (never a text
+/// that merely holds it, such as a decode error quoting a body). Native reqwest
+/// reports its timeouts through `is_timeout`.
+#[cfg(target_arch = "wasm32")]
 fn aborted_by_timeout(err: &reqwest::Error) -> bool {
-    std::iter::once(err as &(dyn StdError + 'static))
-        .chain(sources(err))
-        .any(|e| e.to_string().contains(WASM_TIMEOUT_ABORT))
+    sources(err).any(|e| e.to_string() == WASM_TIMEOUT_ABORT)
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn aborted_by_timeout(_: &reqwest::Error) -> bool {
+    false
 }
 
 /// `err`'s sources, outermost first (not `err` itself).
