@@ -71,7 +71,7 @@ fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
         // dropped mid-body by a caller.
         18 => Reply::status(500)
             .body("x".repeat(4096))
-            .body_stalls_after(rng.below(3000) as usize),
+            .body_stalls_after(rng.below(2048) as usize),
         _ => Reply::status(503).after(rng.ms(3000)),
     };
     reply.after(rng.ms(200))
