@@ -19,8 +19,7 @@ use crate::auth::{SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
 use crate::breaker::{Gate, ProbeGuard, Transition};
 use crate::classify::{
-    Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, MAX_REDIALS, Outcome, classify,
-    is_idempotent,
+    Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotent,
 };
 use crate::client::Shared;
 use crate::concurrency::Permit;
@@ -272,13 +271,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     }
 
     /// Takes a rate token, sleeping until one is due (the sleep boxed, as above).
-    async fn take_token(&self, now: Instant) -> Result<Instant, ClientError> {
+    /// Returns the clock, and whether it waited.
+    async fn take_token(&self, now: Instant) -> Result<(Instant, bool), ClientError> {
         match &self.client.bucket {
             Some(bucket) => match bucket.try_take(now) {
-                Ok(()) => Ok(now),
-                Err(wait) => Box::pin(self.wait_for_token(bucket, now, wait)).await,
+                Ok(()) => Ok((now, false)),
+                Err(wait) => Ok((
+                    Box::pin(self.wait_for_token(bucket, now, wait)).await?,
+                    true,
+                )),
             },
-            None => Ok(now),
+            None => Ok((now, false)),
         }
     }
 
@@ -334,7 +337,6 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 Gate::OpenFor(wait) => now = Box::pin(self.gate_sleep(now, wait)).await?,
             }
         };
-        let breaker_at = now;
         let mut admit = pin!(self.client.transport.admit());
         // An admission that waited counts as giving way even when the clock did not
         // move (a virtual or paused clock, a coarse browser clock).
@@ -355,10 +357,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         } else {
             None
         };
-        now = self.take_token(now).await?;
+        let rate_waited;
+        (now, rate_waited) = self.take_token(now).await?;
         // A refresh during a rate wait: the newer token goes out. (Nothing waits
         // here: a send holding a rate token goes now, or sends would bunch up.)
-        if self.client.bucket.is_some()
+        if rate_waited
             && let Some(held) = &token
             && let Some(newer) = self.client.auth_state.current(Some(held.generation))
         {
@@ -368,7 +371,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             probe,
             token,
             now,
-            yielded: configured || admission_waited || now != breaker_at,
+            yielded: configured || admission_waited || rate_waited,
         })
     }
 
@@ -758,12 +761,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 cut_by_budget,
             } => {
                 let outcome = Outcome::Transport(e.kind());
-                // A `NotSent` past the free redials is taken as `Interrupted` (see
-                // `classify`): the request may have reached the server, so the call is
-                // no longer "nothing sent" either.
-                let distrusted =
-                    e.kind() == TransportErrorKind::NotSent && self.redials >= MAX_REDIALS;
-                self.reached |= outcome.may_have_reached() || distrusted;
+                // As the rules judge it: a `NotSent` past the free redials may have
+                // reached the server.
+                self.reached |= outcome.judged(self.redials).may_have_reached();
                 let error = if e.kind() == TransportErrorKind::TimedOut {
                     ClientError::new(ErrorKind::TimedOut, self.attempt).with_source(Arc::new(e))
                 } else {

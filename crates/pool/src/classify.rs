@@ -65,6 +65,28 @@ impl Outcome {
             ),
         }
     }
+
+    /// The outcome the rules go by once the call has used `redials_used` free
+    /// redials: a `NotSent` past them is no longer taken at its word and counts as
+    /// `Interrupted` (for the retry, the breaker, and whether the request may have
+    /// reached the server).
+    ///
+    /// ```
+    /// use vantage_api_pool::TransportErrorKind::{Interrupted, NotSent};
+    /// use vantage_api_pool::classify::Outcome;
+    /// assert_eq!(Outcome::Transport(NotSent).judged(1), Outcome::Transport(NotSent));
+    /// assert_eq!(Outcome::Transport(NotSent).judged(2), Outcome::Transport(Interrupted));
+    /// assert!(Outcome::Transport(NotSent).judged(2).may_have_reached());
+    /// ```
+    #[must_use]
+    pub fn judged(self, redials_used: u32) -> Outcome {
+        match self {
+            Outcome::Transport(TransportErrorKind::NotSent) if redials_used >= MAX_REDIALS => {
+                Outcome::Transport(TransportErrorKind::Interrupted)
+            }
+            other => other,
+        }
+    }
 }
 
 /// What the call knows when it classifies an outcome.
@@ -181,7 +203,7 @@ pub fn classify(outcome: Outcome, facts: &CallFacts) -> Verdict {
     use Action::*;
     use BreakerEffect as B;
     let maybe_processed = if facts.idempotent { Retry } else { Final };
-    match outcome {
+    match outcome.judged(facts.redials_used) {
         Outcome::Status(s) if s.is_success() => verdict(Success, B::Success),
         Outcome::Status(s) if s.is_informational() || s.is_redirection() => {
             verdict(Success, B::Reachable)
@@ -198,15 +220,13 @@ pub fn classify(outcome: Outcome, facts: &CallFacts) -> Verdict {
         // Every other status: 4xx, and codes outside 100..=599 that `http` accepts.
         Outcome::Status(_) => verdict(Final, B::Reachable),
         Outcome::Transport(kind) => match kind {
-            TransportErrorKind::NotSent if facts.redials_used < MAX_REDIALS => {
-                verdict(Redial, B::Untouched)
-            }
+            TransportErrorKind::NotSent => verdict(Redial, B::Untouched),
             TransportErrorKind::TimedOut if facts.cut_by_budget => {
                 verdict(maybe_processed, B::Untouched)
             }
-            TransportErrorKind::NotSent
-            | TransportErrorKind::Interrupted
-            | TransportErrorKind::TimedOut => verdict(maybe_processed, B::Failure),
+            TransportErrorKind::Interrupted | TransportErrorKind::TimedOut => {
+                verdict(maybe_processed, B::Failure)
+            }
             TransportErrorKind::Connect => verdict(Retry, B::Failure),
             TransportErrorKind::Tls => verdict(Final, B::Failure),
             TransportErrorKind::TooLarge | TransportErrorKind::Config => {

@@ -207,7 +207,7 @@ impl HealthObserver {
     pub fn snapshot(&self, api: &str) -> Option<ApiHealth> {
         let apis = self.lock();
         let state = apis.get(api)?;
-        Some(figures(state, state.updated_at.saturating_sub(self.window)))
+        Some(figures(state, self.horizon(state, None)))
     }
 
     /// The figures of `api` with the window ending at `now` (the clock of the
@@ -224,8 +224,7 @@ impl HealthObserver {
     pub fn snapshot_at(&self, api: &str, now: Instant) -> Option<ApiHealth> {
         let apis = self.lock();
         let state = apis.get(api)?;
-        let end = now.max(state.updated_at);
-        Some(figures(state, end.saturating_sub(self.window)))
+        Some(figures(state, self.horizon(state, Some(now))))
     }
 
     /// The figures of every API seen, sorted by name, each with the window ending at
@@ -245,15 +244,18 @@ impl HealthObserver {
         self.collect(Some(now))
     }
 
+    /// Where the window of `state` starts: it ends at `now`, or at the API's latest
+    /// event when `now` is earlier or not given.
+    fn horizon(&self, state: &ApiState, now: Option<Instant>) -> Instant {
+        now.map_or(state.updated_at, |n| n.max(state.updated_at))
+            .saturating_sub(self.window)
+    }
+
     fn collect(&self, now: Option<Instant>) -> Vec<(Arc<str>, ApiHealth)> {
         let apis = self.lock();
         let mut all: Vec<_> = apis
             .iter()
-            .map(|(name, state)| {
-                let end = now.map_or(state.updated_at, |n| n.max(state.updated_at));
-                let horizon = end.saturating_sub(self.window);
-                (Arc::clone(name), figures(state, horizon))
-            })
+            .map(|(name, state)| (Arc::clone(name), figures(state, self.horizon(state, now))))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
