@@ -324,6 +324,19 @@ mod tests {
     }
 
     #[test]
+    fn the_last_waiter_giving_up_reopens_the_lock_free_path() {
+        let l = Limiter::new(1).unwrap();
+        let held = l.acquire().now_or_never().unwrap();
+        let mut waiter = l.acquire();
+        assert!(poll(&mut waiter).is_pending());
+        drop(waiter);
+        drop(held);
+        assert_eq!((l.in_flight(), l.waiting()), (0, 0));
+        // Every permit free and nobody queued: the lock-free take must succeed.
+        assert!(l.try_acquire().is_some());
+    }
+
+    #[test]
     fn caps_and_serves_in_arrival_order() {
         let l = Limiter::new(2).unwrap();
         let p1 = l.acquire().now_or_never().unwrap();

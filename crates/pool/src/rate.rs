@@ -36,6 +36,11 @@ impl RateLimit {
     /// the burst would take longer than [`MAX_REFILL`] (the bucket keeps its time in
     /// 64-bit nanoseconds).
     ///
+    /// The bucket counts whole nanoseconds, so a rate above 10⁹ per second acts as
+    /// 10⁹ per second (one token per nanosecond: in effect no limit), and the burst
+    /// is at most `u32::MAX`. Both are accepted, not refused: a huge rate is the usual
+    /// way to ask for a bucket that never waits.
+    ///
     /// ```
     /// use vantage_api_pool::rate::RateLimit;
     /// let r = RateLimit::per_second(2.5).unwrap();

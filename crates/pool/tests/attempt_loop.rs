@@ -597,6 +597,40 @@ fn a_zero_base_policy_still_waits_one_millisecond_per_retry() {
 }
 
 #[test]
+fn a_server_delay_under_one_millisecond_still_waits_one_millisecond() {
+    // The policy's own back-off is floored where it is computed; a server's delay
+    // under 1 ms (here 250 µs) is floored where the retry is scheduled.
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(429).header("retry-after-ms", "0.25"),
+        Reply::ok(),
+    ]);
+    let client = w.client();
+    let policy = CallPolicy::essential()
+        .with_retry(RetryMode::UntilCancelled {
+            base: ms(100),
+            max: ms(500),
+        })
+        .unwrap()
+        .with_jitter(Jitter::None)
+        .unwrap();
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let after: Vec<Duration> = w
+        .events()
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::RetryScheduled { after, .. } => Some(after),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(after, [ms(1)]);
+    assert_eq!(w.sent_at(), [ms(0), ms(1)]);
+    w.assert_contract();
+}
+
+#[test]
 fn a_draft_that_cannot_be_prepared_is_final_with_nothing_sent() {
     let w = World::new();
     let client = w.client();

@@ -389,6 +389,28 @@ fn a_fail_fast_caller_is_not_held_up_by_a_sleeping_caller() {
 }
 
 #[test]
+fn a_success_ends_the_failure_run() {
+    // Threshold 3: two 503s, a 200, two 503s leave it closed; the third 503 in a row
+    // after the success opens it.
+    let w = World::new();
+    w.transport.push_many(
+        [503, 503, 200, 503, 503, 503]
+            .into_iter()
+            .map(Reply::status),
+    );
+    let client = w.builder().breaker(3, secs(5), secs(60)).build().unwrap();
+    let mut states = Vec::new();
+    for _ in 0..6 {
+        let _ =
+            w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")));
+        states.push(matches!(client.breaker_state(), BreakerState::Closed));
+    }
+    assert_eq!(states, [true, true, true, true, true, false]);
+    assert_eq!(opened(&w.events()), [secs(5)]);
+    w.assert_contract();
+}
+
+#[test]
 fn budget_ending_while_waiting_for_the_probe_is_timed_out() {
     let w = World::new();
     w.transport.push_many((0..5).map(|_| Reply::status(503)));
@@ -1193,6 +1215,55 @@ fn a_probe_grant_that_went_stale_while_waiting_for_a_token_is_given_up() {
     assert_eq!(opened_at, [ms(1), ms(5_700)]);
     assert_eq!(result, Ok(()));
     assert_eq!(sent, [secs(12)]);
+}
+
+#[test]
+fn a_send_that_waited_for_a_token_refresh_meets_the_breaker_that_opened_meanwhile() {
+    // A call passes the closed breaker, then waits for a refresh another call's 401
+    // started; meanwhile a 503 opens the breaker. Asked again after the wait, the
+    // breaker refuses the fail-fast call: nothing goes out inside the cooldown.
+    let w = World::new();
+    w.transport
+        .on_path("/fail", [Reply::status(503).after(ms(100))]);
+    w.transport
+        .on_path("/unauth", [Reply::status(401).after(ms(10))]);
+    w.transport.on_path("/late", [Reply::ok()]);
+    let rt = w.rt.clone();
+    let fetches = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&fetches);
+    let client = w
+        .builder()
+        .breaker(1, secs(5), secs(60))
+        .auth(token_fn(move || {
+            let rt = rt.clone();
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                // The first fetch is at once; the refresh after the 401 takes 1 s.
+                if n > 0 {
+                    rt.sleep(secs(1)).await;
+                }
+                Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer t")))
+            }
+        }))
+        .build()
+        .unwrap();
+    let _fail = w.spawn_call(&client, CallPolicy::background(), "/fail");
+    let _unauth = w.spawn_call(&client, CallPolicy::background(), "/unauth");
+    w.rt.run_until(at(ms(20))).unwrap();
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    let late = w.spawn_call(&client, CallPolicy::background(), "/late");
+    w.rt.run().unwrap();
+    let result = w.rt.block_on(late).unwrap().map_err(|e| e.kind());
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    assert_eq!(result, Err(ErrorKind::BreakerOpen));
+    let late_sent = w
+        .transport
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/late")
+        .count();
+    assert_eq!(late_sent, 0, "sent inside the cooldown");
+    w.assert_contract();
 }
 
 #[test]
