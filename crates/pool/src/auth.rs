@@ -570,4 +570,85 @@ mod tests {
         f3.send(Err("down".into())).unwrap();
         assert_eq!(generation(poll(&mut fetcher)), Some(1));
     }
+
+    /// A caller that waited on a fetch which was abandoned takes it over; the error
+    /// of an earlier, unrelated fetch is not shared with it.
+    #[test]
+    fn a_waiter_on_an_abandoned_fetch_takes_over_instead_of_sharing_an_older_error() {
+        let (state, source) = (AuthState::new(), Controlled::default());
+        source.next_fetch().send(token("Bearer t1")).unwrap();
+        futures::executor::block_on(state.token(&source, None)).unwrap();
+        // Refresh F2 for t1 fails.
+        source.next_fetch().send(Err("down".into())).unwrap();
+        let failed = futures::executor::block_on(state.token(&source, Some(1)));
+        assert!(failed.is_err());
+        // Y's 401 for t1 starts F3; R's 401 for t1 waits on it; Y is dropped.
+        let _f3 = source.next_fetch();
+        let mut y = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut y)), None);
+        let mut r = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut r)), None);
+        let f4 = source.next_fetch();
+        drop(y);
+        // R takes over with F4, rather than failing with F2's old error.
+        assert_eq!(generation(poll(&mut r)), None, "R shared a stale error");
+        f4.send(token("Bearer t2")).unwrap();
+        assert_eq!(generation(poll(&mut r)), Some(2));
+        assert_eq!(state.fetches(), 4);
+    }
+
+    /// A replay that waited on a refresh which failed shares that failure, even if
+    /// another refresh started before it was polled again.
+    #[test]
+    fn a_replay_shares_the_failure_of_the_refresh_it_waited_for() {
+        let (state, source) = (AuthState::new(), Controlled::default());
+        source.next_fetch().send(token("Bearer t1")).unwrap();
+        futures::executor::block_on(state.token(&source, None)).unwrap();
+        let f2 = source.next_fetch();
+        let mut x = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut x)), None);
+        let mut r = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut r)), None);
+        f2.send(Err("down".into())).unwrap();
+        assert_eq!(generation(poll(&mut x)), Some(0));
+        let _f3 = source.next_fetch();
+        let mut d = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut d)), None);
+        assert_eq!(
+            generation(poll(&mut r)),
+            Some(0),
+            "R must share F2's failure"
+        );
+    }
+
+    /// A late 401 for an older generation does not lower the rejection floor: the
+    /// token whose refresh is running is still not handed out.
+    #[test]
+    fn a_late_401_for_an_older_token_does_not_unreject_the_current_one() {
+        let (state, source) = (AuthState::new(), Controlled::default());
+        source.next_fetch().send(token("Bearer t1")).unwrap();
+        futures::executor::block_on(state.token(&source, None)).unwrap();
+        source.next_fetch().send(token("Bearer t2")).unwrap();
+        let t2 = futures::executor::block_on(state.token(&source, Some(1))).unwrap();
+        assert_eq!(t2.generation, 2);
+        // Y's 401 for t2 starts F3.
+        let f3 = source.next_fetch();
+        let mut y = Box::pin(state.token(&source, Some(2)));
+        assert_eq!(generation(poll(&mut y)), None);
+        // Z's 401 arrives late for t1: it waits too.
+        let mut z = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut z)), None);
+        // A new call must not get the rejected t2 while F3 runs.
+        let mut n = Box::pin(state.token(&source, None));
+        assert_eq!(
+            generation(poll(&mut n)),
+            None,
+            "t2 handed out during its refresh"
+        );
+        assert!(state.current(None).is_none());
+        f3.send(token("Bearer t3")).unwrap();
+        assert_eq!(generation(poll(&mut y)), Some(3));
+        assert_eq!(generation(poll(&mut z)), Some(3));
+        assert_eq!(generation(poll(&mut n)), Some(3));
+    }
 }

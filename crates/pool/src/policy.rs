@@ -20,7 +20,8 @@ pub const DEFAULT_BOUNDED_BUDGET: Duration = Duration::from_secs(30);
 pub enum Jitter {
     /// No randomness: every delay is exactly the policy's back-off or the server's delay.
     None,
-    /// Adds up to `f` × the delay, never subtracts. `Proportional(0.25)` is the default.
+    /// Adds up to `f` × the delay, never subtracts: `f` is from 0.0 to 1.0, so a wait
+    /// at most doubles. `Proportional(0.25)` is the default.
     Proportional(f64),
     /// Draws the policy's back-off uniformly in `[1 ms, back-off]`; on a server's
     /// delay `d` it waits `d` plus up to `0.25 × d`.
@@ -34,12 +35,13 @@ impl Default for Jitter {
 }
 
 impl Jitter {
-    /// Checks that a `Proportional` factor is finite and not negative.
+    /// Checks that a `Proportional` factor is from 0.0 to 1.0 (a larger one could
+    /// stretch a wait without bound: at `f64::MAX`, to a retry that never comes).
     pub(crate) fn validate(self) -> Result<Self, ConfigError> {
         match self {
-            Jitter::Proportional(f) if !f.is_finite() || f < 0.0 => Err(ConfigError::new(
+            Jitter::Proportional(f) if !(0.0..=1.0).contains(&f) => Err(ConfigError::new(
                 "jitter",
-                "the proportional factor must be finite and not negative",
+                "the proportional factor must be from 0.0 to 1.0",
             )),
             other => Ok(other),
         }
@@ -370,6 +372,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_ceiling_is_the_schedules_max() {
+        let forever = RetryMode::UntilCancelled {
+            base: Duration::from_millis(250),
+            max: Duration::from_secs(10),
+        };
+        assert_eq!(forever.ceiling(), Some(Duration::from_secs(10)));
+        let bounded = RetryMode::Bounded(RetryPolicy {
+            max_retries: 3,
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(7),
+        });
+        assert_eq!(bounded.ceiling(), Some(Duration::from_secs(7)));
+        assert_eq!(RetryMode::None.ceiling(), None);
+    }
+
+    #[test]
     fn presets_match_the_design() {
         let b = CallPolicy::bounded(RetryPolicy::default());
         assert_eq!(b.retry(), &RetryMode::Bounded(RetryPolicy::default()));
@@ -432,6 +450,17 @@ mod tests {
             name(b.clone().with_jitter(Jitter::Proportional(f64::INFINITY))),
             "jitter"
         );
+        for too_large in [1.000_001, 2.0, 1e6, f64::MAX] {
+            assert_eq!(
+                name(b.clone().with_jitter(Jitter::Proportional(too_large))),
+                "jitter",
+                "{too_large}"
+            );
+        }
+        for edge in [0.0, 1.0] {
+            let p = b.clone().with_jitter(Jitter::Proportional(edge)).unwrap();
+            assert_eq!(p.jitter(), Jitter::Proportional(edge));
+        }
         assert_eq!(
             name(b.clone().with_retry(RetryMode::UntilCancelled {
                 base: Duration::from_secs(2),

@@ -599,35 +599,59 @@ fn a_zero_base_policy_still_waits_one_millisecond_per_retry() {
 #[test]
 fn a_server_delay_under_one_millisecond_still_waits_one_millisecond() {
     // The policy's own back-off is floored where it is computed; a server's delay
-    // under 1 ms (here 250 µs) is floored where the retry is scheduled.
+    // under 1 ms is honoured, floored where the retry is scheduled.
+    for (status, value) in [(429, "0.25"), (503, "0.5"), (503, "0.000001")] {
+        let w = World::new();
+        w.transport.push_many([
+            Reply::status(status).header("retry-after-ms", value),
+            Reply::ok(),
+        ]);
+        let client = w.client();
+        let policy = bounded(1, secs(2)).idempotent(true);
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(scheduled(&w.events()), [ms(1)], "{value}");
+        assert_eq!(w.sent_at(), [ms(0), ms(1)], "{value}");
+        w.assert_contract();
+    }
+    // A zero ceiling clamps a server's 5 s to nothing: still 1 ms, never a spin.
     let w = World::new();
     w.transport.push_many([
-        Reply::status(429).header("retry-after-ms", "0.25"),
+        Reply::status(429).header("retry-after", "5"),
+        Reply::status(429).header("retry-after", "5"),
         Reply::ok(),
     ]);
     let client = w.client();
-    let policy = CallPolicy::essential()
-        .with_retry(RetryMode::UntilCancelled {
-            base: ms(100),
-            max: ms(500),
-        })
-        .unwrap()
-        .with_jitter(Jitter::None)
-        .unwrap();
+    let policy = CallPolicy::bounded(RetryPolicy {
+        max_retries: 2,
+        base: Duration::ZERO,
+        max: Duration::ZERO,
+    })
+    .with_jitter(Jitter::None)
+    .unwrap();
     w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
         .unwrap()
         .unwrap();
-    let after: Vec<Duration> = w
-        .events()
-        .iter()
-        .filter_map(|e| match e.kind {
-            EventKind::RetryScheduled { after, .. } => Some(after),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(after, [ms(1)]);
-    assert_eq!(w.sent_at(), [ms(0), ms(1)]);
-    w.assert_contract();
+    assert_eq!(scheduled(&w.events()), [ms(1), ms(1)]);
+    assert_eq!(w.sent_at(), [ms(0), ms(1), ms(2)]);
+}
+
+#[test]
+fn a_server_delay_shorter_than_the_backoff_replaces_it() {
+    // The wait is the server's delay or the policy's back-off, not the longer one.
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(503).header("retry-after-ms", "300"),
+        Reply::ok(),
+    ]);
+    let client = w.client();
+    let policy = bounded(1, secs(4)).idempotent(true);
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(scheduled(&w.events()), [ms(300)]);
+    assert_eq!(w.sent_at(), [ms(0), ms(300)]);
 }
 
 #[test]

@@ -638,6 +638,29 @@ fn a_401_refreshes_and_replays_without_spending_retry_budget() {
 }
 
 #[test]
+fn a_401_replay_leaves_the_retry_budget_and_the_back_off_where_they_were() {
+    // 401 (replayed with a fresh token), then two 503s: both retries are still there,
+    // and their back-offs are the first and second of the schedule.
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(401),
+        Reply::status(503),
+        Reply::status(503),
+        Reply::ok(),
+    ]);
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b);
+    let policy = bounded(2, ms(100)).idempotent(true);
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        .unwrap()
+        .expect("two retries remain after the replay");
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    assert_eq!(scheduled(&w.events()), [ms(100), ms(200)]);
+    // Fetches take 50 ms: the first send at 50 ms, the replay after the refresh.
+    assert_eq!(w.sent_at(), [ms(50), ms(100), ms(200), ms(400)]);
+    w.assert_contract();
+}
+
+#[test]
 fn a_second_401_is_final() {
     let w = World::new();
     require_token(&w, "never");
