@@ -502,6 +502,16 @@ mod tests {
         let mut body = vec![b'a'; MAX_ERROR_BODY - 2];
         body.extend_from_slice(&"😀".as_bytes()[..3]);
         assert_eq!(truncate_body(Bytes::from(body)).len(), MAX_ERROR_BODY - 2);
+        // A character finished past the cut, then binary: the character is text, so
+        // it is dropped whole; what follows it does not matter.
+        let mut body = vec![b'a'; MAX_ERROR_BODY - 1];
+        body.extend_from_slice(&[0xC3, 0xA9, 0xFF, 0xFF, 0xFF]);
+        assert_eq!(truncate_body(Bytes::from(body)).len(), MAX_ERROR_BODY - 1);
+        // A four-byte character with three of its bytes before the cut.
+        let mut text = "a".repeat(MAX_ERROR_BODY - 3);
+        text.push('😀');
+        text.push('z');
+        assert_eq!(truncate_body(Bytes::from(text)).len(), MAX_ERROR_BODY - 3);
     }
 
     #[test]

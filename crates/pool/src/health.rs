@@ -601,6 +601,57 @@ mod tests {
     }
 
     #[test]
+    fn among_events_at_the_same_instant_the_one_heard_last_counts() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        let failed = |code: u16| EventKind::Failed {
+            send: 1,
+            attempt: 1,
+            error: ClientError::new(ErrorKind::Status(StatusCode::from_u16(code).unwrap()), 1),
+            ms: 5,
+            sent: true,
+        };
+        // Closed then opened at the same instant (common on a virtual clock): open.
+        h.on_event("a", &ev(100, EventKind::BreakerClosed));
+        h.on_event(
+            "a",
+            &ev(
+                100,
+                EventKind::BreakerOpened {
+                    cooldown: Duration::from_secs(5),
+                },
+            ),
+        );
+        assert!(matches!(
+            h.snapshot("a").unwrap().breaker,
+            BreakerView::Open { .. }
+        ));
+        // Two errors at the same instant: the later one is the last error.
+        h.on_event("a", &ev(200, failed(502)));
+        h.on_event("a", &ev(200, failed(504)));
+        let last = h.snapshot("a").unwrap().last_error.unwrap();
+        assert_eq!(last.error.status(), Some(StatusCode::GATEWAY_TIMEOUT));
+        // A failed answer's status is the last status, after a success.
+        h.on_event(
+            "a",
+            &ev(
+                300,
+                EventKind::Succeeded {
+                    send: 1,
+                    attempt: 1,
+                    status: StatusCode::OK,
+                    ms: 1,
+                    bytes: None,
+                },
+            ),
+        );
+        h.on_event("a", &ev(400, failed(503)));
+        assert_eq!(
+            h.snapshot("a").unwrap().last_status,
+            Some(StatusCode::SERVICE_UNAVAILABLE)
+        );
+    }
+
+    #[test]
     fn synthetic_failures_are_refusals_not_sends() {
         let h = HealthObserver::new(Duration::from_secs(10));
         let err = ClientError::new(ErrorKind::BreakerOpen, 0);

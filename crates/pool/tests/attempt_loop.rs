@@ -6,12 +6,16 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
+use http::header::HeaderName;
+use vantage_api_pool::health::HealthObserver;
 use vantage_api_pool::{
-    CallPolicy, ErrorKind, EventKind, Jitter, RetryMode, RetryPolicy, TransportErrorKind,
+    CallPolicy, ErrorKind, EventKind, Fanout, Jitter, ResilientClient, RetryMode, RetryPolicy,
+    TransportErrorKind, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::Reply;
 
@@ -699,6 +703,145 @@ fn ms_runs_from_send_to_response_head_only() {
         _ => None,
     });
     assert_eq!(succeeded, Some((300, Some(12), StatusCode::OK)));
+}
+
+#[test]
+fn a_slow_started_callback_is_not_counted_into_ms() {
+    /// Moves the virtual clock while a `Started` callback runs.
+    struct SlowOnStarted(vantage_api_pool_testkit::VirtualRuntime);
+    impl TransportObserver for SlowOnStarted {
+        fn on_event(&self, _: &str, e: &TransportEvent) {
+            if matches!(e.kind, EventKind::Started { .. }) {
+                self.0.advance(ms(100));
+            }
+        }
+    }
+    let w = World::new();
+    w.transport.default_reply(Reply::ok().after(ms(40)));
+    let both = Fanout::new([
+        Arc::new(SlowOnStarted(w.rt.clone())) as Arc<dyn TransportObserver>,
+        Arc::new(w.observer.clone()),
+    ]);
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", Arc::new(both))
+        .build()
+        .unwrap();
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let succeeded = w.events().into_iter().find_map(|e| match e.kind {
+        EventKind::Succeeded { ms, .. } => Some((ms, e.at.since_origin())),
+        _ => None,
+    });
+    assert_eq!(succeeded, Some((40, ms(140))));
+}
+
+#[test]
+fn a_3xx_the_transport_did_not_follow_goes_to_the_caller() {
+    let w = World::new();
+    w.transport
+        .default_reply(Reply::status(304).header("location", "/y"));
+    let client = w.client();
+    let resp =
+        w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.get("/x")))
+            .unwrap()
+            .expect("a 304 is the caller's to handle");
+    assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(w.transport.request_count(), 1);
+    assert_eq!(w.kinds(), ["started", "succeeded"]);
+}
+
+#[test]
+fn the_request_id_comes_from_the_configured_header() {
+    let w = World::new();
+    w.transport.default_reply(
+        Reply::status(404)
+            .header("cf-ray", "ray-1")
+            .header("x-request-id", "wrong"),
+    );
+    let client = w
+        .builder()
+        .request_id_header(HeaderName::from_static("cf-ray"))
+        .build()
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.request_id(), Some("ray-1"));
+}
+
+#[test]
+fn an_error_body_read_a_byte_at_a_time_is_cut_on_a_character_boundary() {
+    // The character split by the 2,048-byte cut is seen whole only if the read
+    // goes past the cut; then it is dropped whole.
+    let mut text = "a".repeat(2047);
+    text.push('é');
+    text.push_str("tail");
+    let w = World::new();
+    w.transport
+        .default_reply(Reply::status(404).body(text).chunk_size(1));
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    let body = err.body().unwrap();
+    assert_eq!(body.len(), 2047);
+    assert!(std::str::from_utf8(body).is_ok());
+}
+
+#[test]
+fn a_transport_timeout_keeps_its_message_as_the_source() {
+    let w = World::new();
+    w.transport
+        .default_reply(Reply::fail(TransportErrorKind::TimedOut, "read timed out"));
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    let source = std::error::Error::source(&err).expect("the transport's error");
+    assert!(source.to_string().contains("read timed out"), "{source}");
+}
+
+#[test]
+fn a_call_that_got_a_503_never_reports_nothing_sent() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(503),
+        Reply::fail(TransportErrorKind::Connect, "refused"),
+    ]);
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::Connect)
+    );
+    assert_eq!(err.attempts(), 2);
+    assert!(!err.nothing_sent(), "the first attempt got a 503");
+}
+
+#[test]
+fn a_cancelled_send_leaves_nothing_in_flight_in_the_health_figures() {
+    let w = World::new();
+    w.transport.default_reply(Reply::stall());
+    let health = Arc::new(HealthObserver::new(secs(60)));
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", health.clone())
+        .build()
+        .unwrap();
+    let call = w.spawn_call(&client, CallPolicy::background(), "/x");
+    w.rt.run_until_idle().unwrap();
+    assert_eq!(health.snapshot("api").unwrap().in_flight, 1);
+    call.abort();
+    w.rt.run_until_idle().unwrap();
+    let api = health.snapshot("api").unwrap();
+    assert_eq!((api.in_flight, api.cancelled), (0, 1));
 }
 
 #[test]

@@ -313,6 +313,8 @@ fn a_refusal_after_failed_sends_keeps_the_last_failure_as_its_source() {
         last_failure(&err).status(),
         Some(StatusCode::SERVICE_UNAVAILABLE)
     );
+    assert!(!err.nothing_sent(), "the first send got a 503");
+
     // The event reports the same error, source included.
     let failed: Vec<_> = w
         .events()
@@ -336,6 +338,37 @@ fn a_refusal_after_failed_sends_keeps_the_last_failure_as_its_source() {
             .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::BreakerOpen);
     assert!(std::error::Error::source(&err).is_none());
+}
+
+#[test]
+fn a_retry_whose_request_closure_uses_up_the_budget_keeps_the_503_as_its_source() {
+    // The second pass's closure takes 3 s of a 2 s budget: no time left to send, so
+    // TimedOut with nothing more sent, and the 503 (body included) under it.
+    let w = World::new();
+    w.transport.push(Reply::status(503).body("busy"));
+    w.transport.default_reply(Reply::ok());
+    let client = w.client();
+    let policy = bounded_within(1, ms(10), secs(1), secs(2));
+    let rt = w.rt.clone();
+    let mut builds = 0;
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| {
+            builds += 1;
+            if builds == 2 {
+                rt.advance(secs(3));
+            }
+            h.get("/x")
+        }))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.attempts(), 1);
+    assert!(!err.nothing_sent());
+    assert_eq!(w.transport.request_count(), 1);
+    let last = last_failure(&err);
+    assert_eq!(last.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(last.body_text().as_deref(), Some("busy"));
+    w.assert_contract();
 }
 
 #[test]
@@ -657,6 +690,52 @@ fn a_401_replay_leaves_the_retry_budget_and_the_back_off_where_they_were() {
     assert_eq!(scheduled(&w.events()), [ms(100), ms(200)]);
     // Fetches take 50 ms: the first send at 50 ms, the replay after the refresh.
     assert_eq!(w.sent_at(), [ms(50), ms(100), ms(200), ms(400)]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_refresh_that_fails_after_a_401_is_the_last_failed_event() {
+    // The replay's refresh fails: the call ends with Auth, reported as a synthetic
+    // unsent pair after the 401's Failed, so the last Failed carries the returned
+    // error; the 401 proved the request arrived.
+    let w = World::new();
+    w.transport.default_reply(Reply::status(401));
+    let fetches = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&fetches);
+    let client = w
+        .builder()
+        .auth(token_fn(move || {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    Ok((AUTHORIZATION, HeaderValue::from_static("Bearer t1")))
+                } else {
+                    Err(AuthError::from("identity provider down"))
+                }
+            }
+        }))
+        .build()
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Auth);
+    assert!(!err.nothing_sent());
+    assert_eq!(w.kinds(), ["started", "failed", "started", "failed"]);
+    match &w.events().last().unwrap().kind {
+        EventKind::Failed {
+            error,
+            sent,
+            ms,
+            send,
+            attempt,
+        } => {
+            assert_eq!((error.kind(), *sent, *ms), (ErrorKind::Auth, false, 0));
+            assert_eq!((*send, *attempt), (2, 2));
+        }
+        other => panic!("{other:?}"),
+    }
     w.assert_contract();
 }
 

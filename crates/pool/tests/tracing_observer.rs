@@ -170,3 +170,45 @@ fn every_kind_of_event_has_its_level_and_fields() {
     assert_eq!(field(13, "n").as_deref(), Some("7"));
     assert_eq!(field(13, "call"), None, "a report belongs to no call");
 }
+
+#[test]
+fn the_numbers_are_the_events_own_with_times_in_milliseconds() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::fail(
+            vantage_api_pool::TransportErrorKind::NotSent,
+            "stale connection",
+        ),
+        Reply::status(503).after(ms(30)),
+        Reply::ok().after(ms(40)),
+    ]);
+    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("orders-api", Arc::new(TracingObserver))
+        .build()
+        .unwrap();
+    let capture = Capture::default();
+    tracing::subscriber::with_default(capture.clone(), || {
+        w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+    });
+    let lines = capture.0.lock().unwrap().clone();
+    let nth = |event: &str, n: usize| {
+        lines
+            .iter()
+            .filter(|(_, f)| f["event"] == format!("{event:?}"))
+            .nth(n)
+            .unwrap_or_else(|| panic!("no {event} #{n} in {lines:?}"))
+            .1
+            .clone()
+    };
+    // The 503 after the redial: send 2 of attempt 1, 30 ms.
+    let failed = nth("failed", 1);
+    let numbers = ["send", "attempt", "ms"].map(|k| failed[k].clone());
+    assert_eq!(numbers, ["2", "1", "30"]);
+    assert_eq!(nth("retry_scheduled", 0)["after_ms"], "10.0");
+    // Sent at 40 ms (30 ms + 10 ms back-off), answered 40 ms later.
+    let succeeded = nth("succeeded", 0);
+    assert_eq!(succeeded["ms"], "40");
+    assert_eq!(succeeded["at_ms"], "80.0");
+}
