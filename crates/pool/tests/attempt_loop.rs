@@ -706,6 +706,8 @@ fn ms_runs_from_send_to_response_head_only() {
 }
 
 #[test]
+// On wasm32 observers need not be Send + Sync, and the client still takes an Arc.
+#[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 fn a_slow_started_callback_is_not_counted_into_ms() {
     /// Moves the virtual clock while a `Started` callback runs.
     struct SlowOnStarted(vantage_api_pool_testkit::VirtualRuntime);
