@@ -439,8 +439,43 @@ impl Drop for WaitForFetch<'_> {
 
 /// A token source's error shared by every caller that waited on the same fetch; the
 /// source of an [`ErrorKind::Auth`](crate::ErrorKind::Auth) client error.
+///
+/// It shows the token source's message; its `source()` is that error's own source,
+/// so a chain printer does not show the message twice. To reach the token source's
+/// error itself (say, to tell revoked credentials from an identity provider that is
+/// down), downcast [`as_error`](SharedAuthError::as_error):
+///
+/// ```
+/// use std::error::Error;
+/// use vantage_api_pool::auth::SharedAuthError;
+/// use vantage_api_pool::ClientError;
+///
+/// #[derive(Debug)]
+/// struct Revoked;
+/// impl std::fmt::Display for Revoked {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("credentials revoked")
+///     }
+/// }
+/// impl Error for Revoked {}
+///
+/// fn revoked(error: &ClientError) -> bool {
+///     error
+///         .source()
+///         .and_then(|s| s.downcast_ref::<SharedAuthError>())
+///         .is_some_and(|shared| shared.as_error().is::<Revoked>())
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct SharedAuthError(pub(crate) Arc<AuthError>);
+
+impl SharedAuthError {
+    /// The error the token source gave (downcast it to the token source's own type).
+    #[must_use]
+    pub fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self.0.as_error()
+    }
+}
 
 impl std::fmt::Display for SharedAuthError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

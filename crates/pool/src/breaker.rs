@@ -218,7 +218,11 @@ impl CircuitBreaker {
     }
 
     /// May a send go at `now`? Grants the probe slot to exactly one caller once the
-    /// cooldown has elapsed.
+    /// cooldown has elapsed. A grant (`Allow { probe: Some(epoch) }`) holds the slot
+    /// until [`record`](Self::record) with that epoch or
+    /// [`release_probe`](Self::release_probe): wrap it in a [`ProbeGuard`] at once, so
+    /// a send that is dropped or fails to start frees it.
+    #[must_use]
     pub fn check(&self, now: Instant) -> Gate {
         if self.quiet.load(Ordering::Acquire) {
             return Gate::Allow { probe: None };
@@ -244,6 +248,7 @@ impl CircuitBreaker {
 
     /// Whether `epoch` still holds the probe slot. A grant goes stale when the breaker
     /// closes (or closes and opens again) while its holder waits at the gate.
+    #[must_use]
     pub fn holds_probe(&self, epoch: u64) -> bool {
         self.lock().probe == Some(epoch)
     }
@@ -321,6 +326,7 @@ impl CircuitBreaker {
     }
 
     /// The state at `now`, for consumers that poll.
+    #[must_use]
     pub fn state(&self, now: Instant) -> BreakerState {
         let s = self.lock();
         match s.mode {
@@ -331,11 +337,13 @@ impl CircuitBreaker {
     }
 
     /// The current run of consecutive failures.
+    #[must_use]
     pub fn consecutive_failures(&self) -> u32 {
         self.lock().consecutive_failures
     }
 
     /// Whether a probe slot is currently granted.
+    #[must_use]
     pub fn probe_in_flight(&self) -> bool {
         self.lock().probe.is_some()
     }

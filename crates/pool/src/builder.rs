@@ -94,7 +94,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
         self
     }
 
-    /// Reports every event to `observer`, keyed by `api` (the API's name).
+    /// Reports every event to `observer`, keyed by `api` (the API's name). A client
+    /// has one observer: a second call replaces the first (to report to several,
+    /// pass a [`Fanout`](crate::Fanout)).
     pub fn observer(
         mut self,
         api: impl Into<Arc<str>>,
@@ -190,6 +192,15 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     }
 
     /// Checks the settings and builds the client.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first setting it refuses: `default_retry.max`
+    /// below `default_retry.base`; `max_parallel` of 0 or above
+    /// [`MAX_PERMITS`](crate::concurrency::MAX_PERMITS); a `rate_limit` that is not a
+    /// finite number above zero or too slow to refill its burst (`rate_limit.burst`
+    /// for a burst of 0); a breaker threshold of 0 (`breaker.threshold`), a zero
+    /// cooldown or one above its max (`breaker.cooldown`).
     pub fn build(self) -> Result<ResilientClient<T, R, A>, ConfigError> {
         if self.default_retry.max < self.default_retry.base {
             return Err(ConfigError::new(

@@ -90,6 +90,16 @@ impl Outcome {
 }
 
 /// What the call knows when it classifies an outcome.
+///
+/// Built from [`CallFacts::default()`] (all false, no redials) and then set field by
+/// field, so a fact added later is not a breaking change:
+///
+/// ```
+/// use vantage_api_pool::CallFacts;
+/// let mut facts = CallFacts::default();
+/// facts.idempotent = true;
+/// ```
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CallFacts {
     /// The request may be repeated safely (see [`is_idempotent`]).
@@ -141,6 +151,7 @@ pub enum BreakerEffect {
 }
 
 /// An [`Action`] and a [`BreakerEffect`].
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Verdict {
     /// What the loop does next.

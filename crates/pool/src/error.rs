@@ -71,7 +71,10 @@ pub enum ErrorKind {
     /// The circuit breaker was open and the policy fails fast; nothing was sent this
     /// time. On a retry, `source()` is the failed send's [`ClientError`].
     BreakerOpen,
-    /// The auth token source failed. Not retried by the client.
+    /// The auth token source failed. Not retried by the client. `source()` is a
+    /// [`SharedAuthError`](crate::auth::SharedAuthError), whose
+    /// [`as_error`](crate::auth::SharedAuthError::as_error) is the token source's own
+    /// error.
     Auth,
     /// The client was shut down. Reserved: nothing produces it yet.
     Closed,

@@ -34,6 +34,7 @@
 //! | [`observer`] | [`TransportObserver`], [`TransportEvent`], [`EventKind`] |
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod attempt;
 pub mod auth;
@@ -53,6 +54,7 @@ pub mod server_delay;
 mod sync;
 pub mod time;
 #[cfg(feature = "tracing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
 pub mod tracing_observer;
 pub mod transport;
 

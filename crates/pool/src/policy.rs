@@ -281,13 +281,26 @@ impl CallPolicy {
         self
     }
 
-    /// Replaces the jitter. Fails on a negative or non-finite proportional factor.
+    /// Replaces the jitter.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `jitter` for a `Proportional` factor outside 0.0 to
+    /// 1.0 (negative, above 1, NaN or infinite).
     pub fn with_jitter(mut self, jitter: Jitter) -> Result<Self, ConfigError> {
         self.jitter = jitter.validate()?;
         Ok(self)
     }
 
-    /// Sets the per-attempt time limit. Fails if it is zero or longer than the budget.
+    /// Sets the per-attempt time limit, checked against the budget already set: to
+    /// change both so that the new pair fits but a half-changed one would not (60 s
+    /// attempts in a 120 s budget, from the 10 s / 30 s of `bounded`), use
+    /// [`with_time_limits`](Self::with_time_limits).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `attempt_timeout` if it is zero or longer than the
+    /// budget.
     pub fn with_attempt_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
         if timeout.is_zero() {
             return Err(ConfigError::new(
@@ -305,8 +318,14 @@ impl CallPolicy {
         Ok(self)
     }
 
-    /// Sets the whole call's time budget (`None`: no budget). Fails if it is zero or
-    /// shorter than the attempt timeout.
+    /// Sets the whole call's time budget (`None`: no budget), checked against the
+    /// attempt timeout already set (see [`with_time_limits`](Self::with_time_limits)
+    /// to set both at once).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `budget` if it is zero or shorter than the attempt
+    /// timeout.
     pub fn with_budget(mut self, budget: Option<Duration>) -> Result<Self, ConfigError> {
         if let Some(b) = budget {
             if b.is_zero() {
@@ -321,6 +340,36 @@ impl CallPolicy {
         }
         self.budget = budget;
         Ok(self)
+    }
+
+    /// Sets the per-attempt time limit and the whole call's budget together, checked
+    /// as a pair, so the order in which they change does not matter.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool::{CallPolicy, RetryPolicy};
+    /// let secs = Duration::from_secs;
+    /// // From bounded's 10 s / 30 s: 60 s attempts alone would exceed the old budget.
+    /// let bounded = CallPolicy::bounded(RetryPolicy::default());
+    /// assert!(bounded.clone().with_attempt_timeout(secs(60)).is_err());
+    /// let p = bounded.with_time_limits(secs(60), Some(secs(120))).unwrap();
+    /// assert_eq!((p.attempt_timeout(), p.budget()), (secs(60), Some(secs(120))));
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `attempt_timeout` if it is zero, or `budget` if the
+    /// budget is zero or shorter than the attempt timeout. On an error the policy is
+    /// not changed (it is consumed; clone it first to keep it).
+    pub fn with_time_limits(
+        self,
+        attempt_timeout: Duration,
+        budget: Option<Duration>,
+    ) -> Result<Self, ConfigError> {
+        // Checked from no budget at all, so the old budget does not interfere.
+        self.with_budget(None)?
+            .with_attempt_timeout(attempt_timeout)?
+            .with_budget(budget)
     }
 
     /// Marks every request of the call as safe to repeat, whatever its method.
@@ -370,6 +419,40 @@ impl CallPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn time_limits_set_together_are_checked_as_a_pair() {
+        let secs = Duration::from_secs;
+        let b = CallPolicy::bounded(RetryPolicy::default());
+        // Either order of the single setters fails one way; the pair does not.
+        assert!(b.clone().with_attempt_timeout(secs(60)).is_err());
+        let p = b
+            .clone()
+            .with_time_limits(secs(60), Some(secs(120)))
+            .unwrap();
+        assert_eq!(
+            (p.attempt_timeout(), p.budget()),
+            (secs(60), Some(secs(120)))
+        );
+        let tight = b.clone().with_budget(Some(secs(10))).unwrap();
+        let p = tight.with_time_limits(secs(2), Some(secs(5))).unwrap();
+        assert_eq!((p.attempt_timeout(), p.budget()), (secs(2), Some(secs(5))));
+        let p = b.clone().with_time_limits(secs(5), None).unwrap();
+        assert_eq!((p.attempt_timeout(), p.budget()), (secs(5), None));
+        let name = |r: Result<CallPolicy, ConfigError>| r.unwrap_err().setting();
+        assert_eq!(
+            name(b.clone().with_time_limits(Duration::ZERO, None)),
+            "attempt_timeout"
+        );
+        assert_eq!(
+            name(b.clone().with_time_limits(secs(10), Some(secs(9)))),
+            "budget"
+        );
+        assert_eq!(
+            name(b.with_time_limits(secs(10), Some(Duration::ZERO))),
+            "budget"
+        );
+    }
 
     #[test]
     fn the_ceiling_is_the_schedules_max() {

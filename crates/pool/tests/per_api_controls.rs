@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use http::{HeaderValue, StatusCode, header::AUTHORIZATION};
-use vantage_api_pool::auth::{AuthError, token_fn};
+use vantage_api_pool::auth::{AuthError, SharedAuthError, token_fn};
 use vantage_api_pool::{
     BreakerMode, BreakerState, CallPolicy, ErrorKind, EventKind, RetryMode, TransportEvent,
 };
@@ -691,6 +691,38 @@ fn a_401_replay_leaves_the_retry_budget_and_the_back_off_where_they_were() {
     // Fetches take 50 ms: the first send at 50 ms, the replay after the refresh.
     assert_eq!(w.sent_at(), [ms(50), ms(100), ms(200), ms(400)]);
     w.assert_contract();
+}
+
+#[test]
+fn the_token_sources_own_error_is_reachable_from_the_client_error() {
+    #[derive(Debug)]
+    struct Revoked(u32);
+    impl std::fmt::Display for Revoked {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "credentials {} revoked", self.0)
+        }
+    }
+    impl std::error::Error for Revoked {}
+
+    let w = World::new();
+    let client = w
+        .builder()
+        .auth(token_fn(|| async {
+            Err::<(http::HeaderName, HeaderValue), _>(AuthError::from(Revoked(7)))
+        }))
+        .build()
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Auth);
+    let shared = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<SharedAuthError>())
+        .expect("a SharedAuthError under an Auth error");
+    let revoked = shared.as_error().downcast_ref::<Revoked>();
+    assert_eq!(revoked.map(|r| r.0), Some(7));
+    assert_eq!(shared.to_string(), "credentials 7 revoked");
 }
 
 #[test]

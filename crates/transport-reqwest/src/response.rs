@@ -13,8 +13,39 @@ impl fmt::Debug for ReqwestResponse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReqwestResponse")
             .field("status", &self.status())
-            .field("content_length", &TransportResponse::content_length(self))
+            .field("content_length", &self.content_length())
             .finish_non_exhaustive()
+    }
+}
+
+/// The head, readable the same way on every target, with no trait to import.
+impl ReqwestResponse {
+    /// The status code.
+    ///
+    /// ```
+    /// use vantage_api_pool_reqwest::ReqwestResponse;
+    /// let head = http::Response::builder().status(503).header("retry-after", "2");
+    /// let response = ReqwestResponse::new(head.body("busy").unwrap().into());
+    /// assert_eq!(response.status(), 503);
+    /// assert_eq!(response.headers()["retry-after"], "2");
+    /// assert_eq!(response.content_length(), Some(4));
+    /// ```
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        TransportResponse::status(self)
+    }
+
+    /// The response headers.
+    #[must_use]
+    pub fn headers(&self) -> &HeaderMap {
+        TransportResponse::headers(self)
+    }
+
+    /// The body length when known, as reqwest's
+    /// [`content_length`](reqwest::Response::content_length) gives it.
+    #[must_use]
+    pub fn content_length(&self) -> Option<u64> {
+        TransportResponse::content_length(self)
     }
 }
 
