@@ -205,9 +205,13 @@ pub fn is_idempotent(
 /// use http::StatusCode;
 /// use vantage_api_pool::classify::{classify, Action, BreakerEffect, CallFacts, Outcome};
 ///
-/// let post = CallFacts { idempotent: false, ..CallFacts::default() };
+/// let post = CallFacts::default(); // not idempotent
 /// let v = classify(Outcome::Status(StatusCode::INTERNAL_SERVER_ERROR), &post);
 /// assert_eq!((v.action, v.breaker), (Action::Final, BreakerEffect::Failure));
+/// let mut get = CallFacts::default();
+/// get.idempotent = true;
+/// let v = classify(Outcome::Status(StatusCode::INTERNAL_SERVER_ERROR), &get);
+/// assert_eq!((v.action, v.breaker), (Action::Retry, BreakerEffect::Failure));
 /// ```
 #[must_use]
 pub fn classify(outcome: Outcome, facts: &CallFacts) -> Verdict {
