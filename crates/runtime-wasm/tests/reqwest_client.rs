@@ -13,7 +13,7 @@ use std::time::Duration;
 use http::StatusCode;
 use vantage_api_pool::{
     CallPolicy, ClientError, ErrorKind, EventKind, ResilientClient, Runtime, TransportErrorKind,
-    TransportEvent, TransportResponse,
+    TransportEvent,
 };
 use vantage_api_pool_reqwest::{ReqwestTransport, reqwest};
 use vantage_api_pool_testkit::RecordingObserver;

@@ -327,6 +327,13 @@ async fn a_stalled_success_body_is_ended_by_the_read_timeout_of_the_adapters_cli
         "{elapsed:?}"
     );
     assert_eq!(server.requests().len(), 1, "one attempt reached the server");
+    // `text()` maps a read timeout the same way.
+    let response = client
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .unwrap();
+    let error = response.text().await.unwrap_err();
+    assert_eq!(error.kind(), TransportErrorKind::TimedOut, "{error}");
 
     // The convenience client has the 30 s read timeout (reqwest shows it in Debug).
     #[cfg(feature = "tokio")]

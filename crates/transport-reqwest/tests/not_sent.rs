@@ -113,6 +113,42 @@ async fn a_fresh_connection_closed_before_the_request_left_is_not_sent_and_redia
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_redirected_to_a_connection_closed_before_the_hop_left_is_interrupted() {
+    // The origin processes the POST and answers 303; the hop's fresh connection is
+    // closed before the GET leaves. That hop sent nothing, but the POST was
+    // processed: Interrupted, not redialed, not "nothing sent".
+    let target = FaultServer::start_with(|_, _| Act::Respond(ok("receipt")), |_| true).await;
+    let location = format!("location: {}", target.url("/receipt"));
+    let origin =
+        FaultServer::start(move |_, _| Act::Respond(response("303 See Other", &[&location], "")))
+            .await;
+    let transport = ReqwestTransport::with_builder(|| {
+        ReqwestTransport::default_client_builder()
+            .connector_layer(DelayAfterConnect(Duration::from_millis(100)))
+    })
+    .unwrap();
+    let observer = RecordingObserver::new();
+    let client = client(transport, &observer);
+    let url = origin.url(PATH);
+    let error = client
+        .execute_with(&policy(2), |http| http.post(&url).body("charge=100"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted),
+        "{error}"
+    );
+    assert!(!error.nothing_sent());
+    assert_eq!(
+        trace(&observer),
+        ["started s1 a1", "failed s1 a1 transport:interrupted"]
+    );
+    assert_eq!(origin.requests().len(), 1, "the processed POST went again");
+    assert_eq!(target.requests().len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_fresh_connections_closed_before_sending_end_a_post_after_two_redials() {
     let server = FaultServer::start_with(|_, _| Act::Respond(ok("done")), |_| true).await;
     let transport = ReqwestTransport::with_builder(|| {

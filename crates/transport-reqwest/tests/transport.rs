@@ -211,7 +211,12 @@ async fn chunk_streams_the_body() {
     .unwrap();
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(TransportResponse::content_length(&response), None);
-    assert_eq!(response.chunk().await.unwrap().unwrap(), "hello");
+    // Bounded: a chunk() that waited for more than one read would wait forever for
+    // the rest, which leaves only after this read.
+    let first = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+        .await
+        .expect("the first chunk alone, not the whole body");
+    assert_eq!(first.unwrap().unwrap(), "hello");
     go.send(()).unwrap();
     let mut rest = Vec::new();
     while let Some(chunk) = response.chunk().await.unwrap() {
@@ -331,6 +336,73 @@ async fn a_redirect_that_fails_after_the_request_was_answered_is_interrupted_wit
         assert_no_url(&err, &url);
         assert!(server.next_head().await.starts_with("GET /secret"));
     }
+}
+
+/// A transport with the adapter's tracked redirect policy.
+fn tracking_transport(
+    customize: fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
+) -> ReqwestTransport {
+    ReqwestTransport::with_builder(move || {
+        customize(ReqwestTransport::default_client_builder().no_proxy())
+    })
+    .unwrap()
+}
+
+/// A server answering every request with a redirect to `location`.
+async fn redirecting(status: &str, location: &str) -> Server {
+    let answer = format!("HTTP/1.1 {status}\r\nlocation: {location}\r\ncontent-length: 0\r\n\r\n");
+    Server::start(Behaviour::Respond(Box::leak(answer.into_boxed_str()))).await
+}
+
+#[tokio::test]
+async fn a_hop_that_fails_after_a_redirect_is_interrupted_unless_it_timed_out() {
+    // A POST answered with a 303 to https on a plain server: the hop's TLS failure
+    // comes after the POST was processed, so it is no "nothing sent" Tls.
+    let plain = Server::start(Behaviour::BlurtOut(
+        "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
+    ))
+    .await;
+    let mut origin = redirecting("303 See Other", &format!("https://{}/receipt", plain.addr)).await;
+    let transport = tracking_transport(|b| b);
+    let draft = transport.handle().post(origin.url("/charge")).body("x");
+    let err = send(&transport, draft).await.unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
+    assert!(origin.next_head().await.starts_with("POST /charge"));
+
+    // A hop that stalls until the request's own timeout stays TimedOut.
+    let silent = Server::start(Behaviour::Silent).await;
+    let origin = redirecting("302 Found", &silent.url("/slow")).await;
+    let transport = tracking_transport(|b| b.timeout(Duration::from_millis(300)));
+    let err = send(&transport, transport.handle().get(origin.url("/a")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::TimedOut, "{err}");
+}
+
+#[tokio::test]
+async fn a_connect_timeout_is_connect() {
+    // A listener that never accepts, its accept queue filled: further connection
+    // attempts get no answer until the client's connect timeout. Nothing was sent,
+    // so Connect (reqwest also calls it a timeout).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        let connect = TcpStream::connect(addr);
+        if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_millis(200), connect).await {
+            fillers.push(stream);
+        }
+    }
+    let transport = tracking_transport(|b| b.connect_timeout(Duration::from_millis(200)));
+    let draft = transport
+        .handle()
+        .post(format!("http://{addr}/x"))
+        .body("x");
+    let err = send(&transport, draft).await.unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Connect, "{err}");
+    drop((fillers, listener));
 }
 
 #[tokio::test]
