@@ -30,6 +30,54 @@ async fn a_sleep_never_ends_before_its_deadline() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_sleep_registers_a_timer_the_paused_clock_can_reach() {
+    // A sleep that registered no tokio timer would leave a paused runtime parked for
+    // good (every other paused test would hang); raced against tokio's own timer, it
+    // fails instead.
+    let runtime = TokioRuntime::new();
+    let slept = tokio::time::timeout(
+        Duration::from_secs(10),
+        runtime.sleep(Duration::from_secs(5)),
+    );
+    slept
+        .await
+        .expect("the 5 s sleep ended before tokio's 10 s timer");
+    assert_eq!(runtime.now(), Instant::ORIGIN + Duration::from_secs(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_just_past_a_millisecond_is_not_cut_short() {
+    // tokio's timers have millisecond ticks; a deadline a few nanoseconds past one
+    // must not end on that tick.
+    let runtime = TokioRuntime::new();
+    for extra in [1, 999_999, 1_000_001] {
+        let deadline = runtime.now() + Duration::from_millis(1) + Duration::from_nanos(extra);
+        runtime.sleep_until(deadline).await;
+        assert!(
+            runtime.now() >= deadline,
+            "{:?} < {deadline:?}",
+            runtime.now()
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn far_future_never_comes_even_when_the_paused_clock_jumps_centuries() {
+    // FAR_FUTURE is "never", not a timer 584 years away that auto-advance would reach.
+    let runtime = TokioRuntime::new();
+    let millennium = Duration::from_secs(1000 * 365 * 24 * 3600);
+    let never = tokio::time::timeout(millennium, runtime.sleep_until(Instant::FAR_FUTURE));
+    assert!(never.await.is_err(), "FAR_FUTURE came");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_runtime_reads_the_origin_now() {
+    let runtime = TokioRuntime::new();
+    assert_eq!(runtime.origin(), tokio::time::Instant::now());
+    assert_eq!(runtime.now(), Instant::ORIGIN);
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_deadline_is_fixed_when_sleep_is_called() {
     let runtime = TokioRuntime::new();
     let start = runtime.now();
@@ -99,6 +147,57 @@ fn random_is_in_the_unit_interval_and_varies() {
     assert!((0.45..0.55).contains(&mean), "{mean}");
     let low = draws.iter().filter(|&&x| x < 0.1).count();
     assert!((800..1200).contains(&low), "{low}");
+}
+
+#[test]
+fn a_seeded_runtime_draws_the_splitmix64_sequence_with_53_bits_as_wasm_does() {
+    let unit = |x: u64| (x >> 11) as f64 / (1u64 << 53) as f64;
+    // SplitMix64's reference outputs for the seed 0.
+    let runtime = TokioRuntime::with_seed(0);
+    for want in [
+        0xE220_A839_7B1D_CDAF_u64,
+        0x6E78_9E6A_A1B9_65F4,
+        0x06C4_5D18_8009_454F,
+    ] {
+        assert_eq!(runtime.random(), unit(want));
+    }
+    // The draw runtime-wasm's tests pin for WasmRuntime::with_seed(1_234_567).
+    assert_eq!(
+        TokioRuntime::with_seed(1_234_567).random(),
+        unit(6_457_827_717_110_365_317)
+    );
+}
+
+#[test]
+fn fresh_runtimes_in_two_processes_draw_different_numbers() {
+    // A fleet of clients must not retry in step: the seed comes from the wall clock,
+    // not only from a per-process counter. The test runs itself in two child
+    // processes, each of which prints its first draw.
+    const CHILD: &str = "VANTAGE_TOKIO_PRINT_FIRST_DRAW";
+    if std::env::var_os(CHILD).is_some() {
+        println!("draw={}", TokioRuntime::new().random().to_bits());
+        return;
+    }
+    let draw = || {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "fresh_runtimes_in_two_processes_draw_different_numbers",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let draw = text
+            .split("draw=")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next());
+        draw.map(str::to_owned)
+            .unwrap_or_else(|| panic!("no draw in {text:?}"))
+    };
+    assert_ne!(draw(), draw());
 }
 
 #[test]

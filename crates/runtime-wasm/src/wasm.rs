@@ -95,9 +95,9 @@ impl WasmRuntime {
     /// How many JavaScript timers this runtime's sleeps (and its clones' sleeps) have
     /// armed that have neither fired nor been cleared.
     ///
-    /// A sleep arms a timer when it is first polled and clears it when dropped, so
-    /// this is how a test sees that a dropped sleep leaves nothing behind in the
-    /// JavaScript event loop.
+    /// A sleep arms a timer when it is first polled and clears it (`clearTimeout`)
+    /// when dropped. This is the runtime's own count of those timers; the tests also
+    /// count the `clearTimeout` calls themselves.
     #[must_use]
     pub fn pending_timers(&self) -> usize {
         self.shared.pending.get()

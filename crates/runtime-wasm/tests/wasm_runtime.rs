@@ -2,12 +2,14 @@
 //! Chromium (`scripts/wasm-test`); empty on other targets.
 #![cfg(target_arch = "wasm32")]
 
-use std::task::Poll;
+use std::future::Future;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::{Either, select};
 use vantage_api_pool::{Instant, Runtime, timeout_at};
 use vantage_api_pool_wasm::WasmRuntime;
+use wasm_bindgen::JsValue;
 use wasm_bindgen::prelude::wasm_bindgen;
 use wasm_bindgen_test::wasm_bindgen_test;
 
@@ -119,6 +121,78 @@ async fn a_dropped_sleep_clears_its_timer() {
     .await;
     assert_eq!(done, Ok(7));
     assert_eq!(rt.pending_timers(), 0);
+}
+
+/// How many times `clearTimeout` has been called since this was first called (it
+/// wraps the global `clearTimeout` with a counter, once).
+fn clear_timeout_calls() -> f64 {
+    let body = "if (globalThis.__clearTimeoutCalls === undefined) {\
+                    globalThis.__clearTimeoutCalls = 0;\
+                    const clear = globalThis.clearTimeout;\
+                    globalThis.clearTimeout = function (handle) {\
+                        globalThis.__clearTimeoutCalls += 1;\
+                        return clear(handle);\
+                    };\
+                }\
+                return globalThis.__clearTimeoutCalls;";
+    js_sys::Function::new_no_args(body)
+        .call0(&JsValue::NULL)
+        .expect("the counter runs")
+        .as_f64()
+        .expect("a number")
+}
+
+#[wasm_bindgen_test]
+async fn dropping_an_armed_sleep_really_calls_clear_timeout() {
+    // pending_timers() is the runtime's own count: this checks JavaScript's side.
+    let rt = WasmRuntime::new();
+    let before = clear_timeout_calls();
+    let mut sleep = Box::pin(rt.sleep(Duration::from_secs(60)));
+    assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
+    assert_eq!(clear_timeout_calls(), before, "cleared while armed");
+    drop(sleep);
+    assert_eq!(clear_timeout_calls(), before + 1.0);
+}
+
+#[wasm_bindgen_test]
+async fn a_sleep_past_the_set_timeout_limit_keeps_its_timer_armed() {
+    // setTimeout takes at most 2^31-1 ms; a longer delay given as is fires at once
+    // (and a sleep re-arming it every millisecond would spin).
+    let rt = WasmRuntime::new();
+    for long in [
+        ms(i32::MAX as u64 + 1),
+        Duration::from_secs(30 * 24 * 3600),
+        Duration::from_secs(300 * 365 * 24 * 3600),
+    ] {
+        let mut sleep = Box::pin(rt.sleep(long));
+        assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
+        rt.sleep(ms(30)).await;
+        assert_eq!(rt.pending_timers(), 1, "a {long:?} sleep's timer fired");
+        assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
+        drop(sleep);
+        assert_eq!(rt.pending_timers(), 0);
+    }
+}
+
+#[wasm_bindgen_test]
+async fn a_sleep_polled_by_another_task_first_wakes_the_task_awaiting_it() {
+    let rt = WasmRuntime::new();
+    let start = rt.now();
+    let mut sleep = Box::pin(rt.sleep(ms(20)));
+    let elsewhere = futures::task::noop_waker();
+    assert!(
+        sleep
+            .as_mut()
+            .poll(&mut Context::from_waker(&elsewhere))
+            .is_pending()
+    );
+    let raced = select(sleep, rt.sleep(ms(2_000))).await;
+    assert!(
+        matches!(raced, Either::Left(_)),
+        "the 20 ms sleep never woke"
+    );
+    let took = rt.now() - start;
+    assert!(took < ms(1_000), "woke only after {took:?}");
 }
 
 #[wasm_bindgen_test]
