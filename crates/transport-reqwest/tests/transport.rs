@@ -400,8 +400,19 @@ async fn a_connect_timeout_is_connect() {
         .handle()
         .post(format!("http://{addr}/x"))
         .body("x");
-    let err = send(&transport, draft).await.unwrap_err();
+    let started = std::time::Instant::now();
+    let sent = tokio::time::timeout(Duration::from_secs(10), send(&transport, draft));
+    let err = sent
+        .await
+        .expect("ended by the connect timeout")
+        .unwrap_err();
     assert_eq!(err.kind(), TransportErrorKind::Connect, "{err}");
+    // A refusal would end at once: this one waited for the connect timeout.
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(150),
+        "not a timeout: {waited:?}, {err}"
+    );
     drop((fillers, listener));
 }
 
