@@ -606,6 +606,22 @@ fn counting_tokens_after(
     })
 }
 
+/// A token source whose first fetch gives `Bearer t1` at once and whose later ones
+/// fail ("identity provider down"), counting fetches.
+fn t1_then_failing_tokens(fetches: &Arc<AtomicU32>) -> impl vantage_api_pool::TokenSource + use<> {
+    let fetches = Arc::clone(fetches);
+    token_fn(move || {
+        let n = fetches.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            if n == 1 {
+                Ok((AUTHORIZATION, HeaderValue::from_static("Bearer t1")))
+            } else {
+                Err(AuthError::from("identity provider down"))
+            }
+        }
+    })
+}
+
 /// The builder the tests start from.
 type Builder =
     vantage_api_pool::ClientBuilder<vantage_api_pool_testkit::ScriptedTransport, VirtualRuntime>;
@@ -733,19 +749,9 @@ fn a_refresh_that_fails_after_a_401_is_the_last_failed_event() {
     let w = World::new();
     w.transport.default_reply(Reply::status(401));
     let fetches = Arc::new(AtomicU32::new(0));
-    let counted = Arc::clone(&fetches);
     let client = w
         .builder()
-        .auth(token_fn(move || {
-            let n = counted.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    Ok((AUTHORIZATION, HeaderValue::from_static("Bearer t1")))
-                } else {
-                    Err(AuthError::from("identity provider down"))
-                }
-            }
-        }))
+        .auth(t1_then_failing_tokens(&fetches))
         .build()
         .unwrap();
     let err =
@@ -754,6 +760,11 @@ fn a_refresh_that_fails_after_a_401_is_the_last_failed_event() {
             .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Auth);
     assert!(!err.nothing_sent());
+    assert_eq!(
+        fetches.load(Ordering::SeqCst),
+        2,
+        "the first fetch, one refresh"
+    );
     assert_eq!(w.kinds(), ["started", "failed", "started", "failed"]);
     match &w.events().last().unwrap().kind {
         EventKind::Failed {
@@ -964,19 +975,9 @@ fn when_the_refresh_after_a_401_fails_other_calls_still_use_the_cached_token() {
             _ => Reply::status(401).after(ms(10)),
         });
     let fetches = Arc::new(AtomicU32::new(0));
-    let counter = Arc::clone(&fetches);
     let client = w
         .builder()
-        .auth(token_fn(move || {
-            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-            async move {
-                if n == 1 {
-                    Ok((AUTHORIZATION, HeaderValue::from_static("Bearer t1")))
-                } else {
-                    Err(AuthError::from("identity provider down"))
-                }
-            }
-        }))
+        .auth(t1_then_failing_tokens(&fetches))
         .build()
         .unwrap();
     let admin =

@@ -48,22 +48,28 @@ impl Subscriber for Capture {
     fn exit(&self, _: &Id) {}
 }
 
-#[test]
-fn events_become_tracing_events_with_the_api_key() {
-    let w = World::new();
-    w.transport
-        .push_many([Reply::status(503).body("secret body"), Reply::ok()]);
+/// Runs one successful call under `policy` through a `TracingObserver` keyed
+/// `orders-api`, and returns what it emitted.
+fn one_traced_call(w: &World, policy: vantage_api_pool::CallPolicy) -> Vec<(Level, FieldMap)> {
     let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
         .observer("orders-api", Arc::new(TracingObserver))
         .build()
         .unwrap();
     let capture = Capture::default();
     tracing::subscriber::with_default(capture.clone(), || {
-        w.rt.block_on(client.execute_with(&bounded(1, ms(5)), |h| h.get("/x")))
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
             .unwrap()
             .unwrap();
     });
-    let lines = capture.0.lock().unwrap().clone();
+    capture.0.lock().unwrap().clone()
+}
+
+#[test]
+fn events_become_tracing_events_with_the_api_key() {
+    let w = World::new();
+    w.transport
+        .push_many([Reply::status(503).body("secret body"), Reply::ok()]);
+    let lines = one_traced_call(&w, bounded(1, ms(5)));
     let names: Vec<_> = lines
         .iter()
         .map(|(level, f)| (level.to_string(), f["event"].clone()))
@@ -182,17 +188,7 @@ fn the_numbers_are_the_events_own_with_times_in_milliseconds() {
         Reply::status(503).after(ms(30)),
         Reply::ok().after(ms(40)),
     ]);
-    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("orders-api", Arc::new(TracingObserver))
-        .build()
-        .unwrap();
-    let capture = Capture::default();
-    tracing::subscriber::with_default(capture.clone(), || {
-        w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
-            .unwrap()
-            .unwrap();
-    });
-    let lines = capture.0.lock().unwrap().clone();
+    let lines = one_traced_call(&w, bounded(1, ms(10)));
     let nth = |event: &str, n: usize| {
         lines
             .iter()

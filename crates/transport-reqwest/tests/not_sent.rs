@@ -68,6 +68,16 @@ where
     }
 }
 
+/// The adapter's default client, each new connection handed to hyper `ms`
+/// milliseconds after it is established.
+fn delayed_connects(ms: u64) -> ReqwestTransport {
+    ReqwestTransport::with_builder(move || {
+        ReqwestTransport::default_client_builder()
+            .connector_layer(DelayAfterConnect(Duration::from_millis(ms)))
+    })
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_connection_closed_before_the_request_left_is_not_sent_and_redialed() {
     // Connection 0 is closed as soon as it is accepted; the client hands it to hyper
@@ -77,11 +87,7 @@ async fn a_fresh_connection_closed_before_the_request_left_is_not_sent_and_redia
         |connection| connection == 0,
     )
     .await;
-    let transport = ReqwestTransport::with_builder(|| {
-        ReqwestTransport::default_client_builder()
-            .connector_layer(DelayAfterConnect(Duration::from_millis(100)))
-    })
-    .unwrap();
+    let transport = delayed_connects(100);
     let observer = RecordingObserver::new();
     let client = client(transport, &observer);
     let url = server.url(PATH);
@@ -122,11 +128,7 @@ async fn a_post_redirected_to_a_connection_closed_before_the_hop_left_is_interru
     let origin =
         FaultServer::start(move |_, _| Act::Respond(response("303 See Other", &[&location], "")))
             .await;
-    let transport = ReqwestTransport::with_builder(|| {
-        ReqwestTransport::default_client_builder()
-            .connector_layer(DelayAfterConnect(Duration::from_millis(100)))
-    })
-    .unwrap();
+    let transport = delayed_connects(100);
     let observer = RecordingObserver::new();
     let client = client(transport, &observer);
     let url = origin.url(PATH);
@@ -151,11 +153,7 @@ async fn a_post_redirected_to_a_connection_closed_before_the_hop_left_is_interru
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_fresh_connections_closed_before_sending_end_a_post_after_two_redials() {
     let server = FaultServer::start_with(|_, _| Act::Respond(ok("done")), |_| true).await;
-    let transport = ReqwestTransport::with_builder(|| {
-        ReqwestTransport::default_client_builder()
-            .connector_layer(DelayAfterConnect(Duration::from_millis(50)))
-    })
-    .unwrap();
+    let transport = delayed_connects(50);
     let observer = RecordingObserver::new();
     let client = client(transport, &observer);
     let url = server.url(PATH);
