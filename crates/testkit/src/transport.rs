@@ -987,14 +987,23 @@ impl TransportShared {
                 headers,
                 body,
             } = request;
-            script.requests.push(RecordedRequest {
+            let record = RecordedRequest {
                 at: self.runtime.now(),
                 index,
                 method,
                 path,
                 headers,
                 body,
-            });
+            };
+            // In the order the sends started: a send whose responder ran outside the
+            // lock records after any send that started meanwhile (on another thread),
+            // so it goes before them. Usually the end of the list.
+            let position = script
+                .requests
+                .iter()
+                .rposition(|r| r.index < index)
+                .map_or(0, |before| before + 1);
+            script.requests.insert(position, record);
         }
         reply
     }

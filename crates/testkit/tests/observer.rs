@@ -285,6 +285,11 @@ fn a_terminal_needs_its_started() {
         first_violation(vec![(0, 1, started(1, 1)), (0, 2, succeeded(1, 1))]),
         (ContractRule::TerminalWithoutStarted, 1, Some(1))
     );
+    // There is no send 0.
+    assert_eq!(
+        first_violation(vec![(0, 1, cancelled(0, 0))]),
+        (ContractRule::TerminalWithoutStarted, 0, Some(0))
+    );
 }
 
 #[test]
@@ -296,6 +301,19 @@ fn a_send_has_one_terminal() {
             (2, 1, cancelled(1, 1)),
         ]),
         (ContractRule::SecondTerminal, 2, Some(1))
+    );
+    // A terminal for an earlier send while a later one is in flight: that earlier
+    // send already ended.
+    let failed = recorded(&[Reply::status(503)], false)[1].clone();
+    assert_eq!(
+        first_violation(vec![
+            (0, 1, started(1, 1)),
+            (1, 1, failed),
+            (1, 1, retry(2)),
+            (2, 1, started(2, 2)),
+            (3, 1, cancelled(1, 1)),
+        ]),
+        (ContractRule::SecondTerminal, 4, Some(1))
     );
 }
 
@@ -342,6 +360,33 @@ fn a_redial_follows_a_failure_of_the_previous_send() {
             (0, 1, redial(2, 1)),
         ]),
         (ContractRule::EventAfterCallEnded, 2, Some(2))
+    );
+    // A redial announces the very next send, and repeats the failed attempt.
+    let not_sent = recorded(
+        &[Reply::fail(
+            vantage_api_pool::TransportErrorKind::NotSent,
+            "closed",
+        )],
+        false,
+    )[1]
+    .clone();
+    assert_eq!(
+        first_violation(vec![
+            (0, 1, started(1, 1)),
+            (0, 1, not_sent.clone()),
+            (0, 1, redial(3, 1)),
+        ]),
+        (ContractRule::RedialNotAfterFailure, 2, Some(3))
+    );
+    assert_eq!(
+        first_violation(vec![
+            (0, 1, started(1, 1)),
+            (0, 1, not_sent),
+            (0, 1, redial(2, 2)),
+            (0, 1, started(2, 2)),
+            (0, 1, succeeded(2, 2)),
+        ]),
+        (ContractRule::AttemptMismatch, 2, Some(2))
     );
 }
 

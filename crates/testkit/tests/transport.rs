@@ -691,3 +691,95 @@ fn debug_shows_header_names_but_no_values_or_bodies() {
         "{printed}"
     );
 }
+
+/// The status a GET of `path` gets.
+fn status_of(rt: &VirtualRuntime, transport: &ScriptedTransport, path: &'static str) -> u16 {
+    let response = rt.block_on(transport.send(get(transport, path))).unwrap();
+    response.unwrap().status().as_u16()
+}
+
+#[test]
+fn path_scripts_match_the_exact_path_in_order_and_add_up() {
+    let (rt, transport) = setup();
+    transport.on_path("/items", [Reply::status(503), Reply::status(200)]);
+    transport.on_path("/items", [Reply::status(201)]);
+    transport.default_reply(Reply::status(299));
+    assert_eq!(transport.scripted_remaining(), 3);
+    // A longer path, or the same path with a query, is another path.
+    assert_eq!(status_of(&rt, &transport, "/items/1"), 299);
+    assert_eq!(status_of(&rt, &transport, "/items?page=2"), 299);
+    // In the order given, the second on_path after the first.
+    let statuses = [(); 3].map(|()| status_of(&rt, &transport, "/items"));
+    assert_eq!(statuses, [503, 200, 201]);
+}
+
+#[test]
+fn the_responder_answers_before_the_default() {
+    let (rt, transport) = setup();
+    transport.default_reply(Reply::status(207));
+    transport.respond_with(|_, _| Reply::status(206));
+    assert_eq!(status_of(&rt, &transport, "/x"), 206);
+}
+
+#[test]
+fn after_replaces_the_delay() {
+    let reply = Reply::ok()
+        .after(Duration::from_secs(1))
+        .after(Duration::from_secs(2));
+    assert_eq!(reply.delay(), Duration::from_secs(2));
+    let (rt, transport) = setup();
+    transport.push(reply);
+    status_of(&rt, &transport, "/");
+    assert_eq!(rt.elapsed(), Duration::from_secs(2));
+}
+
+#[test]
+fn a_stalled_send_stays_in_flight_until_dropped() {
+    let (rt, transport) = setup();
+    transport.push(Reply::stall().after(Duration::from_millis(100)));
+    let sender = transport.clone();
+    let task = rt.spawn(async move {
+        let _ = sender.send(get(&sender, "/")).await;
+    });
+    rt.run_until(at(5_000)).unwrap();
+    assert_eq!(transport.in_flight(), 1, "a stalled send is in flight");
+    task.abort();
+    assert_eq!((transport.in_flight(), transport.peak_in_flight()), (0, 1));
+}
+
+#[test]
+fn requests_are_recorded_in_the_order_their_sends_started_across_threads() {
+    // The first send's responder is held while a second send, on this thread, starts
+    // and is recorded: the records still come in the order the sends started.
+    use std::sync::Barrier;
+    use std::task::{Context, Poll, Waker};
+    let (_rt, transport) = setup();
+    let gate = Arc::new(Barrier::new(2));
+    let held = Arc::clone(&gate);
+    transport.respond_with(move |req, _| {
+        if req.path() == "/first" {
+            held.wait();
+            held.wait();
+        }
+        Reply::ok()
+    });
+    let send_once = |transport: &ScriptedTransport, path: &'static str| {
+        let mut send = std::pin::pin!(transport.send(get(transport, path)));
+        let ready = send.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        assert!(matches!(ready, Poll::Ready(_)));
+    };
+    let first = {
+        let transport = transport.clone();
+        std::thread::spawn(move || send_once(&transport, "/first"))
+    };
+    gate.wait(); // /first is inside its responder, its index taken
+    send_once(&transport, "/second");
+    gate.wait();
+    first.join().unwrap();
+    let order: Vec<_> = transport
+        .requests()
+        .iter()
+        .map(|r| (r.index, r.path.to_string()))
+        .collect();
+    assert_eq!(order, [(0, "/first".into()), (1, "/second".into())]);
+}
