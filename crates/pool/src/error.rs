@@ -319,10 +319,11 @@ pub fn truncate_body(body: Bytes) -> Bytes {
     let prefix = &body[..MAX_ERROR_BODY];
     let cut = match std::str::from_utf8(prefix) {
         Ok(_) => MAX_ERROR_BODY,
-        // The prefix is valid text up to a sequence the cut left unfinished: a
-        // character split in two if the bytes past the cut finish it (or the body
-        // ends before they could tell), binary otherwise.
-        Err(e) if e.error_len().is_none() && e.valid_up_to() + 4 > MAX_ERROR_BODY => {
+        // The prefix is valid text up to a sequence the cut left unfinished (so it
+        // starts in the last three bytes): a character split in two if the bytes
+        // past the cut finish it (or the body ends before they could tell), binary
+        // otherwise.
+        Err(e) if e.error_len().is_none() => {
             let start = e.valid_up_to();
             let next = &body[start..body.len().min(start + 4)];
             match std::str::from_utf8(next) {

@@ -359,8 +359,8 @@ impl CallPolicy {
     /// # Errors
     ///
     /// A [`ConfigError`] naming `attempt_timeout` if it is zero, or `budget` if the
-    /// budget is zero or shorter than the attempt timeout. On an error the policy is
-    /// not changed (it is consumed; clone it first to keep it).
+    /// budget is zero or shorter than the attempt timeout. The policy is consumed
+    /// either way: clone it first to keep it.
     pub fn with_time_limits(
         self,
         attempt_timeout: Duration,

@@ -201,8 +201,8 @@ fn splitmix64(state: u64) -> (u64, u64) {
 /// the sleep reads the clock again and, if the deadline has not come, arms a new
 /// timer for the rest. [`Instant::FAR_FUTURE`] arms no timer and never completes.
 ///
-/// Dropping the sleep clears its timer (`clearTimeout`), which
-/// [`WasmRuntime::pending_timers`] shows.
+/// Dropping the sleep clears its timer (`clearTimeout`) and takes it off
+/// [`WasmRuntime::pending_timers`], the runtime's own count.
 #[must_use = "futures do nothing unless polled"]
 #[derive(Debug)]
 pub struct Sleep {

@@ -1082,7 +1082,7 @@ impl VirtualRuntime {
                 }
             }
             shared.queue.take_all(&mut batch.keys);
-            if batch.is_empty() {
+            if batch.keys.is_empty() {
                 if matches!(until, Until::Idle) {
                     return Ok(());
                 }
@@ -1111,9 +1111,9 @@ impl VirtualRuntime {
                     parked_tasks: live + usize::from(main.is_some()),
                 });
             }
-            while let Some(key) = batch.pop_front() {
+            while let Some(key) = batch.keys.pop_front() {
                 if steps >= limit {
-                    batch.push_front(key);
+                    batch.keys.push_front(key);
                     self.requeue_front(&mut batch.keys);
                     return Err(DriveError::StepLimit {
                         limit,
@@ -1160,19 +1160,6 @@ impl VirtualRuntime {
 struct Batch<'q> {
     queue: &'q ReadyQueue,
     keys: VecDeque<u64>,
-}
-
-impl std::ops::Deref for Batch<'_> {
-    type Target = VecDeque<u64>;
-    fn deref(&self) -> &VecDeque<u64> {
-        &self.keys
-    }
-}
-
-impl std::ops::DerefMut for Batch<'_> {
-    fn deref_mut(&mut self) -> &mut VecDeque<u64> {
-        &mut self.keys
-    }
 }
 
 impl Drop for Batch<'_> {
