@@ -94,16 +94,44 @@ pub trait TokenSource {
     fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>>;
 }
 
+/// [`TokenSource`] whose fetch is `Send`, for generic code that spawns its calls (see
+/// [`SendTransport`](crate::SendTransport)). A blanket impl provides [`TokenSource`].
+///
+/// [`NoAuth`] and [`SendTokenFn`] implement this trait; [`TokenFn`] does not (its
+/// closure may hold an `Rc` or a `JsValue`). A type implements one of the two, never
+/// both.
+pub trait SendTokenSource: Send + Sync {
+    /// As [`TokenSource::is_configured`].
+    fn is_configured(&self) -> bool {
+        true
+    }
+
+    /// As [`TokenSource::fetch`], with a `Send` future.
+    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> + Send;
+}
+
+impl<A: SendTokenSource> TokenSource for A {
+    #[inline]
+    fn is_configured(&self) -> bool {
+        SendTokenSource::is_configured(self)
+    }
+
+    #[inline]
+    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+        SendTokenSource::fetch(self)
+    }
+}
+
 /// No auth: nothing is applied and a 401 is final.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoAuth;
 
-impl TokenSource for NoAuth {
+impl SendTokenSource for NoAuth {
     fn is_configured(&self) -> bool {
         false
     }
 
-    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> + Send {
         std::future::ready(Err("no token source configured".into()))
     }
 }
@@ -143,6 +171,47 @@ where
     Fut: Future<Output = Result<(HeaderName, HeaderValue), AuthError>>,
 {
     fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+        (self.0)()
+    }
+}
+
+/// A [`SendTokenSource`] built from a closure returning a `Send` future: what
+/// [`token_fn`] makes, for generic code that spawns its calls.
+///
+/// ```
+/// use http::{HeaderValue, header::AUTHORIZATION};
+/// use vantage_api_pool::SendTokenSource;
+/// use vantage_api_pool::auth::{AuthError, send_token_fn};
+///
+/// fn spawnable(_: &impl SendTokenSource) {}
+/// spawnable(&send_token_fn(|| async {
+///     Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer abc")))
+/// }));
+/// ```
+pub fn send_token_fn<F, Fut>(fetch: F) -> SendTokenFn<F>
+where
+    F: Fn() -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(HeaderName, HeaderValue), AuthError>> + Send,
+{
+    SendTokenFn(fetch)
+}
+
+/// The [`SendTokenSource`] made by [`send_token_fn`].
+#[derive(Clone, Copy)]
+pub struct SendTokenFn<F>(F);
+
+impl<F> std::fmt::Debug for SendTokenFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SendTokenFn")
+    }
+}
+
+impl<F, Fut> SendTokenSource for SendTokenFn<F>
+where
+    F: Fn() -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(HeaderName, HeaderValue), AuthError>> + Send,
+{
+    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> + Send {
         (self.0)()
     }
 }

@@ -70,6 +70,57 @@ pub trait Runtime {
     fn random(&self) -> f64;
 }
 
+/// [`Runtime`] whose sleeps are `Send`, for generic code that spawns its calls (see
+/// [`SendTransport`](crate::SendTransport)). A blanket impl provides [`Runtime`].
+///
+/// `TokioRuntime` and the testkit's `VirtualRuntime` implement this trait; a type
+/// implements one of the two, never both.
+pub trait SendRuntime: Send + Sync {
+    /// As [`Runtime::now`].
+    fn now(&self) -> Instant;
+
+    /// As [`Runtime::wall_clock`].
+    fn wall_clock(&self) -> SystemTime;
+
+    /// As [`Runtime::sleep_until`], with a `Send` future.
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send;
+
+    /// As [`Runtime::sleep`], with a `Send` future.
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send {
+        self.sleep_until(self.now().saturating_add(duration))
+    }
+
+    /// As [`Runtime::random`].
+    fn random(&self) -> f64;
+}
+
+impl<R: SendRuntime> Runtime for R {
+    #[inline]
+    fn now(&self) -> Instant {
+        SendRuntime::now(self)
+    }
+
+    #[inline]
+    fn wall_clock(&self) -> SystemTime {
+        SendRuntime::wall_clock(self)
+    }
+
+    #[inline]
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> {
+        SendRuntime::sleep_until(self, deadline)
+    }
+
+    #[inline]
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> {
+        SendRuntime::sleep(self, duration)
+    }
+
+    #[inline]
+    fn random(&self) -> f64 {
+        SendRuntime::random(self)
+    }
+}
+
 /// The error of [`timeout_at`]: the deadline came first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("deadline elapsed")]

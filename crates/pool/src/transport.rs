@@ -67,6 +67,127 @@ pub trait Transport {
     fn distrust_connection(&self) {}
 }
 
+/// [`Transport`] for generic code that spawns its calls: every future it returns is
+/// `Send`, and so is everything a call holds while it waits.
+///
+/// The ports carry no `Send` bound, so code generic over `T: Transport` cannot prove
+/// that a call's future is `Send`, even when every concrete transport's is (stable
+/// Rust cannot name the future a trait method returns in a bound). A transport that
+/// implements this trait instead gets [`Transport`] from a blanket impl, and code
+/// generic over `T: SendTransport` (with [`SendRuntime`](crate::SendRuntime) and
+/// [`SendTokenSource`](crate::SendTokenSource)) can `tokio::spawn` its calls. Bound
+/// such code on `SendTransport` alone, not on `Transport + SendTransport`: with both,
+/// the compiler reads `Transport`'s unbounded futures again.
+///
+/// `ReqwestTransport` (on native targets) and the testkit's `ScriptedTransport`
+/// implement this trait. A type implements one of the two traits, never both.
+///
+/// ```
+/// use vantage_api_pool::{ResilientClient, SendRuntime, SendTokenSource, SendTransport};
+///
+/// /// Generic over the ports, and still spawnable: the same code runs over reqwest
+/// /// and tokio in production and over the testkit in tests.
+/// fn spawnable<T, R, A>(
+///     client: ResilientClient<T, R, A>,
+///     build: fn(&T::Handle) -> T::Draft,
+/// ) -> impl std::future::Future<Output = bool> + Send + 'static
+/// where
+///     T: SendTransport + 'static,
+///     R: SendRuntime + 'static,
+///     A: SendTokenSource + 'static,
+/// {
+///     async move { client.execute(build).await.is_ok() }
+/// }
+/// ```
+///
+/// The same function bound on the plain ports does not compile: the compiler cannot
+/// tell that their futures are `Send`.
+///
+/// ```compile_fail
+/// use vantage_api_pool::{ResilientClient, Runtime, TokenSource, Transport};
+///
+/// fn spawnable<T, R, A>(
+///     client: ResilientClient<T, R, A>,
+///     build: fn(&T::Handle) -> T::Draft,
+/// ) -> impl std::future::Future<Output = bool> + Send + 'static
+/// where
+///     T: Transport + Send + Sync + 'static,
+///     R: Runtime + Send + Sync + 'static,
+///     A: TokenSource + Send + Sync + 'static,
+/// {
+///     async move { client.execute(build).await.is_ok() }
+/// }
+/// ```
+pub trait SendTransport: Send + Sync {
+    /// As [`Transport::Handle`].
+    type Handle: ?Sized + Sync;
+    /// As [`Transport::Draft`].
+    type Draft;
+    /// As [`Transport::Request`].
+    type Request: PreparedRequest + Send;
+    /// As [`Transport::Response`], with a `Send` body read.
+    type Response: SendTransportResponse;
+
+    /// As [`Transport::handle`].
+    fn handle(&self) -> &Self::Handle;
+
+    /// As [`Transport::prepare`].
+    ///
+    /// # Errors
+    ///
+    /// A draft that cannot be prepared, as for [`Transport::prepare`].
+    fn prepare(&self, draft: Self::Draft) -> Result<Self::Request, TransportError>;
+
+    /// As [`Transport::send`], with a `Send` future.
+    fn send(
+        &self,
+        request: Self::Request,
+    ) -> impl Future<Output = Result<Self::Response, TransportError>> + Send;
+
+    /// As [`Transport::admit`], with a `Send` future. The default admits at once.
+    fn admit(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+
+    /// As [`Transport::distrust_connection`]. The default does nothing.
+    fn distrust_connection(&self) {}
+}
+
+impl<T: SendTransport> Transport for T {
+    type Handle = T::Handle;
+    type Draft = T::Draft;
+    type Request = T::Request;
+    type Response = T::Response;
+
+    #[inline]
+    fn handle(&self) -> &Self::Handle {
+        SendTransport::handle(self)
+    }
+
+    #[inline]
+    fn prepare(&self, draft: Self::Draft) -> Result<Self::Request, TransportError> {
+        SendTransport::prepare(self, draft)
+    }
+
+    #[inline]
+    fn send(
+        &self,
+        request: Self::Request,
+    ) -> impl Future<Output = Result<Self::Response, TransportError>> {
+        SendTransport::send(self, request)
+    }
+
+    #[inline]
+    fn admit(&self) -> impl Future<Output = ()> {
+        SendTransport::admit(self)
+    }
+
+    #[inline]
+    fn distrust_connection(&self) {
+        SendTransport::distrust_connection(self);
+    }
+}
+
 /// A prepared request as the attempt loop sees it: enough to decide idempotency and
 /// to set the auth, idempotency and retry-count headers.
 pub trait PreparedRequest {
@@ -93,12 +214,7 @@ pub trait TransportResponse {
     /// The body length when the transport knows it; by default the `Content-Length`
     /// header.
     fn content_length(&self) -> Option<u64> {
-        self.headers()
-            .get(http::header::CONTENT_LENGTH)?
-            .to_str()
-            .ok()?
-            .parse()
-            .ok()
+        content_length_header(self.headers())
     }
 
     /// The next chunk of the body, `Ok(None)` at its end.
@@ -107,6 +223,57 @@ pub trait TransportResponse {
     /// body, and always inside the send's time limit. Dropping the future abandons the
     /// read; the bytes already returned stay valid.
     fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>>;
+}
+
+/// [`TransportResponse`] whose body read is `Send`: the response type of a
+/// [`SendTransport`]. A blanket impl provides [`TransportResponse`].
+pub trait SendTransportResponse: Send {
+    /// As [`TransportResponse::status`].
+    fn status(&self) -> StatusCode;
+
+    /// As [`TransportResponse::headers`].
+    fn headers(&self) -> &HeaderMap;
+
+    /// As [`TransportResponse::content_length`]; by default the `Content-Length`
+    /// header.
+    fn content_length(&self) -> Option<u64> {
+        content_length_header(self.headers())
+    }
+
+    /// As [`TransportResponse::chunk`], with a `Send` future.
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>> + Send;
+}
+
+impl<T: SendTransportResponse> TransportResponse for T {
+    #[inline]
+    fn status(&self) -> StatusCode {
+        SendTransportResponse::status(self)
+    }
+
+    #[inline]
+    fn headers(&self) -> &HeaderMap {
+        SendTransportResponse::headers(self)
+    }
+
+    #[inline]
+    fn content_length(&self) -> Option<u64> {
+        SendTransportResponse::content_length(self)
+    }
+
+    #[inline]
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>> {
+        SendTransportResponse::chunk(self)
+    }
+}
+
+/// The `Content-Length` header as a number, if it is one.
+fn content_length_header(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// How a send failed, which decides whether and how it is tried again.

@@ -40,7 +40,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use pin_project_lite::pin_project;
-use vantage_api_pool::{Instant, Runtime};
+// The docs name the plain port, which `TokioRuntime` has through `SendRuntime`.
+#[allow(unused_imports)]
+use vantage_api_pool::Runtime;
+use vantage_api_pool::{Instant, SendRuntime};
 
 /// Counts runtimes made in this process, so two made in the same nanosecond still
 /// get different seeds.
@@ -120,6 +123,32 @@ impl TokioRuntime {
     pub fn from_tokio(&self, at: tokio::time::Instant) -> Instant {
         Instant::from_origin(at.saturating_duration_since(self.origin))
     }
+
+    /// Sleeps with [`tokio::time::sleep_until`] until `deadline`, never before it:
+    /// the port's [`sleep_until`](vantage_api_pool::Runtime::sleep_until), as an
+    /// inherent method so that its future's type, [`TokioSleep`], shows whichever
+    /// port trait is in scope.
+    ///
+    /// [`Instant::FAR_FUTURE`], and any deadline tokio's instant cannot represent,
+    /// never completes; the deadline is converted with checked arithmetic, so none
+    /// can overflow it, and the clock is not read. Dropping the future drops the
+    /// tokio timer. Panics, as tokio does, if polled outside a tokio runtime with
+    /// time enabled.
+    ///
+    /// The future is `Send + 'static`: it does not borrow the runtime.
+    pub fn sleep_until(&self, deadline: Instant) -> TokioSleep {
+        sleep_until(self.origin, deadline)
+    }
+
+    /// [`TokioRuntime::sleep_until`] now plus `duration` (saturating at
+    /// [`Instant::FAR_FUTURE`]); `Send + 'static` as well.
+    pub fn sleep(&self, duration: Duration) -> TokioSleep {
+        sleep_until(
+            self.origin,
+            self.from_tokio(tokio::time::Instant::now())
+                .saturating_add(duration),
+        )
+    }
 }
 
 impl Default for TokioRuntime {
@@ -135,7 +164,7 @@ impl Clone for TokioRuntime {
     }
 }
 
-impl Runtime for TokioRuntime {
+impl SendRuntime for TokioRuntime {
     fn now(&self) -> Instant {
         self.from_tokio(tokio::time::Instant::now())
     }
@@ -144,25 +173,16 @@ impl Runtime for TokioRuntime {
         SystemTime::now()
     }
 
-    /// Sleeps with [`tokio::time::sleep_until`] until `deadline`, never before it.
-    ///
-    /// [`Instant::FAR_FUTURE`], and any deadline tokio's instant cannot represent,
-    /// never completes; the deadline is converted with checked arithmetic, so none
-    /// can overflow it, and the clock is not read. Dropping the future drops the tokio timer. Panics, as
-    /// tokio does, if polled outside a tokio runtime with time enabled.
-    ///
-    /// The future is `Send + 'static` (it does not borrow the runtime), and this
-    /// signature promises so.
+    /// [`TokioRuntime::sleep_until`].
     #[allow(refining_impl_trait)]
     fn sleep_until(&self, deadline: Instant) -> TokioSleep {
-        sleep_until(self.origin, deadline)
+        TokioRuntime::sleep_until(self, deadline)
     }
 
-    /// [`Runtime::sleep_until`] now plus `duration` (saturating at
-    /// [`Instant::FAR_FUTURE`]); `Send + 'static` as well.
+    /// [`TokioRuntime::sleep`].
     #[allow(refining_impl_trait)]
     fn sleep(&self, duration: Duration) -> TokioSleep {
-        sleep_until(self.origin, self.now().saturating_add(duration))
+        TokioRuntime::sleep(self, duration)
     }
 
     /// The next number of a SplitMix64 sequence, in `[0, 1)` with 53 random bits.

@@ -59,7 +59,10 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
 use std::time::{Duration, SystemTime};
 
-use vantage_api_pool::{Instant, Runtime};
+// The docs name the plain port, which `VirtualRuntime` has through `SendRuntime`.
+#[allow(unused_imports)]
+use vantage_api_pool::Runtime;
+use vantage_api_pool::{Instant, SendRuntime};
 
 use crate::timers::{TimerId, Timers};
 
@@ -1170,7 +1173,7 @@ impl Drop for Batch<'_> {
     }
 }
 
-impl Runtime for VirtualRuntime {
+impl SendRuntime for VirtualRuntime {
     fn now(&self) -> Instant {
         VirtualRuntime::now(self)
     }
@@ -1180,7 +1183,7 @@ impl Runtime for VirtualRuntime {
     }
 
     /// Same timer as [`VirtualRuntime::sleep_until`], borrowing the runtime.
-    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> {
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send {
         SleepRef {
             core: TimerCore::until(&self.shared, deadline),
             shared: &self.shared,
@@ -1188,7 +1191,7 @@ impl Runtime for VirtualRuntime {
     }
 
     /// Same timer as [`VirtualRuntime::sleep`], borrowing the runtime.
-    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> {
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send {
         self.sleep_ref(duration)
     }
 

@@ -45,9 +45,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+// The docs name the plain ports, which the testkit's types have through the `Send` ones.
 use vantage_api_pool::{
-    Instant, PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse,
+    Instant, PreparedRequest, SendTransport, SendTransportResponse, TransportError,
+    TransportErrorKind,
 };
+#[allow(unused_imports)]
+use vantage_api_pool::{Transport, TransportResponse};
 
 use crate::runtime::{SleepRef, VirtualRuntime};
 
@@ -808,7 +812,7 @@ impl ScriptedResponse {
     pub async fn read_to_end(&mut self) -> Result<Bytes, TransportError> {
         let mut first: Option<Bytes> = None;
         let mut rest: Vec<u8> = Vec::new();
-        while let Some(chunk) = self.chunk().await? {
+        while let Some(chunk) = SendTransportResponse::chunk(self).await? {
             match &first {
                 None => first = Some(chunk),
                 Some(head) => {
@@ -827,7 +831,7 @@ impl ScriptedResponse {
     }
 }
 
-impl TransportResponse for ScriptedResponse {
+impl SendTransportResponse for ScriptedResponse {
     fn status(&self) -> StatusCode {
         self.status
     }
@@ -1495,7 +1499,7 @@ impl ScriptedTransport {
     }
 }
 
-impl Transport for ScriptedTransport {
+impl SendTransport for ScriptedTransport {
     type Handle = ScriptedHttp;
     type Draft = ScriptedRequestBuilder;
     type Request = ScriptedRequest;
@@ -1526,7 +1530,7 @@ impl Transport for ScriptedTransport {
     fn send(
         &self,
         request: ScriptedRequest,
-    ) -> impl Future<Output = Result<ScriptedResponse, TransportError>> {
+    ) -> impl Future<Output = Result<ScriptedResponse, TransportError>> + Send {
         SendFuture {
             shared: &self.shared,
             state: SendState::Start(request),
@@ -1537,7 +1541,7 @@ impl Transport for ScriptedTransport {
     /// Waits as [`admit_delay`](ScriptedTransport::admit_delay) or
     /// [`admit_with`](ScriptedTransport::admit_with) say (at once by default), then
     /// counts the admission. Dropping the future gives up the wait; nothing is counted.
-    fn admit(&self) -> impl Future<Output = ()> {
+    fn admit(&self) -> impl Future<Output = ()> + Send {
         let shared = &*self.shared;
         async move {
             if shared.has_admit.load(Ordering::Relaxed) {

@@ -173,7 +173,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 #[cfg(not(target_arch = "wasm32"))]
 use std::time::Duration;
 
-use vantage_api_pool::{Transport, TransportError, TransportErrorKind};
+#[cfg(not(target_arch = "wasm32"))]
+use vantage_api_pool::SendTransport;
+// On native targets only the docs name it.
+#[cfg_attr(not(target_arch = "wasm32"), allow(unused_imports))]
+use vantage_api_pool::Transport;
+use vantage_api_pool::{TransportError, TransportErrorKind};
 
 /// The read timeout of a client the adapter builds: a body (or a head) that sends
 /// nothing for this long fails with a timeout instead of hanging its reader.
@@ -386,87 +391,99 @@ impl From<reqwest::Client> for ReqwestTransport {
     }
 }
 
-impl Transport for ReqwestTransport {
-    type Handle = reqwest::Client;
-    type Draft = reqwest::RequestBuilder;
-    type Request = ReqwestRequest;
-    type Response = ReqwestResponse;
+/// The transport's one implementation, of [`SendTransport`] on native targets (its
+/// futures are `Send`, so generic code can spawn calls over it) and of [`Transport`] on
+/// wasm32 (a `fetch` holds `JsValue`s).
+macro_rules! transport_impl {
+    ($port:ident $(+ $send:ident)?) => {
+        impl $port for ReqwestTransport {
+            type Handle = reqwest::Client;
+            type Draft = reqwest::RequestBuilder;
+            type Request = ReqwestRequest;
+            type Response = ReqwestResponse;
 
-    fn handle(&self) -> &reqwest::Client {
-        &self.client
-    }
-
-    /// Builds the draft ([`reqwest::RequestBuilder::build_split`]).
-    ///
-    /// Fails with [`TransportErrorKind::Config`] when reqwest could not build it (an
-    /// invalid URL, header or body) or when its URL scheme is not `http` or `https`
-    /// (which reqwest would only report when sending). Nothing is sent.
-    ///
-    /// The request is sent by the draft's client, or, on a client the adapter built,
-    /// by its newest client at the time of sending (chosen in [`Transport::send`], so a
-    /// rebuild during the permit wait reaches requests already prepared).
-    fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
-        let (client, request) = draft.build_split();
-        let request = request.map_err(transport_error)?;
-        match request.url().scheme() {
-            "http" | "https" => {}
-            _ => {
-                return Err(TransportError::new(
-                    TransportErrorKind::Config,
-                    "the URL scheme is not http or https",
-                ));
+            fn handle(&self) -> &reqwest::Client {
+                &self.client
             }
-        }
-        Ok(ReqwestRequest::new(client, request))
-    }
 
-    /// Sends the request with [`reqwest::Client::execute`] and resolves at the
-    /// response head.
-    ///
-    /// Dropping the future abandons the request: hyper does not reuse an HTTP/1.1
-    /// connection whose exchange was abandoned, and resets the stream on HTTP/2; on
-    /// wasm32 the fetch is aborted.
-    fn send(
-        &self,
-        request: ReqwestRequest,
-    ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> {
-        let (client, request) = request.into_parts();
-        #[cfg(not(target_arch = "wasm32"))]
-        let client = match &self.rebuild {
-            Some(rebuild) => rebuild.lock().client.clone(),
-            None => client,
-        };
-        Sending {
-            pending: client.execute(request),
-            redirected: false,
-        }
-    }
-
-    /// On a client the adapter built, replaces it with a fresh one (at most once per
-    /// [`REBUILD_INTERVAL`]); on a client you supplied, does nothing. See the crate
-    /// docs.
-    fn distrust_connection(&self) {
-        #[cfg(not(target_arch = "wasm32"))]
-        if let Some(rebuild) = &self.rebuild {
-            {
-                let mut sender = rebuild.lock();
-                if sender
-                    .rebuilt_at
-                    .is_some_and(|at| at.elapsed() < REBUILD_INTERVAL)
-                {
-                    return;
+            /// Builds the draft ([`reqwest::RequestBuilder::build_split`]).
+            ///
+            /// Fails with [`TransportErrorKind::Config`] when reqwest could not build it (an
+            /// invalid URL, header or body) or when its URL scheme is not `http` or `https`
+            /// (which reqwest would only report when sending). Nothing is sent.
+            ///
+            /// The request is sent by the draft's client, or, on a client the adapter built,
+            /// by its newest client at the time of sending (chosen in [`Transport::send`], so a
+            /// rebuild during the permit wait reaches requests already prepared).
+            fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
+                let (client, request) = draft.build_split();
+                let request = request.map_err(transport_error)?;
+                match request.url().scheme() {
+                    "http" | "https" => {}
+                    _ => {
+                        return Err(TransportError::new(
+                            TransportErrorKind::Config,
+                            "the URL scheme is not http or https",
+                        ));
+                    }
                 }
-                // Claim this rebuild before building, outside the lock.
-                sender.rebuilt_at = Some(std::time::Instant::now());
+                Ok(ReqwestRequest::new(client, request))
             }
-            if let Ok(client) = (rebuild.make)().build() {
-                let mut sender = rebuild.lock();
-                sender.client = client;
-                sender.rebuilds += 1;
+
+            /// Sends the request with [`reqwest::Client::execute`] and resolves at the
+            /// response head.
+            ///
+            /// Dropping the future abandons the request: hyper does not reuse an HTTP/1.1
+            /// connection whose exchange was abandoned, and resets the stream on HTTP/2; on
+            /// wasm32 the fetch is aborted.
+            fn send(
+                &self,
+                request: ReqwestRequest,
+            ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> $(+ $send)? {
+                let (client, request) = request.into_parts();
+                #[cfg(not(target_arch = "wasm32"))]
+                let client = match &self.rebuild {
+                    Some(rebuild) => rebuild.lock().client.clone(),
+                    None => client,
+                };
+                Sending {
+                    pending: client.execute(request),
+                    redirected: false,
+                }
+            }
+
+            /// On a client the adapter built, replaces it with a fresh one (at most once per
+            /// [`REBUILD_INTERVAL`]); on a client you supplied, does nothing. See the crate
+            /// docs.
+            fn distrust_connection(&self) {
+                #[cfg(not(target_arch = "wasm32"))]
+                if let Some(rebuild) = &self.rebuild {
+                    {
+                        let mut sender = rebuild.lock();
+                        if sender
+                            .rebuilt_at
+                            .is_some_and(|at| at.elapsed() < REBUILD_INTERVAL)
+                        {
+                            return;
+                        }
+                        // Claim this rebuild before building, outside the lock.
+                        sender.rebuilt_at = Some(std::time::Instant::now());
+                    }
+                    if let Ok(client) = (rebuild.make)().build() {
+                        let mut sender = rebuild.lock();
+                        sender.client = client;
+                        sender.rebuilds += 1;
+                    }
+                }
             }
         }
-    }
+    };
 }
+
+#[cfg(not(target_arch = "wasm32"))]
+transport_impl!(SendTransport + Send);
+#[cfg(target_arch = "wasm32")]
+transport_impl!(Transport);
 
 pin_project_lite::pin_project! {
     /// The future of [`ReqwestTransport::send`]: reqwest's own, its outcome mapped

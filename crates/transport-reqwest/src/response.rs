@@ -53,7 +53,9 @@ impl ReqwestResponse {
 mod imp {
     use std::ops::Deref;
 
-    use super::{Bytes, HeaderMap, StatusCode, TransportError, TransportResponse};
+    use vantage_api_pool::SendTransportResponse;
+
+    use super::{Bytes, HeaderMap, StatusCode, TransportError};
     use crate::error::body_error;
 
     /// A [`reqwest::Response`] at its head; its body is still streaming from the
@@ -74,7 +76,7 @@ mod imp {
         }
 
         /// The reqwest response, with whatever of its body
-        /// [`chunk`](TransportResponse::chunk) has not read yet.
+        /// [`chunk`](vantage_api_pool::TransportResponse::chunk) has not read yet.
         #[must_use]
         pub fn into_inner(self) -> reqwest::Response {
             self.inner
@@ -105,7 +107,7 @@ mod imp {
         }
     }
 
-    impl TransportResponse for ReqwestResponse {
+    impl SendTransportResponse for ReqwestResponse {
         fn status(&self) -> StatusCode {
             self.inner.status()
         }

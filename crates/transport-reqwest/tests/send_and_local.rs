@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use common::*;
-use vantage_api_pool::auth::{AuthError, TokenSource, token_fn};
+use vantage_api_pool::auth::{AuthError, TokenSource, send_token_fn, token_fn};
 use vantage_api_pool::http::{HeaderValue, StatusCode, header::AUTHORIZATION};
 use vantage_api_pool::{
     CallPolicy, ClientError, ResilientClient, Runtime, Transport, TransportError, TransportResponse,
@@ -115,6 +115,61 @@ async fn a_call_over_reqwest_and_tokio_can_be_spawned() {
         ]
     );
     assert_eq!(server.requests().len(), 3);
+}
+
+/// Client code generic over the Send variants of the ports spawns its own calls: the
+/// compiler proves the call's future `Send` inside the generic function, with no
+/// concrete transport in sight.
+#[cfg(feature = "tokio")]
+fn spawn_fetch<T, R, A>(
+    client: ResilientClient<T, R, A>,
+    url: String,
+) -> tokio::task::JoinHandle<Result<(StatusCode, String), ClientError>>
+where
+    T: vantage_api_pool::SendTransport<
+            Handle = reqwest::Client,
+            Draft = reqwest::RequestBuilder,
+            Response = ReqwestResponse,
+        > + 'static,
+    R: vantage_api_pool::SendRuntime + 'static,
+    A: vantage_api_pool::SendTokenSource + 'static,
+{
+    tokio::spawn(async move {
+        let response = client
+            .execute_with(&policy(1), |http| http.get(&url))
+            .await?;
+        let status = response.status();
+        Ok((status, response.text().await.unwrap()))
+    })
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generic_code_over_the_send_ports_spawns_its_calls() {
+    let server = FaultServer::start(|n, _| match n {
+        0 => Act::Respond(response("503 Service Unavailable", &[], "")),
+        _ => Act::Respond(ok("generic")),
+    })
+    .await;
+    let client = ReqwestTransport::tokio_builder(reqwest_client())
+        .auth(send_token_fn(|| async {
+            Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer g")))
+        }))
+        .build()
+        .unwrap();
+    let (status, text) = spawn_fetch(client, server.url("/orders"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "generic"));
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2, "the 503 was retried");
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.header("authorization").as_deref() == Some("bearer g")),
+        "{requests:?}"
+    );
 }
 
 /// `ReqwestTransport` with an `Rc` counter of sends: neither it nor its futures are
