@@ -88,6 +88,10 @@ impl RetryPolicy {
     /// let err = RetryPolicy::new(2, Duration::from_secs(5), Duration::from_secs(1)).unwrap_err();
     /// assert_eq!(err.setting(), "retry.max");
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `retry.max` if `max` is below `base`.
     pub fn new(max_retries: u32, base: Duration, max: Duration) -> Result<Self, ConfigError> {
         if max < base {
             return Err(ConfigError::new(
@@ -268,7 +272,11 @@ impl CallPolicy {
         Self::preset(RetryMode::None, BreakerMode::FailFast, None)
     }
 
-    /// Replaces the retry mode. Fails if its `max` is below its `base`.
+    /// Replaces the retry mode.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `retry.max` if the mode's `max` is below its `base`.
     pub fn with_retry(mut self, retry: RetryMode) -> Result<Self, ConfigError> {
         self.retry = retry.validate()?;
         Ok(self)

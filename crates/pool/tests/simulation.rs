@@ -11,7 +11,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +33,8 @@ struct CallPlan {
 
 #[derive(Default)]
 struct CallRecord {
+    /// The call's id: calls are numbered from 1 as `execute_with` is called.
+    call: Option<CallId>,
     started: Option<Instant>,
     ended: Option<Instant>,
     result: Option<Result<(), ClientError>>,
@@ -110,30 +112,54 @@ fn policy(rng: &mut Rng) -> CallPolicy {
     base.idempotent(rng.chance(20))
 }
 
-/// Checks, at every `Started`, that sends in flight stay within the cap.
+/// Notes, at every `Started`, how many sends the transport has in flight, so that
+/// [`LiveChecks::over_the_cap`] can check the real sends against the cap.
 struct LiveChecks {
     transport: ScriptedTransport,
     max_parallel: usize,
-    violations: Mutex<Vec<String>>,
+    at_started: Mutex<Vec<AtStarted>>,
+}
+
+/// A send's (call, send), when it was announced, and the sends then in flight.
+type AtStarted = ((CallId, u32), Instant, usize);
+
+impl LiveChecks {
+    /// Real sends announced while the others left them no place: the send announced
+    /// is not in flight yet (the scripted transport counts it on its first poll), so
+    /// at most `max_parallel - 1` others may be. Synthetic pairs (a fail-fast
+    /// rejection, say) take no permit and are skipped.
+    fn over_the_cap(&self, events: &[TransportEvent]) -> Vec<String> {
+        let synthetic = synthetic_sends(events);
+        self.at_started
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(key, _, n)| *n >= self.max_parallel && !synthetic.contains(key))
+            .map(|(key, at, n)| {
+                format!(
+                    "{key:?} started at {at:?} with {n} others in flight, cap {}",
+                    self.max_parallel
+                )
+            })
+            .collect()
+    }
 }
 
 impl TransportObserver for LiveChecks {
     fn on_event(&self, _api: &str, event: &TransportEvent) {
-        if matches!(event.kind, EventKind::Started { .. })
-            && self.transport.in_flight() > self.max_parallel
-        {
-            self.violations
-                .lock()
-                .unwrap()
-                .push(format!("in flight above the cap at {:?}", event.at));
+        if let (EventKind::Started { send, .. }, Some(call)) = (&event.kind, event.call) {
+            self.at_started.lock().unwrap().push((
+                (call, *send),
+                event.at,
+                self.transport.in_flight(),
+            ));
         }
     }
 }
 
-/// At most one probe per epoch: while the breaker is open, no real send starts
-/// before its cooldown ends, and after it at most one is in flight at a time.
-fn check_probes(events: &[TransportEvent], problems: &mut Vec<String>) {
-    let synthetic: HashSet<(CallId, u32)> = events
+/// The (call, send) of every synthetic pair: a `Failed` with `sent: false`.
+fn synthetic_sends(events: &[TransportEvent]) -> HashSet<(CallId, u32)> {
+    events
         .iter()
         .filter_map(|e| match e.kind {
             EventKind::Failed {
@@ -141,7 +167,13 @@ fn check_probes(events: &[TransportEvent], problems: &mut Vec<String>) {
             } => Some((e.call.unwrap(), send)),
             _ => None,
         })
-        .collect();
+        .collect()
+}
+
+/// At most one probe per epoch: while the breaker is open, no real send starts
+/// before its cooldown ends, and after it at most one is in flight at a time.
+fn check_probes(events: &[TransportEvent], problems: &mut Vec<String>) {
+    let synthetic = synthetic_sends(events);
     let mut open: Option<(Instant, Duration)> = None;
     let mut in_flight: HashSet<(CallId, u32)> = HashSet::new();
     for e in events {
@@ -255,7 +287,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
     let live = Arc::new(LiveChecks {
         transport: transport.clone(),
         max_parallel,
-        violations: Mutex::default(),
+        at_started: Mutex::default(),
     });
     let fetches = Arc::new(AtomicUsize::new(0));
     let completed = Arc::new(AtomicUsize::new(0));
@@ -316,8 +348,15 @@ fn run_seed(seed: u64) -> Result<(), String> {
         .collect();
     let records: Vec<Arc<Mutex<CallRecord>>> = plans.iter().map(|_| Arc::default()).collect();
     let mut handles = Vec::new();
+    let ids = Arc::new(AtomicU64::new(0));
     for (plan, record) in plans.iter().zip(&records) {
-        let fut = client.call(plan.policy.clone(), plan.start, record.clone(), rt.clone());
+        let fut = client.call(
+            plan.policy.clone(),
+            plan.start,
+            record.clone(),
+            ids.clone(),
+            rt.clone(),
+        );
         handles.push((rt.spawn(fut), plan.drop_at));
     }
     // Drop callers at their planned times, then let the rest finish.
@@ -340,7 +379,14 @@ fn run_seed(seed: u64) -> Result<(), String> {
         assert!(handle.is_finished());
     }
 
-    let mut problems: Vec<String> = live.violations.lock().unwrap().clone();
+    let events: Vec<TransportEvent> = recorder.events().into_iter().map(|r| r.event).collect();
+    let mut problems = live.over_the_cap(&events);
+    if live.transport.peak_in_flight() > max_parallel {
+        problems.push(format!(
+            "{} sends in flight at once, over the cap of {max_parallel}",
+            live.transport.peak_in_flight()
+        ));
+    }
     // Every Started has exactly one terminal event, nothing after it.
     if let Err(v) = recorder.check_contract() {
         if std::env::var("SIM_DEBUG").is_ok() {
@@ -356,7 +402,6 @@ fn run_seed(seed: u64) -> Result<(), String> {
             client.in_flight()
         ));
     }
-    let events: Vec<TransportEvent> = recorder.events().into_iter().map(|r| r.event).collect();
 
     // Attempts never exceed the policy's limit; no call outlives its budget.
     let mut by_call: BTreeMap<CallId, Vec<&TransportEvent>> = BTreeMap::new();
@@ -387,7 +432,42 @@ fn run_seed(seed: u64) -> Result<(), String> {
             ));
         }
     }
+    // Every call that started, whatever its end, by the attempt numbers of its sends.
+    let policy_of: HashMap<CallId, &CallPolicy> = plans
+        .iter()
+        .zip(&records)
+        .filter_map(|(plan, record)| Some((record.lock().unwrap().call?, &plan.policy)))
+        .collect();
     for (call, evs) in &by_call {
+        let Some(policy) = policy_of.get(call) else {
+            continue;
+        };
+        let limit = match policy.retry() {
+            RetryMode::Bounded(p) => Some(p.max_retries + 2),
+            RetryMode::None => Some(2),
+            _ => None,
+        };
+        let attempts = evs
+            .iter()
+            .filter_map(|e| match e.kind {
+                EventKind::Started { attempt, .. } => Some(attempt),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        if let Some(limit) = limit
+            && attempts > limit
+        {
+            problems.push(format!(
+                "{call:?}: {attempts} attempts, over its limit of {limit} (+1 replay included)"
+            ));
+        }
+    }
+    for (call, evs) in &by_call {
+        let ceiling = policy_of
+            .get(call)
+            .and_then(|p| p.retry().ceiling())
+            .unwrap_or(Duration::MAX);
         let mut last_failed: Option<(&TransportEvent, Option<Duration>)> = None;
         // When the announced retry is due: its send may not start before.
         let mut retry_due: Option<Instant> = None;
@@ -408,10 +488,10 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 } => last_failed = Some((e, error.retry_after())),
                 EventKind::RetryScheduled { after, .. } => {
                     retry_due = Some(e.at + *after);
-                    // No retry leaves before the server's delay, clamped to the ceiling:
-                    // the ceilings here are at least 500 ms and the delays 750 ms or 1 s.
+                    // No retry leaves before the server's delay, clamped to the policy's
+                    // ceiling.
                     if let Some((_, Some(wait))) = last_failed
-                        && *after < wait.min(ms(500))
+                        && *after < wait.min(ceiling)
                     {
                         problems.push(format!(
                             "{call:?}: retry after {after:?} before the server's {wait:?}"
@@ -525,6 +605,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
         CallPolicy::essential().with_breaker_mode(BreakerMode::WaitForProbe),
         Duration::ZERO,
         probe.clone(),
+        ids.clone(),
         rt.clone(),
     ))
     .map_err(|e| e.to_string())?;
@@ -554,6 +635,7 @@ trait SimClient {
         policy: CallPolicy,
         start: Duration,
         record: Arc<Mutex<CallRecord>>,
+        ids: Arc<AtomicU64>,
         rt: VirtualRuntime,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
     fn in_flight(&self) -> usize;
@@ -569,12 +651,17 @@ impl<A: vantage_api_pool::TokenSource + 'static> SimClient
         policy: CallPolicy,
         start: Duration,
         record: Arc<Mutex<CallRecord>>,
+        ids: Arc<AtomicU64>,
         rt: VirtualRuntime,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> {
         let client = self.clone();
         Box::pin(async move {
             rt.sleep(start).await;
-            record.lock().unwrap().started = Some(rt.now());
+            {
+                let mut r = record.lock().unwrap();
+                r.started = Some(rt.now());
+                r.call = Some(CallId(ids.fetch_add(1, Ordering::SeqCst) + 1));
+            }
             let result = client
                 .execute_with(&policy, |h| h.get("/sim"))
                 .await
