@@ -23,7 +23,7 @@ use crate::classify::{
 };
 use crate::client::Shared;
 use crate::concurrency::Permit;
-use crate::error::{ClientError, ErrorKind, MAX_ERROR_BODY};
+use crate::error::{ClientError, ErrorKind, MAX_ERROR_BODY, trim_unfinished_char};
 use crate::observer::{CallId, EventKind};
 use crate::policy::{BreakerMode, CallPolicy};
 use crate::rate::TokenBucket;
@@ -681,10 +681,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             )
             .with_reached(self.reached)
         })?;
-        // The header is looked up only when the method and the policy leave it open.
-        // A request without a method is idempotent only by policy, key or not.
+        // The header is looked up only when the method and the policy leave it open;
+        // `is_idempotent` alone says what a key counts for.
         let idempotent = is_idempotent(request.method(), false, self.policy.is_idempotent())
-            || (request.method().is_some() && request.header(&IDEMPOTENCY_KEY).is_some());
+            || is_idempotent(
+                request.method(),
+                request.header(&IDEMPOTENCY_KEY).is_some(),
+                false,
+            );
         self.token_generation = token.map(|t| {
             request.set_header(t.name, t.value);
             t.generation
@@ -854,8 +858,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
 }
 
 /// Reads up to [`MAX_ERROR_BODY`] bytes of an error response's body, giving up at
-/// `deadline`, at the body's end, or at a read error; whatever was read is kept.
-/// A read cut by the deadline tells the transport to distrust the connection.
+/// `deadline`, at the body's end, or at a read error; whatever was read is kept,
+/// less a character the cut left unfinished. A read cut by the deadline tells the
+/// transport to distrust the connection.
 async fn read_error_body<T: Transport, R: Runtime>(
     transport: &T,
     runtime: &R,
@@ -871,10 +876,11 @@ async fn read_error_body<T: Transport, R: Runtime>(
                 let room = MAX_ERROR_BODY + 1 - body.len();
                 body.extend_from_slice(&chunk[..chunk.len().min(room)]);
             }
-            Ok(_) => break,
+            Ok(Ok(None)) => break,
+            Ok(Err(_)) => return trim_unfinished_char(body.freeze()),
             Err(_elapsed) => {
                 transport.distrust_connection();
-                break;
+                return trim_unfinished_char(body.freeze());
             }
         }
     }

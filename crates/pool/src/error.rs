@@ -204,7 +204,8 @@ impl ClientError {
     }
 
     /// Up to 2048 bytes of the last error response's body, cut on a char boundary when
-    /// the body is UTF-8. `None` for every kind but [`ErrorKind::Status`].
+    /// the body is UTF-8, whether the cut is the limit's or a read that stalled or
+    /// broke. `None` for every kind but [`ErrorKind::Status`].
     #[must_use]
     pub fn body(&self) -> Option<&[u8]> {
         self.body.as_deref()
@@ -336,6 +337,16 @@ pub fn truncate_body(body: Bytes) -> Bytes {
     body.slice(..cut)
 }
 
+/// A body whose read was cut short (a stall or a read error) without the bytes that
+/// would finish its last character: when it is valid text up to that unfinished
+/// sequence, the sequence is dropped, as [`truncate_body`] does at the limit.
+pub(crate) fn trim_unfinished_char(body: Bytes) -> Bytes {
+    match std::str::from_utf8(&body) {
+        Err(e) if e.error_len().is_none() => body.slice(..e.valid_up_to()),
+        _ => body,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,6 +472,16 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_read_drops_only_an_unfinished_last_character() {
+        let trim = |b: &'static [u8]| trim_unfinished_char(Bytes::from_static(b));
+        assert_eq!(&trim(b"aaaa\xE2\x82")[..], b"aaaa");
+        assert_eq!(&trim("aaaa€".as_bytes())[..], "aaaa€".as_bytes());
+        // Not text before the end: binary, kept as read.
+        assert_eq!(&trim(b"\xFFaa\xE2")[..], b"\xFFaa\xE2");
+        assert_eq!(&trim(b"")[..], b"");
+    }
+
+    #[test]
     fn body_is_cut_at_2048_bytes_on_a_char_boundary() {
         // Short bodies are kept whole.
         assert_eq!(truncate_body(Bytes::from_static(b"short")).len(), 5);
@@ -482,6 +503,16 @@ mod tests {
         // A body that is not UTF-8 is cut at exactly 2048 bytes.
         let binary: Vec<u8> = (0..5000u32).map(|i| (i % 256) as u8 | 0x80).collect();
         assert_eq!(truncate_body(Bytes::from(binary)).len(), 2048);
+        // ... also when its last bytes look like a 4-byte character the cut split,
+        // until the byte past the cut shows it is not one (as the loop hands a body
+        // over: the limit plus one byte).
+        let mut lookalike = vec![b'a'; 2045];
+        lookalike.extend_from_slice(&[0xF0, 0x9F, 0x98, 0xFF]);
+        assert_eq!(truncate_body(Bytes::from(lookalike)).len(), 2048);
+        // At most 2048 bytes is never cut, even ending in an unfinished sequence.
+        let mut unfinished = vec![b'a'; 2046];
+        unfinished.extend_from_slice(&[0xE2, 0x82]);
+        assert_eq!(truncate_body(Bytes::from(unfinished)).len(), 2048);
         // Through the error: the body is kept, cut, and readable as text.
         let e = status(500, 1).with_body(Bytes::from("é".repeat(2000)));
         assert_eq!(e.body().unwrap().len(), 2048);

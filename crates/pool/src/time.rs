@@ -170,6 +170,20 @@ mod tests {
             Instant::from_origin(Duration::from_nanos(u64::MAX)),
             Instant::FAR_FUTURE
         );
+        // Durations past the range that are not Duration::MAX (whose nanoseconds a
+        // wrapping or truncating conversion would happen to map to u64::MAX).
+        assert_eq!(
+            Instant::from_origin(Duration::new(18_446_744_073, 999_999_999)),
+            Instant::FAR_FUTURE
+        );
+        assert_eq!(
+            Instant::from_origin(Duration::from_secs(u64::MAX / 2)),
+            Instant::FAR_FUTURE
+        );
+        let far = Duration::from_secs(1 << 40);
+        assert_eq!(Instant::ORIGIN + far, Instant::FAR_FUTURE);
+        assert_eq!(Instant::ORIGIN.checked_add(far), None);
+        assert_eq!(Instant::ORIGIN.checked_add(Duration::MAX), None);
     }
 
     #[test]

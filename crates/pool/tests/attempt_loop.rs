@@ -776,6 +776,60 @@ fn an_error_body_read_a_byte_at_a_time_is_cut_on_a_character_boundary() {
 }
 
 #[test]
+fn an_error_body_cut_by_a_stall_inside_a_character_drops_that_character() {
+    let w = World::new();
+    w.transport
+        .default_reply(Reply::status(500).body("aaaa€bbbb").body_stalls_after(5));
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.body(), Some(&b"aaaa"[..]));
+    assert_eq!(err.body_text().unwrap(), "aaaa");
+}
+
+#[test]
+fn sends_that_all_failed_before_leaving_are_nothing_sent_after_attempts() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::fail(TransportErrorKind::Connect, "refused"),
+        Reply::fail(TransportErrorKind::Connect, "refused"),
+    ]);
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.post("/pay")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::Connect)
+    );
+    assert_eq!(err.attempts(), 2);
+    assert!(err.nothing_sent(), "no attempt reached the server");
+    assert!(format!("{err:?}").contains("nothing_sent: true"), "{err:?}");
+}
+
+#[test]
+fn statuses_past_599_are_final_and_not_retryable() {
+    for code in [600, 999] {
+        let w = World::new();
+        w.transport
+            .push(Reply::status(code).header("x-request-id", "rid-1"));
+        let client = w.client();
+        let err =
+            w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.get("/x")))
+                .unwrap()
+                .unwrap_err();
+        assert_eq!(err.attempts(), 1, "{code}");
+        assert!(!err.is_retryable(), "{code}");
+        let debug = format!("{err:?}");
+        assert!(debug.contains("has_request_id: true"), "{debug}");
+        assert!(!debug.contains("rid-1"), "{debug}");
+    }
+}
+
+#[test]
 fn a_transport_timeout_keeps_its_message_as_the_source() {
     let w = World::new();
     w.transport
