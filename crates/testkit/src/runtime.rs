@@ -852,7 +852,8 @@ impl VirtualRuntime {
     }
 
     /// Drops every spawned task that has not finished, running their `Drop`s now,
-    /// and returns how many there were. Awaiting the [`JoinHandle`] of such a task
+    /// and returns how many there were (a running task that already aborted itself
+    /// is not counted again). Awaiting the [`JoinHandle`] of such a task
     /// panics. Only the calling thread's tasks (those it spawned): from another
     /// thread this drops nothing and returns 0.
     ///
@@ -885,7 +886,8 @@ impl VirtualRuntime {
     /// # Errors
     ///
     /// * [`DriveError::Deadlock`]: `future` is not done, every task is parked and no
-    ///   timer is pending, so nothing could ever happen again.
+    ///   timer could fire (none is pending, or only ones at [`Instant::FAR_FUTURE`]),
+    ///   so nothing could ever happen again.
     /// * [`DriveError::StepLimit`]: more polls than the step limit.
     /// * [`DriveError::AlreadyDriving`]: called from inside a task, or while another
     ///   thread drives this runtime.
@@ -897,7 +899,7 @@ impl VirtualRuntime {
     /// assert_eq!(rt.block_on(async { 7 })?, 7);
     /// // A future that waits for nothing that could ever happen is a deadlock:
     /// let err = rt.block_on(std::future::pending::<()>()).unwrap_err();
-    /// assert_eq!(err.to_string(), "deadlock at +0ns: 1 task parked and no timer pending");
+    /// assert_eq!(err.to_string(), "deadlock at +0ns: 1 task parked and no timer to wait for");
     /// # Ok::<(), DriveError>(())
     /// ```
     pub fn block_on<F: Future>(&self, future: F) -> Result<F::Output, DriveError> {
@@ -1115,6 +1117,21 @@ impl VirtualRuntime {
                 });
             }
             while let Some(key) = batch.keys.pop_front() {
+                // Stale keys (an earlier block_on's, a finished or aborted task's, a
+                // task already running) are skipped before the limit is looked at:
+                // only a poll that would happen counts.
+                let is_main = main.as_ref().is_some_and(|main| main.key == key);
+                if !is_main {
+                    if key_parts(key).0 == MAIN_INDEX {
+                        continue; // a stale wake of an earlier block_on
+                    }
+                    if executor.is_none() {
+                        executor = self.executor(false);
+                    }
+                    if !executor.as_ref().is_some_and(|e| e.is_pollable(key)) {
+                        continue;
+                    }
+                }
                 if steps >= limit {
                     batch.keys.push_front(key);
                     self.requeue_front(&mut batch.keys);
@@ -1124,7 +1141,7 @@ impl VirtualRuntime {
                     });
                 }
                 if let Some(main) = main.as_mut()
-                    && main.key == key
+                    && is_main
                 {
                     steps += 1;
                     main.flag.queued.store(false, Ordering::Release);
@@ -1134,12 +1151,6 @@ impl VirtualRuntime {
                         return Ok(());
                     }
                     continue;
-                }
-                if key_parts(key).0 == MAIN_INDEX {
-                    continue; // a stale wake of an earlier block_on
-                }
-                if executor.is_none() {
-                    executor = self.executor(false);
                 }
                 if let Some(executor) = &executor
                     && executor.poll_task(key)
@@ -1410,7 +1421,8 @@ impl TimerCore {
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DriveError {
-    /// Every task is parked, the work is not done, and no timer is pending: nothing
+    /// Every task is parked, the work is not done, and no timer could fire (none is
+    /// pending, or only ones at [`Instant::FAR_FUTURE`], which never comes): nothing
     /// can ever happen again.
     Deadlock {
         /// The virtual time at which it was detected.
@@ -1447,7 +1459,7 @@ impl fmt::Display for DriveError {
     ///     now: Instant::ORIGIN + Duration::from_millis(12_500),
     ///     parked_tasks: 3,
     /// };
-    /// assert_eq!(e.to_string(), "deadlock at +12.5s: 3 tasks parked and no timer pending");
+    /// assert_eq!(e.to_string(), "deadlock at +12.5s: 3 tasks parked and no timer to wait for");
     /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -1455,7 +1467,7 @@ impl fmt::Display for DriveError {
                 let plural = if *parked_tasks == 1 { "" } else { "s" };
                 write!(
                     f,
-                    "deadlock at +{:?}: {parked_tasks} task{plural} parked and no timer pending",
+                    "deadlock at +{:?}: {parked_tasks} task{plural} parked and no timer to wait for",
                     now.since_origin()
                 )
             }
@@ -1578,6 +1590,15 @@ impl Executor {
     }
 
     /// Polls the task with `key` if it still exists; returns whether it was polled.
+    /// Whether `key` names a task that [`Executor::poll_task`] would poll now: its
+    /// slot holds that generation, idle.
+    fn is_pollable(&self, key: u64) -> bool {
+        let (index, generation) = key_parts(key);
+        self.slots.borrow().get(index as usize).is_some_and(|slot| {
+            slot.generation == generation && matches!(slot.state, SlotState::Idle(_))
+        })
+    }
+
     fn poll_task(&self, key: u64) -> bool {
         let (index, generation) = key_parts(key);
         let mut task = {
@@ -1757,7 +1778,8 @@ pub struct JoinHandle<T> {
 }
 
 impl<T> JoinHandle<T> {
-    /// Whether the task has finished (its output is waiting in the handle).
+    /// Whether the task has finished (its output is waiting in the handle, or was
+    /// already taken by awaiting it).
     ///
     /// ```
     /// use vantage_api_pool_testkit::VirtualRuntime;

@@ -1,10 +1,12 @@
 //! The virtual clock and its driver.
 
 use std::cell::{Cell, RefCell};
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Poll;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, SystemTime};
 
 use vantage_api_pool::{Elapsed, Instant, Runtime, Transport, timeout_at};
@@ -161,7 +163,7 @@ fn deadlock_is_an_error_not_a_hang() {
     );
     assert_eq!(
         err.to_string(),
-        "deadlock at +12.5s: 1 task parked and no timer pending"
+        "deadlock at +12.5s: 1 task parked and no timer to wait for"
     );
 
     // Spawned tasks count too.
@@ -172,7 +174,7 @@ fn deadlock_is_an_error_not_a_hang() {
     let err = rt.block_on(std::future::pending::<()>()).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "deadlock at +0ns: 3 tasks parked and no timer pending"
+        "deadlock at +0ns: 3 tasks parked and no timer to wait for"
     );
     let err = rt.run().unwrap_err();
     assert!(matches!(
@@ -789,4 +791,327 @@ fn tasks_woken_with_the_finishing_main_future_still_run() {
     rt.block_on(main_sleep).unwrap();
     rt.run().expect("the task's wake was kept");
     assert!(done.get());
+}
+
+#[test]
+fn a_dropped_sleeps_leftover_key_does_not_fire_the_timer_that_reuses_its_slot() {
+    let rt = VirtualRuntime::new();
+    drop(rt.sleep(Duration::from_secs(1))); // stale key (1 s) stays in the heap
+    let later = rt.sleep(Duration::from_secs(10)); // reuses the slot
+    rt.advance(Duration::from_secs(2));
+    assert_eq!(rt.pending_timers(), 1);
+    assert_eq!(rt.next_timer(), Some(at(10_000)));
+    assert!(!later.is_elapsed());
+}
+
+/// A waker whose clones are counted by its `Arc`.
+struct Counted;
+impl Wake for Counted {
+    fn wake(self: Arc<Self>) {}
+}
+#[test]
+fn a_removed_or_fired_timer_lets_go_of_its_waker_at_once() {
+    let rt = VirtualRuntime::new();
+    let w = Arc::new(Counted);
+    let waker = Waker::from(Arc::clone(&w));
+    {
+        let mut s = pin!(rt.sleep(Duration::from_secs(1)));
+        assert!(
+            s.as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        assert_eq!(Arc::strong_count(&w), 3);
+    }
+    assert_eq!(
+        Arc::strong_count(&w),
+        2,
+        "the removed timer kept a clone of the waker"
+    );
+    let mut s = pin!(rt.sleep(Duration::from_secs(1)));
+    assert!(
+        s.as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    rt.advance(Duration::from_secs(1));
+    assert_eq!(
+        Arc::strong_count(&w),
+        2,
+        "the fired timer kept a clone of the waker"
+    );
+}
+
+#[test]
+fn after_a_step_limit_the_remaining_tasks_run_in_wake_order() {
+    let rt = VirtualRuntime::new().with_step_limit(2);
+    let log = Rc::new(RefCell::new(Vec::new()));
+    for i in 0..5 {
+        let log = Rc::clone(&log);
+        rt.spawn(async move { log.borrow_mut().push(i) }).detach();
+    }
+    assert!(matches!(rt.run(), Err(DriveError::StepLimit { .. })));
+    let rt = rt.with_step_limit(u64::MAX);
+    rt.run().unwrap();
+    assert_eq!(*log.borrow(), [0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn a_task_woken_twice_before_its_poll_is_polled_once() {
+    let rt = VirtualRuntime::new();
+    let polls = Rc::new(Cell::new(0));
+    let p = Rc::clone(&polls);
+    rt.spawn(poll_fn(move |cx| {
+        p.set(p.get() + 1);
+        if p.get() == 1 {
+            cx.waker().wake_by_ref();
+            cx.waker().wake_by_ref();
+        }
+        Poll::<()>::Pending
+    }))
+    .detach();
+    rt.run_until_idle().unwrap();
+    assert_eq!(polls.get(), 2);
+}
+
+#[test]
+fn a_deadline_equal_to_now_registers_no_timer() {
+    let rt = VirtualRuntime::new();
+    let s = rt.sleep_until(rt.now());
+    assert_eq!(rt.pending_timers(), 0);
+    rt.block_on(s).unwrap();
+    rt.advance(Duration::from_secs(1));
+    let s = rt.sleep_until(rt.now());
+    assert_eq!(rt.pending_timers(), 0);
+    drop(s);
+}
+
+#[test]
+fn a_sleep_polled_again_with_another_waker_wakes_the_latest() {
+    let rt = VirtualRuntime::new();
+    let mut s = Box::pin(rt.sleep(Duration::from_secs(1)));
+    assert!(
+        s.as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending()
+    );
+    rt.block_on(s).unwrap();
+    assert_eq!(rt.now(), at(1000));
+}
+
+#[test]
+fn a_stale_wake_of_an_aborted_task_does_not_poll_the_next_task_in_its_slot() {
+    let rt = VirtualRuntime::new();
+    let a = rt.spawn(std::future::pending::<()>()); // queued, never polled
+    a.abort();
+    let polls = Rc::new(Cell::new(0));
+    let p = Rc::clone(&polls);
+    rt.spawn(poll_fn(move |_| {
+        p.set(p.get() + 1);
+        Poll::<()>::Pending
+    }))
+    .detach();
+    rt.run_until_idle().unwrap();
+    assert_eq!(polls.get(), 1);
+}
+
+#[test]
+fn aborting_a_finished_tasks_handle_spares_the_next_task_in_its_slot() {
+    let rt = VirtualRuntime::new();
+    let a = rt.spawn(async {});
+    rt.run().unwrap();
+    assert!(a.is_finished());
+    let b = rt.spawn(rt.sleep(Duration::from_secs(1)));
+    a.abort();
+    assert_eq!(rt.live_tasks(), 1);
+    rt.run().unwrap();
+    assert!(b.is_finished());
+}
+
+#[test]
+fn a_finished_tasks_surviving_waker_does_not_wake_the_next_task_in_its_slot() {
+    let rt = VirtualRuntime::new();
+    let kept: Rc<RefCell<Option<Waker>>> = Rc::default();
+    let k = Rc::clone(&kept);
+    rt.spawn(poll_fn(move |cx| {
+        *k.borrow_mut() = Some(cx.waker().clone());
+        Poll::Ready(())
+    }))
+    .detach();
+    rt.run().unwrap();
+    let polls = Rc::new(Cell::new(0));
+    let p = Rc::clone(&polls);
+    rt.spawn(poll_fn(move |_| {
+        p.set(p.get() + 1);
+        Poll::<()>::Pending
+    }))
+    .detach();
+    rt.run_until_idle().unwrap();
+    kept.borrow_mut().take().unwrap().wake();
+    rt.run_until_idle().unwrap();
+    assert_eq!(polls.get(), 1);
+}
+
+#[test]
+fn the_random_sequence_is_splitmix64s_reference_sequence() {
+    let rt = VirtualRuntime::new().with_seed(0);
+    let got: Vec<u64> = (0..3).map(|_| rt.random_u64()).collect();
+    assert_eq!(
+        got,
+        [
+            0xE220_A839_7B1D_CDAF,
+            0x6E78_9E6A_A1B9_65F4,
+            0x06C4_5D18_8009_454F
+        ]
+    );
+    let rt = VirtualRuntime::new().with_seed(1_234_567);
+    let got: Vec<u64> = (0..5).map(|_| rt.random_u64()).collect();
+    assert_eq!(
+        got,
+        [
+            6_457_827_717_110_365_317,
+            3_203_168_211_198_807_973,
+            9_817_491_932_198_370_423,
+            4_593_380_528_125_082_431,
+            16_408_922_859_458_223_821
+        ]
+    );
+}
+
+#[test]
+fn a_step_limit_of_zero_is_one() {
+    let rt = VirtualRuntime::new().with_step_limit(0);
+    let h = rt.spawn(async { 3 });
+    assert_eq!(rt.run(), Ok(()));
+    assert!(h.is_finished());
+}
+
+#[test]
+fn a_wall_clock_set_centuries_away_moves_from_when_it_was_set() {
+    let rt = VirtualRuntime::new();
+    rt.advance(Duration::from_secs(10));
+    let far = SystemTime::UNIX_EPOCH + Duration::from_secs(400 * 365 * 86_400);
+    rt.set_wall_clock(far);
+    assert_eq!(rt.wall_clock(), far);
+    rt.advance(Duration::from_secs(5));
+    assert_eq!(rt.wall_clock(), far + Duration::from_secs(5));
+}
+
+#[test]
+fn a_join_handle_polled_again_with_another_waker_wakes_the_latest() {
+    let rt = VirtualRuntime::new();
+    let mut h = Box::pin(rt.spawn(rt.sleep(Duration::from_secs(1))));
+    assert!(
+        h.as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending()
+    );
+    rt.block_on(h).unwrap();
+}
+
+#[test]
+#[should_panic(expected = "dropped before finishing")]
+fn an_awaited_handle_whose_task_abort_all_drops_panics_instead_of_deadlocking() {
+    let rt = VirtualRuntime::new();
+    let h = rt.spawn(std::future::pending::<()>());
+    let rt2 = rt.clone();
+    let r = rt.block_on(async move {
+        let rt3 = rt2.clone();
+        rt2.spawn(async move {
+            rt3.abort_all();
+        })
+        .detach();
+        h.await
+    });
+    panic!("driver returned {r:?} instead of panicking");
+}
+
+#[test]
+fn the_driver_reaches_the_last_instant_before_far_future() {
+    let rt = VirtualRuntime::new();
+    let last = Instant::from_nanos(u64::MAX - 1);
+    rt.block_on(rt.sleep_until(last)).unwrap();
+    assert_eq!(rt.now(), last);
+}
+
+#[test]
+fn abort_all_does_not_count_a_running_task_that_aborted_itself() {
+    let rt = VirtualRuntime::new();
+    let slot: Rc<RefCell<Option<vantage_api_pool_testkit::JoinHandle<()>>>> = Rc::default();
+    let count = Rc::new(Cell::new(usize::MAX));
+    let (s2, c2, rt2) = (Rc::clone(&slot), Rc::clone(&count), rt.clone());
+    let h = rt.spawn(async move {
+        s2.borrow_mut().take().unwrap().abort();
+        c2.set(rt2.abort_all());
+        std::future::pending::<()>().await;
+    });
+    *slot.borrow_mut() = Some(h);
+    rt.run().unwrap();
+    assert_eq!(count.get(), 0);
+}
+
+#[test]
+fn the_first_poll_of_block_on_counts_toward_the_step_limit() {
+    let rt = VirtualRuntime::new().with_step_limit(5);
+    let polls = Cell::new(0);
+    let err = rt.block_on(poll_fn(|cx| {
+        polls.set(polls.get() + 1);
+        cx.waker().wake_by_ref();
+        Poll::<()>::Pending
+    }));
+    assert!(matches!(err, Err(DriveError::StepLimit { limit: 5, .. })));
+    assert_eq!(polls.get(), 5);
+}
+
+#[test]
+fn an_earlier_block_ons_surviving_waker_does_not_wake_the_next_one() {
+    let rt = VirtualRuntime::new();
+    let kept: Rc<RefCell<Option<Waker>>> = Rc::default();
+    rt.block_on(poll_fn(|cx| {
+        *kept.borrow_mut() = Some(cx.waker().clone());
+        Poll::Ready(())
+    }))
+    .unwrap();
+    let old = kept.borrow_mut().take().unwrap();
+    rt.spawn(async move { old.wake() }).detach();
+    let polls = Cell::new(0);
+    let mut sleep = Box::pin(rt.sleep(Duration::from_secs(1)));
+    rt.block_on(poll_fn(|cx| {
+        polls.set(polls.get() + 1);
+        sleep.as_mut().poll(cx)
+    }))
+    .unwrap();
+    assert_eq!(polls.get(), 2);
+}
+
+#[test]
+fn a_handle_stays_finished_after_its_output_was_taken() {
+    let rt = VirtualRuntime::new();
+    let mut h = rt.spawn(async { 1 });
+    assert_eq!(rt.block_on(&mut h).unwrap(), 1);
+    assert!(h.is_finished());
+}
+
+#[test]
+fn stale_wakes_left_after_the_last_poll_do_not_count_toward_the_step_limit() {
+    let rt = VirtualRuntime::new().with_step_limit(1);
+    let a = rt.spawn(async {});
+    let b = rt.spawn(std::future::pending::<()>());
+    b.abort(); // its key stays queued, stale
+    let r = rt.run();
+    assert!(a.is_finished());
+    assert_eq!(rt.live_tasks(), 0);
+    assert_eq!(r, Ok(()), "all work done after 1 poll");
+}
+
+#[test]
+fn a_far_future_timer_alone_is_a_deadlock_with_nothing_to_wait_for() {
+    let rt = VirtualRuntime::new();
+    let _never = rt.sleep_until(Instant::FAR_FUTURE);
+    let err = rt.block_on(std::future::pending::<()>()).unwrap_err();
+    assert_eq!(rt.pending_timers(), 1);
+    assert_eq!(
+        err.to_string(),
+        "deadlock at +0ns: 1 task parked and no timer to wait for"
+    );
 }

@@ -59,7 +59,7 @@ fn a_stall_with_no_time_limit_is_a_deadlock() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "deadlock at +0ns: 1 task parked and no timer pending"
+        "deadlock at +0ns: 1 task parked and no timer to wait for"
     );
 }
 
