@@ -686,7 +686,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         let idempotent = is_idempotent(request.method(), false, self.policy.is_idempotent())
             || is_idempotent(
                 request.method(),
-                request.header(&IDEMPOTENCY_KEY).is_some(),
+                request
+                    .header(&IDEMPOTENCY_KEY)
+                    .is_some_and(|key| !key.as_bytes().trim_ascii().is_empty()),
                 false,
             );
         self.token_generation = token.map(|t| {

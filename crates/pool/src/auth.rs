@@ -81,6 +81,10 @@ impl std::fmt::Debug for AuthError {
 }
 
 /// Produces the auth header a client applies to every send.
+///
+/// A source whose fetch is `Send` should implement [`SendTokenSource`] instead (it
+/// gets this trait from a blanket impl), so that code generic over it can spawn its
+/// calls.
 pub trait TokenSource {
     /// Whether this source can produce a token at all. A client whose source cannot
     /// (like [`NoAuth`]) never applies a header and treats a 401 as final.
@@ -95,7 +99,7 @@ pub trait TokenSource {
 }
 
 /// [`TokenSource`] whose fetch is `Send`, for generic code that spawns its calls (see
-/// [`SendTransport`](crate::SendTransport)). A blanket impl provides [`TokenSource`].
+/// [`SendTransport`](crate::transport::SendTransport)). A blanket impl provides [`TokenSource`].
 ///
 /// [`NoAuth`] and [`SendTokenFn`] implement this trait; [`TokenFn`] does not (its
 /// closure may hold an `Rc` or a `JsValue`). A type implements one of the two, never
@@ -136,7 +140,8 @@ impl SendTokenSource for NoAuth {
     }
 }
 
-/// A token source built from a closure returning a future.
+/// A token source built from a closure returning a future (which may hold an `Rc` or
+/// a `JsValue`). For code generic over the `Send` ports, use [`send_token_fn`].
 ///
 /// ```
 /// use http::{HeaderName, HeaderValue, header::AUTHORIZATION};
@@ -175,13 +180,13 @@ where
     }
 }
 
-/// A [`SendTokenSource`] built from a closure returning a `Send` future: what
-/// [`token_fn`] makes, for generic code that spawns its calls.
+/// A [`SendTokenSource`] built from a closure returning a `Send` future: the
+/// counterpart of [`token_fn`] (whose [`TokenFn`] implements only the plain
+/// [`TokenSource`]) for code generic over the `Send` ports.
 ///
 /// ```
 /// use http::{HeaderValue, header::AUTHORIZATION};
-/// use vantage_api_pool::SendTokenSource;
-/// use vantage_api_pool::auth::{AuthError, send_token_fn};
+/// use vantage_api_pool::auth::{AuthError, SendTokenSource, send_token_fn};
 ///
 /// fn spawnable(_: &impl SendTokenSource) {}
 /// spawnable(&send_token_fn(|| async {

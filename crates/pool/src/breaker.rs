@@ -2,7 +2,7 @@
 //! back with a single probe.
 //!
 //! ```text
-//!            threshold consecutive failures
+//!        threshold failures, no 2xx between
 //!   Closed ─────────────────────────────────▶ Open(cooldown)
 //!     ▲                                          │ cooldown elapses
 //!     │ success / reachable answer               ▼
@@ -43,8 +43,12 @@ pub struct BreakerConfig {
 }
 
 impl BreakerConfig {
-    /// Opens after `threshold` consecutive failures for `cooldown`, doubling after each
-    /// failed probe up to `max_cooldown`.
+    /// Opens after `threshold` failures with no success (2xx) between them, for
+    /// `cooldown`, doubling after each failed probe up to `max_cooldown`.
+    ///
+    /// A reachable answer (a 4xx) neither counts nor ends the run: `503, 404, 503,
+    /// 404, 503` opens a breaker of threshold 3. It does close an open breaker (the API
+    /// answers), keeping the run, so the next failure opens it again at once.
     ///
     /// Refuses a threshold of 0, a zero cooldown, and a cooldown above its max.
     ///
@@ -336,7 +340,8 @@ impl CircuitBreaker {
         }
     }
 
-    /// The current run of consecutive failures.
+    /// The current run of failures: those since the last success (2xx); reachable
+    /// answers (4xx) between them neither count nor end it.
     #[must_use]
     pub fn consecutive_failures(&self) -> u32 {
         self.lock().consecutive_failures

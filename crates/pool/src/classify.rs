@@ -165,8 +165,8 @@ const fn verdict(action: Action, breaker: BreakerEffect) -> Verdict {
 }
 
 /// Whether a request may be sent more than once: an RFC 9110 idempotent method (GET,
-/// HEAD, OPTIONS, TRACE, PUT, DELETE), an `Idempotency-Key` header, or a policy that
-/// says so. A request without a method is idempotent only if the policy says so.
+/// HEAD, OPTIONS, TRACE, PUT, DELETE), an `Idempotency-Key` header (the attempt loop
+/// counts one only with a value that is not empty or blank), or a policy that says so. A request without a method is idempotent only if the policy says so.
 ///
 /// ```
 /// use http::Method;

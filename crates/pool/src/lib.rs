@@ -16,8 +16,8 @@
 //! | module | concept |
 //! |---|---|
 //! | [`time`] | the crate's own monotonic [`Instant`] |
-//! | [`runtime`] | the [`Runtime`] port (and [`SendRuntime`]) and [`timeout_at`] |
-//! | [`transport`] | the [`Transport`] port (and [`SendTransport`]), [`PreparedRequest`], [`TransportResponse`], [`TransportError`] |
+//! | [`runtime`] | the [`Runtime`] port (and [`SendRuntime`](runtime::SendRuntime)) and [`timeout_at`] |
+//! | [`transport`] | the [`Transport`] port (and [`SendTransport`](transport::SendTransport)), [`PreparedRequest`], [`TransportResponse`], [`TransportError`] |
 //! | [`policy`] | [`CallPolicy`], [`RetryMode`], [`RetryPolicy`], [`BreakerMode`], [`Jitter`] |
 //! | [`backoff`] | exponential back-off with a 1 ms floor, and jitter |
 //! | [`server_delay`] | `retry-after-ms` and `Retry-After` parsing |
@@ -27,7 +27,7 @@
 //! | [`breaker`] | [`CircuitBreaker`](breaker::CircuitBreaker) with probe epochs |
 //! | [`rate`] | the token bucket |
 //! | [`concurrency`] | the fair permit limiter behind `max_parallel` |
-//! | [`auth`] | [`TokenSource`] (and [`SendTokenSource`]), [`NoAuth`] |
+//! | [`auth`] | [`TokenSource`] (and [`SendTokenSource`](auth::SendTokenSource)), [`NoAuth`] |
 //! | [`health`] | [`HealthObserver`](health::HealthObserver): per-API figures for a dashboard |
 //! | `tracing_observer` (feature `tracing`) | `TracingObserver`: events as `tracing` events |
 //! | [`error`] | [`ClientError`], [`ErrorKind`], [`ConfigError`] |
@@ -58,7 +58,7 @@ pub mod time;
 pub mod tracing_observer;
 pub mod transport;
 
-pub use auth::{AuthError, NoAuth, SendTokenSource, TokenSource};
+pub use auth::{AuthError, NoAuth, TokenSource};
 pub use breaker::BreakerState;
 pub use builder::ClientBuilder;
 pub use classify::{Action, BreakerEffect, CallFacts, Outcome, Verdict, classify};
@@ -68,11 +68,10 @@ pub use observer::{
     CallId, EventKind, Fanout, MaybeSendSync, NullObserver, TransportEvent, TransportObserver,
 };
 pub use policy::{BreakerMode, CallPolicy, Jitter, RetryMode, RetryPolicy};
-pub use runtime::{Elapsed, Runtime, SendRuntime, timeout_at};
+pub use runtime::{Elapsed, Runtime, timeout_at};
 pub use time::Instant;
 pub use transport::{
-    PreparedRequest, SendTransport, SendTransportResponse, Transport, TransportError,
-    TransportErrorKind, TransportResponse,
+    PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse,
 };
 
 /// Re-exported so adapters and users name the same `Bytes` the ports use.

@@ -19,7 +19,9 @@ use crate::time::Instant;
 /// The trait deliberately has no `Send` bounds: the futures an implementation returns
 /// are `Send` when the implementation's are (auto-trait leakage through the concrete
 /// type), so a client over `TokioRuntime` can be `tokio::spawn`ed while one over a
-/// browser runtime holding `JsValue`s still compiles. The port never spawns.
+/// browser runtime holding `JsValue`s still compiles. The port never spawns. A runtime
+/// whose sleeps are `Send` should implement [`SendRuntime`] instead (it gets this trait
+/// from a blanket impl), so that code generic over it can spawn its calls.
 ///
 /// # Implementing
 ///
@@ -71,7 +73,7 @@ pub trait Runtime {
 }
 
 /// [`Runtime`] whose sleeps are `Send`, for generic code that spawns its calls (see
-/// [`SendTransport`](crate::SendTransport)). A blanket impl provides [`Runtime`].
+/// [`SendTransport`](crate::transport::SendTransport)). A blanket impl provides [`Runtime`].
 ///
 /// `TokioRuntime` and the testkit's `VirtualRuntime` implement this trait; a type
 /// implements one of the two, never both.

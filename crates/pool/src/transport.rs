@@ -21,7 +21,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 /// Sends one request. Implemented by `ReqwestTransport`, the testkit's
 /// `ScriptedTransport`, or anything of your own.
 ///
-/// No method has a `Send` bound; see [`Runtime`](crate::Runtime) for why.
+/// No method has a `Send` bound; see [`Runtime`](crate::Runtime) for why. A transport
+/// whose futures are `Send` should implement [`SendTransport`] instead (it gets this
+/// trait from a blanket impl), so that code generic over it can spawn its calls.
 pub trait Transport {
     /// What the caller's request closure receives, for example `reqwest::Client`.
     type Handle: ?Sized;
@@ -74,19 +76,38 @@ pub trait Transport {
 /// that a call's future is `Send`, even when every concrete transport's is (stable
 /// Rust cannot name the future a trait method returns in a bound). A transport that
 /// implements this trait instead gets [`Transport`] from a blanket impl, and code
-/// generic over `T: SendTransport` (with [`SendRuntime`](crate::SendRuntime) and
-/// [`SendTokenSource`](crate::SendTokenSource)) can `tokio::spawn` its calls. Bound
-/// such code on `SendTransport` alone, not on `Transport + SendTransport`: with both,
-/// the compiler reads `Transport`'s unbounded futures again.
+/// generic over `T: SendTransport` (with [`SendRuntime`](crate::runtime::SendRuntime) and
+/// [`SendTokenSource`](crate::auth::SendTokenSource)) can `tokio::spawn` its calls.
+///
+/// Bound such code on `SendTransport` alone, never on `Transport` as well: with both,
+/// the compiler reads `Transport`'s unbounded futures again and reports that
+/// `<T as Transport>::Request` (or a future) "cannot be sent between threads safely".
+/// Bounds that come from an enclosing `impl` block or a supertrait count too, so an
+/// `impl<T: Transport> Service<T>` cannot gain a spawning method through a
+/// `where T: SendTransport` on that method; bound the `impl` on `SendTransport`.
 ///
 /// `ReqwestTransport` (on native targets) and the testkit's `ScriptedTransport`
-/// implement this trait. A type implements one of the two traits, never both.
+/// implement this trait. A type implements one of the two traits, never both; a
+/// generic decorator over an inner transport implements one of them too: `impl<T:
+/// SendTransport> SendTransport for Counting<T>` stays spawnable over a `Send` inner
+/// transport, `impl<T: Transport> Transport for Counting<T>` takes any inner one (and
+/// a call over it is still `Send` in concrete code when the inner one's futures are).
+///
+/// The variants live in their modules, not at the crate root, so a glob import of the
+/// root (`use vantage_api_pool::*`) brings one trait of each pair. With both
+/// `Transport` and `SendTransport` in scope, a method call on an adapter such as
+/// `transport.send(request)` is ambiguous (E0034): name the trait,
+/// `SendTransport::send(&transport, request)`.
 ///
 /// ```
-/// use vantage_api_pool::{ResilientClient, SendRuntime, SendTokenSource, SendTransport};
+/// use vantage_api_pool::ResilientClient;
+/// use vantage_api_pool::auth::SendTokenSource;
+/// use vantage_api_pool::runtime::SendRuntime;
+/// use vantage_api_pool::transport::SendTransport;
 ///
-/// /// Generic over the ports, and still spawnable: the same code runs over reqwest
-/// /// and tokio in production and over the testkit in tests.
+/// /// Generic over the ports, and still spawnable. The request closure is given the
+/// /// transport's own handle (a `reqwest::Client`, or the testkit's `ScriptedHttp`),
+/// /// so code that runs over both also abstracts how it builds a request.
 /// fn spawnable<T, R, A>(
 ///     client: ResilientClient<T, R, A>,
 ///     build: fn(&T::Handle) -> T::Draft,
@@ -120,7 +141,7 @@ pub trait Transport {
 /// ```
 pub trait SendTransport: Send + Sync {
     /// As [`Transport::Handle`].
-    type Handle: ?Sized + Sync;
+    type Handle: ?Sized;
     /// As [`Transport::Draft`].
     type Draft;
     /// As [`Transport::Request`].

@@ -272,6 +272,20 @@ fn a_post_is_not_retried_after_a_500_unless_it_carries_an_idempotency_key() {
     .unwrap();
     assert_eq!(w.sent_at(), [ms(0), ms(10)]);
 
+    // An empty or blank key is no key.
+    for blank in ["", "  "] {
+        let w = World::new();
+        w.transport.default_reply(Reply::status(500));
+        let client = w.client();
+        let err =
+            w.rt.block_on(
+                client.execute_with(&policy, |h| h.post("/pay").header("idempotency-key", blank)),
+            )
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.attempts(), 1, "{blank:?}");
+    }
+
     // A policy marked idempotent is retried too.
     let w = World::new();
     w.transport.push_many([Reply::status(502), Reply::ok()]);

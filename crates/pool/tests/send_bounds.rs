@@ -70,9 +70,9 @@ fn spawnable<T, R, A>(
     build: fn(&T::Handle) -> T::Draft,
 ) -> impl Future<Output = Result<T::Response, vantage_api_pool::ClientError>> + Send + 'static
 where
-    T: vantage_api_pool::SendTransport + 'static,
-    R: vantage_api_pool::SendRuntime + 'static,
-    A: vantage_api_pool::SendTokenSource + 'static,
+    T: vantage_api_pool::transport::SendTransport + 'static,
+    R: vantage_api_pool::runtime::SendRuntime + 'static,
+    A: vantage_api_pool::auth::SendTokenSource + 'static,
 {
     async move {
         let policy = bounded(2, ms(100));

@@ -41,9 +41,10 @@ use std::time::{Duration, SystemTime};
 
 use pin_project_lite::pin_project;
 // The docs name the plain port, which `TokioRuntime` has through `SendRuntime`.
+use vantage_api_pool::Instant;
 #[allow(unused_imports)]
 use vantage_api_pool::Runtime;
-use vantage_api_pool::{Instant, SendRuntime};
+use vantage_api_pool::runtime::SendRuntime;
 
 /// Counts runtimes made in this process, so two made in the same nanosecond still
 /// get different seeds.
@@ -126,8 +127,11 @@ impl TokioRuntime {
 
     /// Sleeps with [`tokio::time::sleep_until`] until `deadline`, never before it:
     /// the port's [`sleep_until`](vantage_api_pool::Runtime::sleep_until), as an
-    /// inherent method so that its future's type, [`TokioSleep`], shows whichever
-    /// port trait is in scope.
+    /// inherent method so that a method call (`runtime.sleep_until(d)`) gives a
+    /// [`TokioSleep`] whichever port trait is in scope. So does
+    /// `SendRuntime::sleep_until(&runtime, d)`; called through the plain trait,
+    /// `Runtime::sleep_until(&runtime, d)` gives the blanket impl's opaque future,
+    /// which borrows the runtime.
     ///
     /// [`Instant::FAR_FUTURE`], and any deadline tokio's instant cannot represent,
     /// never completes; the deadline is converted with checked arithmetic, so none

@@ -7,8 +7,8 @@
 //!
 //! | type | port | what it gives a test |
 //! |---|---|---|
-//! | [`VirtualRuntime`] | [`Runtime`](vantage_api_pool::Runtime) (as [`SendRuntime`](vantage_api_pool::SendRuntime)) | a virtual clock, seeded jitter, a settable wall clock, and a driver that runs many concurrent calls on one thread |
-//! | [`ScriptedTransport`] | [`Transport`](vantage_api_pool::Transport) (as [`SendTransport`](vantage_api_pool::SendTransport)) | answers from a script ([`Reply`]): statuses, headers, bodies, transport errors, delays, stalls; records every request with its virtual time |
+//! | [`VirtualRuntime`] | [`Runtime`](vantage_api_pool::Runtime) (as [`SendRuntime`](vantage_api_pool::runtime::SendRuntime)) | a virtual clock, seeded jitter, a settable wall clock, and a driver that runs many concurrent calls on one thread |
+//! | [`ScriptedTransport`] | [`Transport`](vantage_api_pool::Transport) (as [`SendTransport`](vantage_api_pool::transport::SendTransport)) | answers from a script ([`Reply`]): statuses, headers, bodies, transport errors, delays, stalls; records every request with its virtual time |
 //! | [`RecordingObserver`] | [`TransportObserver`](vantage_api_pool::TransportObserver) | keeps every event and checks the observer contract |
 //!
 //! # How virtual time moves

@@ -60,9 +60,10 @@ use std::thread::ThreadId;
 use std::time::{Duration, SystemTime};
 
 // The docs name the plain port, which `VirtualRuntime` has through `SendRuntime`.
+use vantage_api_pool::Instant;
 #[allow(unused_imports)]
 use vantage_api_pool::Runtime;
-use vantage_api_pool::{Instant, SendRuntime};
+use vantage_api_pool::runtime::SendRuntime;
 
 use crate::timers::{TimerId, Timers};
 

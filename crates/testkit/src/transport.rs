@@ -46,10 +46,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 // The docs name the plain ports, which the testkit's types have through the `Send` ones.
-use vantage_api_pool::{
-    Instant, PreparedRequest, SendTransport, SendTransportResponse, TransportError,
-    TransportErrorKind,
-};
+use vantage_api_pool::transport::{SendTransport, SendTransportResponse};
+use vantage_api_pool::{Instant, PreparedRequest, TransportError, TransportErrorKind};
 #[allow(unused_imports)]
 use vantage_api_pool::{Transport, TransportResponse};
 

@@ -174,7 +174,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 #[cfg(not(target_arch = "wasm32"))]
-use vantage_api_pool::SendTransport;
+use vantage_api_pool::transport::SendTransport;
 // On native targets only the docs name it.
 #[cfg_attr(not(target_arch = "wasm32"), allow(unused_imports))]
 use vantage_api_pool::Transport;
@@ -350,6 +350,11 @@ impl ReqwestTransport {
     /// Same as `ResilientClient::builder(ReqwestTransport::new(client),
     /// TokioRuntime::new())`. See [`ReqwestTransport::new`] for what your client
     /// should have, or use [`tokio_default`](ReqwestTransport::tokio_default).
+    ///
+    /// Each call makes its own runtime, whose clock starts when it is made, so the
+    /// event times of clients built apart are not comparable. To read several clients
+    /// against one clock (one `HealthObserver` read with `snapshots_at`), build them
+    /// over clones of one runtime with `ResilientClient::builder`.
     pub fn tokio_builder(
         client: reqwest::Client,
     ) -> vantage_api_pool::ClientBuilder<ReqwestTransport, TokioRuntime> {

@@ -53,7 +53,7 @@ impl ReqwestResponse {
 mod imp {
     use std::ops::Deref;
 
-    use vantage_api_pool::SendTransportResponse;
+    use vantage_api_pool::transport::SendTransportResponse;
 
     use super::{Bytes, HeaderMap, StatusCode, TransportError};
     use crate::error::body_error;

@@ -126,13 +126,13 @@ fn spawn_fetch<T, R, A>(
     url: String,
 ) -> tokio::task::JoinHandle<Result<(StatusCode, String), ClientError>>
 where
-    T: vantage_api_pool::SendTransport<
+    T: vantage_api_pool::transport::SendTransport<
             Handle = reqwest::Client,
             Draft = reqwest::RequestBuilder,
             Response = ReqwestResponse,
         > + 'static,
-    R: vantage_api_pool::SendRuntime + 'static,
-    A: vantage_api_pool::SendTokenSource + 'static,
+    R: vantage_api_pool::runtime::SendRuntime + 'static,
+    A: vantage_api_pool::auth::SendTokenSource + 'static,
 {
     tokio::spawn(async move {
         let response = client
@@ -280,4 +280,26 @@ async fn a_call_with_a_closure_token_source_can_be_spawned() {
     .unwrap();
     assert_eq!(status, StatusCode::OK);
     assert_eq!(server.requests().len(), 1);
+}
+
+/// A glob import of the pool's root brings one trait of each pair (the `Send`
+/// variants live in their modules), so the adapters' port methods stay unambiguous.
+mod glob_import {
+    use vantage_api_pool::*;
+    use vantage_api_pool_reqwest::ReqwestTransport;
+    use vantage_api_pool_tokio::TokioRuntime;
+
+    #[test]
+    fn the_adapters_port_methods_resolve_under_a_glob_import() {
+        let rt = TokioRuntime::new();
+        assert!(rt.now() < Instant::FAR_FUTURE);
+        assert!((0.0..1.0).contains(&rt.random()));
+        assert!(rt.wall_clock() > std::time::SystemTime::UNIX_EPOCH);
+        let transport = ReqwestTransport::new(reqwest::Client::new());
+        let request = transport
+            .prepare(transport.handle().get("http://127.0.0.1:9/"))
+            .unwrap();
+        assert_eq!(request.method(), Some(&http::Method::GET));
+        assert!(!NoAuth.is_configured());
+    }
 }
