@@ -19,7 +19,8 @@ use crate::auth::{SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
 use crate::breaker::{Gate, ProbeGuard, Transition};
 use crate::classify::{
-    Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotent,
+    Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotency_key,
+    is_idempotent,
 };
 use crate::client::Shared;
 use crate::concurrency::Permit;
@@ -688,7 +689,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 request.method(),
                 request
                     .header(&IDEMPOTENCY_KEY)
-                    .is_some_and(|key| !key.as_bytes().trim_ascii().is_empty()),
+                    .is_some_and(is_idempotency_key),
                 false,
             );
         self.token_generation = token.map(|t| {
@@ -870,6 +871,8 @@ async fn read_error_body<T: Transport, R: Runtime>(
     mut response: T::Response,
 ) -> Bytes {
     let mut body = BytesMut::new();
+    // A stall or a read error cut the body short.
+    let mut cut = false;
     while body.len() <= MAX_ERROR_BODY {
         match timeout_at(runtime, deadline, response.chunk()).await {
             // An empty chunk makes no progress: take it as the end rather than spin.
@@ -879,13 +882,22 @@ async fn read_error_body<T: Transport, R: Runtime>(
                 body.extend_from_slice(&chunk[..chunk.len().min(room)]);
             }
             Ok(Ok(None)) => break,
-            Ok(Err(_)) => return trim_unfinished_char(body.freeze()),
+            Ok(Err(_)) => {
+                cut = true;
+                break;
+            }
             Err(_elapsed) => {
                 transport.distrust_connection();
-                return trim_unfinished_char(body.freeze());
+                cut = true;
+                break;
             }
         }
     }
-    // One byte past the limit tells truncation there was more; it cuts to 2048.
-    body.freeze()
+    // Otherwise the end of the body, or one byte past the limit, which tells
+    // truncation there was more (it cuts to 2048).
+    if cut {
+        trim_unfinished_char(body.freeze())
+    } else {
+        body.freeze()
+    }
 }

@@ -46,9 +46,11 @@ impl BreakerConfig {
     /// Opens after `threshold` failures with no success (2xx) between them, for
     /// `cooldown`, doubling after each failed probe up to `max_cooldown`.
     ///
-    /// A reachable answer (a 4xx) neither counts nor ends the run: `503, 404, 503,
-    /// 404, 503` opens a breaker of threshold 3. It does close an open breaker (the API
-    /// answers), keeping the run, so the next failure opens it again at once.
+    /// A reachable answer (a 1xx or 3xx, a 4xx other than 408 and 429) neither counts
+    /// nor ends the run: `503, 404, 503, 404, 503` opens a breaker of threshold 3. It
+    /// does close an open breaker (the API answers), keeping the run, so the next
+    /// failure opens it again at once. 408, 429 and the other untouched outcomes (see
+    /// [`classify`](crate::classify())) leave the breaker as it is.
     ///
     /// Refuses a threshold of 0, a zero cooldown, and a cooldown above its max.
     ///
@@ -96,7 +98,7 @@ impl BreakerConfig {
         }
     }
 
-    /// Consecutive failures that open the breaker.
+    /// Failures with no success between them that open the breaker.
     #[must_use]
     pub fn threshold(&self) -> u32 {
         self.threshold
@@ -341,7 +343,7 @@ impl CircuitBreaker {
     }
 
     /// The current run of failures: those since the last success (2xx); reachable
-    /// answers (4xx) between them neither count nor end it.
+    /// answers between them neither count nor end it.
     #[must_use]
     pub fn consecutive_failures(&self) -> u32 {
         self.lock().consecutive_failures

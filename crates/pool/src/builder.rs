@@ -161,9 +161,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
 
     /// A circuit breaker that opens after `threshold` failures with no success (2xx)
     /// between them, for `cooldown`, doubling on every failed probe up to
-    /// `max_cooldown`. A 4xx neither counts nor ends the run, and closes an open
-    /// breaker without ending it (see [`BreakerConfig::new`](crate::breaker::BreakerConfig::new)). `build()`
-    /// refuses a threshold of 0, a zero cooldown and a cooldown above its max.
+    /// `max_cooldown`. A reachable answer neither counts nor ends the run (see
+    /// [`BreakerConfig::new`](crate::breaker::BreakerConfig::new)). `build()` refuses
+    /// a threshold of 0, a zero cooldown and a cooldown above its max.
     pub fn breaker(mut self, threshold: u32, cooldown: Duration, max_cooldown: Duration) -> Self {
         self.breaker = Some((threshold, cooldown, max_cooldown));
         self

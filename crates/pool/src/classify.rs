@@ -27,7 +27,7 @@
 //! Whether a retry actually happens also depends on the policy's retry budget and the
 //! call's time budget; that is the attempt loop's decision, not this module's.
 
-use http::{HeaderName, Method, StatusCode};
+use http::{HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::transport::TransportErrorKind;
 
@@ -164,9 +164,26 @@ const fn verdict(action: Action, breaker: BreakerEffect) -> Verdict {
     Verdict { action, breaker }
 }
 
+/// Whether an `Idempotency-Key` value counts as a key: one that is not empty or
+/// blank. The attempt loop passes the result to [`is_idempotent`].
+///
+/// ```
+/// use http::HeaderValue;
+/// use vantage_api_pool::classify::is_idempotency_key;
+///
+/// assert!(is_idempotency_key(&HeaderValue::from_static("order-7")));
+/// assert!(!is_idempotency_key(&HeaderValue::from_static("")));
+/// assert!(!is_idempotency_key(&HeaderValue::from_static("  ")));
+/// ```
+#[must_use]
+pub fn is_idempotency_key(value: &HeaderValue) -> bool {
+    !value.as_bytes().trim_ascii().is_empty()
+}
+
 /// Whether a request may be sent more than once: an RFC 9110 idempotent method (GET,
-/// HEAD, OPTIONS, TRACE, PUT, DELETE), an `Idempotency-Key` header (the attempt loop
-/// counts one only with a value that is not empty or blank), or a policy that says so. A request without a method is idempotent only if the policy says so.
+/// HEAD, OPTIONS, TRACE, PUT, DELETE), an `Idempotency-Key` header (one that
+/// [`is_idempotency_key`] accepts), or a policy that says so. A request without a
+/// method is idempotent only if the policy says so.
 ///
 /// ```
 /// use http::Method;

@@ -192,7 +192,7 @@ pub enum BreakerMode {
 ///
 /// All presets use [`Jitter::Proportional(0.25)`](Jitter::Proportional) and are not
 /// marked idempotent (idempotency then comes from the method or an
-/// `Idempotency-Key` header).
+/// `Idempotency-Key` header that is not empty or blank).
 ///
 /// ```
 /// use std::time::Duration;

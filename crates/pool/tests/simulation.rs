@@ -157,6 +157,16 @@ impl TransportObserver for LiveChecks {
     }
 }
 
+/// The most attempts a call under `policy` may make, its one 401 replay included;
+/// `None` when it retries until cancelled.
+fn attempt_limit(policy: &CallPolicy) -> Option<u32> {
+    match policy.retry() {
+        RetryMode::Bounded(p) => Some(p.max_retries + 2),
+        RetryMode::None => Some(2),
+        _ => None,
+    }
+}
+
 /// The (call, send) of every synthetic pair: a `Failed` with `sent: false`.
 fn synthetic_sends(events: &[TransportEvent]) -> HashSet<(CallId, u32)> {
     events
@@ -422,31 +432,40 @@ fn run_seed(seed: u64) -> Result<(), String> {
             ));
         }
         if let Some(Err(e)) = &record.result
-            && let RetryMode::Bounded(p) = plan.policy.retry()
-            && e.attempts() > p.max_retries + 2
+            && let Some(limit) = attempt_limit(&plan.policy)
+            && e.attempts() > limit
         {
             problems.push(format!(
-                "{} attempts under {} retries (+1 replay)",
+                "{} attempts, over the limit of {limit} (+1 replay included)",
                 e.attempts(),
-                p.max_retries
             ));
         }
     }
     // Every call that started, whatever its end, by the attempt numbers of its sends.
-    let policy_of: HashMap<CallId, &CallPolicy> = plans
-        .iter()
-        .zip(&records)
-        .filter_map(|(plan, record)| Some((record.lock().unwrap().call?, &plan.policy)))
-        .collect();
+    // The records number calls as the client does (from 1, as `execute_with` is
+    // called); a call's events must lie within its record's start and end, or the
+    // pairing of policies and calls below would check the wrong limits.
+    let mut policy_of: HashMap<CallId, &CallPolicy> = HashMap::new();
+    for (plan, record) in plans.iter().zip(&records) {
+        let record = record.lock().unwrap();
+        let Some(call) = record.call else { continue };
+        policy_of.insert(call, &plan.policy);
+        let outside = by_call.get(&call).into_iter().flatten().find(|e| {
+            record.started.is_some_and(|s| e.at < s) || record.ended.is_some_and(|end| e.at > end)
+        });
+        if let Some(e) = outside {
+            problems.push(format!(
+                "{call:?}: an event at {:?} outside its record's {:?}..{:?}",
+                e.at, record.started, record.ended
+            ));
+        }
+    }
     for (call, evs) in &by_call {
         let Some(policy) = policy_of.get(call) else {
+            problems.push(format!("{call:?}: events of a call no plan made"));
             continue;
         };
-        let limit = match policy.retry() {
-            RetryMode::Bounded(p) => Some(p.max_retries + 2),
-            RetryMode::None => Some(2),
-            _ => None,
-        };
+        let limit = attempt_limit(policy);
         let attempts = evs
             .iter()
             .filter_map(|e| match e.kind {

@@ -1,13 +1,13 @@
 //! # vantage-api-pool-tokio
 //!
-//! [`TokioRuntime`]: the [`Runtime`] port of `vantage-api-pool` on tokio's clock.
+//! [`TokioRuntime`]: the [`Runtime`](vantage_api_pool::Runtime) port of `vantage-api-pool` on tokio's clock.
 //!
 //! | port method | here |
 //! |---|---|
-//! | [`Runtime::now`] | [`tokio::time::Instant::now`], measured from an origin taken when the runtime is made |
-//! | [`Runtime::wall_clock`] | [`SystemTime::now`] |
-//! | [`Runtime::sleep_until`] | [`tokio::time::sleep_until`] at `origin + deadline` (checked: an unrepresentable deadline never comes) |
-//! | [`Runtime::random`] | a per-runtime SplitMix64 generator seeded from the wall clock and a counter (or a seed of yours: [`TokioRuntime::with_seed`]) |
+//! | [`Runtime::now`](vantage_api_pool::Runtime::now) | [`tokio::time::Instant::now`], measured from an origin taken when the runtime is made |
+//! | [`Runtime::wall_clock`](vantage_api_pool::Runtime::wall_clock) | [`SystemTime::now`] |
+//! | [`Runtime::sleep_until`](vantage_api_pool::Runtime::sleep_until) | [`tokio::time::sleep_until`] at `origin + deadline` (checked: an unrepresentable deadline never comes) |
+//! | [`Runtime::random`](vantage_api_pool::Runtime::random) | a per-runtime SplitMix64 generator seeded from the wall clock and a counter (or a seed of yours: [`TokioRuntime::with_seed`]) |
 //!
 //! Because time is read through [`tokio::time::Instant`], a test on tokio's paused
 //! clock (`#[tokio::test(start_paused = true)]`, feature `test-util`) sees every
@@ -28,7 +28,7 @@
 //!
 //! The futures are `Send`, so a call on this runtime (with a `Send` transport) can be
 //! `tokio::spawn`ed. Sleeping needs a tokio runtime with its time driver enabled
-//! (`enable_time` or `enable_all`); [`Runtime::now`] and [`Runtime::random`] work
+//! (`enable_time` or `enable_all`); [`Runtime::now`](vantage_api_pool::Runtime::now) and [`Runtime::random`](vantage_api_pool::Runtime::random) work
 //! anywhere.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -42,8 +42,6 @@ use std::time::{Duration, SystemTime};
 use pin_project_lite::pin_project;
 // The docs name the plain port, which `TokioRuntime` has through `SendRuntime`.
 use vantage_api_pool::Instant;
-#[allow(unused_imports)]
-use vantage_api_pool::Runtime;
 use vantage_api_pool::runtime::SendRuntime;
 
 /// Counts runtimes made in this process, so two made in the same nanosecond still
@@ -53,7 +51,7 @@ static RUNTIMES: AtomicU64 = AtomicU64::new(0);
 /// The golden-ratio increment of SplitMix64.
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// The [`Runtime`] port on tokio.
+/// The [`Runtime`](vantage_api_pool::Runtime) port on tokio.
 ///
 /// Instants are measured from an origin taken from [`tokio::time::Instant::now`] when
 /// the runtime is made; clones share it, so their instants compare. Each value (and

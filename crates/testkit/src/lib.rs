@@ -17,7 +17,8 @@
 //! moves only when every task of the driver is parked: it then jumps to the earliest
 //! pending timer, and every timer at that deadline fires, in creation order. So a
 //! test never waits in real time, and a run depends only on its script and its seed.
-//! When everything is parked and no timer is pending, the driver returns
+//! When everything is parked and no timer could fire (none is pending, or only ones
+//! at `Instant::FAR_FUTURE`), the driver returns
 //! [`DriveError::Deadlock`] instead of hanging; a task that never stops waking itself
 //! ends in [`DriveError::StepLimit`].
 //!

@@ -61,8 +61,6 @@ use std::time::{Duration, SystemTime};
 
 // The docs name the plain port, which `VirtualRuntime` has through `SendRuntime`.
 use vantage_api_pool::Instant;
-#[allow(unused_imports)]
-use vantage_api_pool::Runtime;
 use vantage_api_pool::runtime::SendRuntime;
 
 use crate::timers::{TimerId, Timers};
@@ -314,7 +312,7 @@ impl Drop for Shared {
 }
 
 /// A virtual clock, a seeded random source, a settable wall clock and a
-/// deterministic single-threaded driver, implementing [`Runtime`].
+/// deterministic single-threaded driver, implementing [`Runtime`](vantage_api_pool::Runtime).
 ///
 /// Cheap to clone: clones share one clock, one set of timers, one random sequence
 /// and one set of tasks. `Send + Sync`, so a client built over it is too; the tasks
@@ -637,7 +635,7 @@ impl VirtualRuntime {
     }
 
     /// A sleep that borrows the runtime instead of holding a clone: what the
-    /// [`Runtime`] impl and the scripted transport use (no reference counting).
+    /// [`Runtime`](vantage_api_pool::Runtime) impl and the scripted transport use (no reference counting).
     pub(crate) fn sleep_ref(&self, duration: Duration) -> SleepRef<'_> {
         SleepRef {
             core: TimerCore::after(&self.shared, duration),
@@ -1122,6 +1120,7 @@ impl VirtualRuntime {
                 // task already running) are skipped before the limit is looked at:
                 // only a poll that would happen counts.
                 let is_main = main.as_ref().is_some_and(|main| main.key == key);
+                let mut taken = None;
                 if !is_main {
                     if key_parts(key).0 == MAIN_INDEX {
                         continue; // a stale wake of an earlier block_on
@@ -1129,11 +1128,15 @@ impl VirtualRuntime {
                     if executor.is_none() {
                         executor = self.executor(false);
                     }
-                    if !executor.as_ref().is_some_and(|e| e.is_pollable(key)) {
+                    let Some(task) = executor.as_ref().and_then(|e| e.take(key)) else {
                         continue;
-                    }
+                    };
+                    taken = Some(task);
                 }
                 if steps >= limit {
+                    if let (Some(executor), Some(task)) = (&executor, taken) {
+                        executor.put_back(task);
+                    }
                     batch.keys.push_front(key);
                     self.requeue_front(&mut batch.keys);
                     return Err(DriveError::StepLimit {
@@ -1153,10 +1156,9 @@ impl VirtualRuntime {
                     }
                     continue;
                 }
-                if let Some(executor) = &executor
-                    && executor.poll_task(key)
-                {
+                if let (Some(executor), Some(task)) = (&executor, taken) {
                     steps += 1;
+                    executor.poll_taken(task);
                 }
             }
         }
@@ -1501,6 +1503,12 @@ struct Task {
     waker: Waker,
 }
 
+/// A task taken out of its slot (now marked running) to be polled.
+struct Taken {
+    index: u32,
+    task: Task,
+}
+
 enum SlotState {
     Vacant,
     Idle(Task),
@@ -1590,34 +1598,33 @@ impl Executor {
         self.live.set(self.live.get() - 1);
     }
 
-    /// Polls the task with `key` if it still exists; returns whether it was polled.
-    /// Whether `key` names a task that [`Executor::poll_task`] would poll now: its
-    /// slot holds that generation, idle.
-    fn is_pollable(&self, key: u64) -> bool {
+    /// Takes the task with `key` out of its slot to be polled, marking the slot
+    /// running; `None` for a stale key (its slot holds another generation, or a task
+    /// that is running or gone).
+    fn take(&self, key: u64) -> Option<Taken> {
         let (index, generation) = key_parts(key);
-        self.slots.borrow().get(index as usize).is_some_and(|slot| {
-            slot.generation == generation && matches!(slot.state, SlotState::Idle(_))
-        })
+        let mut slots = self.slots.borrow_mut();
+        let slot = slots.get_mut(index as usize)?;
+        if slot.generation != generation {
+            return None;
+        }
+        match std::mem::replace(&mut slot.state, SlotState::Running { aborted: false }) {
+            SlotState::Idle(task) => Some(Taken { index, task }),
+            other => {
+                slot.state = other;
+                None
+            }
+        }
     }
 
-    fn poll_task(&self, key: u64) -> bool {
-        let (index, generation) = key_parts(key);
-        let mut task = {
-            let mut slots = self.slots.borrow_mut();
-            let Some(slot) = slots.get_mut(index as usize) else {
-                return false;
-            };
-            if slot.generation != generation {
-                return false;
-            }
-            match std::mem::replace(&mut slot.state, SlotState::Running { aborted: false }) {
-                SlotState::Idle(task) => task,
-                other => {
-                    slot.state = other;
-                    return false;
-                }
-            }
-        };
+    /// Puts back a task taken but not polled (the step limit came first).
+    fn put_back(&self, taken: Taken) {
+        self.slots.borrow_mut()[taken.index as usize].state = SlotState::Idle(taken.task);
+    }
+
+    /// Polls a task [`take`](Executor::take) gave, then puts it back or retires it.
+    fn poll_taken(&self, taken: Taken) {
+        let Taken { index, mut task } = taken;
         task.flag.queued.store(false, Ordering::Release);
         // Should the task panic, its slot must not stay `Running` forever.
         let mut unwinding = VacateOnUnwind {
@@ -1640,7 +1647,6 @@ impl Executor {
         };
         // Dropped outside the borrow: a task's Drop may spawn.
         drop(finished);
-        true
     }
 
     /// Drops the task with `key` now (or, if it is running, right after its poll).

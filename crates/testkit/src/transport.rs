@@ -1,4 +1,4 @@
-//! [`ScriptedTransport`]: a [`Transport`] that answers from a script, on the virtual
+//! [`ScriptedTransport`]: a [`Transport`](vantage_api_pool::Transport) that answers from a script, on the virtual
 //! clock of a [`VirtualRuntime`], and records what it was asked.
 //!
 //! # Where a send's answer comes from
@@ -48,8 +48,6 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 // The docs name the plain ports, which the testkit's types have through the `Send` ones.
 use vantage_api_pool::transport::{SendTransport, SendTransportResponse};
 use vantage_api_pool::{Instant, PreparedRequest, TransportError, TransportErrorKind};
-#[allow(unused_imports)]
-use vantage_api_pool::{Transport, TransportResponse};
 
 use crate::runtime::{SleepRef, VirtualRuntime};
 
@@ -487,7 +485,7 @@ impl ScriptedHttp {
     }
 }
 
-/// A request draft: what the request closure returns. [`Transport::prepare`] turns it
+/// A request draft: what the request closure returns. [`Transport::prepare`](vantage_api_pool::Transport::prepare) turns it
 /// into a [`ScriptedRequest`], or fails with [`TransportErrorKind::Config`] if the
 /// draft was made invalid.
 ///
@@ -672,7 +670,7 @@ impl PreparedRequest for ScriptedRequest {
 }
 
 /// A scripted response head with its body still to read through
-/// [`TransportResponse::chunk`].
+/// [`TransportResponse::chunk`](vantage_api_pool::TransportResponse::chunk).
 ///
 /// The body's length is reported only through a `content-length` header the script
 /// set (as over the wire), not guessed from the body.
@@ -730,7 +728,7 @@ impl ScriptedResponse {
         }
     }
 
-    /// The status code (also available through [`TransportResponse::status`]).
+    /// The status code (also available through [`TransportResponse::status`](vantage_api_pool::TransportResponse::status)).
     ///
     /// ```
     /// # use vantage_api_pool::Transport;
@@ -748,7 +746,7 @@ impl ScriptedResponse {
         self.status
     }
 
-    /// The headers (also available through [`TransportResponse::headers`]).
+    /// The headers (also available through [`TransportResponse::headers`](vantage_api_pool::TransportResponse::headers)).
     ///
     /// ```
     /// # use vantage_api_pool::Transport;
@@ -794,7 +792,7 @@ impl ScriptedResponse {
     /// # Errors
     ///
     /// None today (a scripted body never fails mid-way); the `Result` mirrors
-    /// [`TransportResponse::chunk`].
+    /// [`TransportResponse::chunk`](vantage_api_pool::TransportResponse::chunk).
     ///
     /// ```
     /// # use vantage_api_pool::Transport;
@@ -1099,7 +1097,7 @@ impl Drop for SendFuture<'_> {
     }
 }
 
-/// A [`Transport`] that answers from a script on a [`VirtualRuntime`]'s clock and
+/// A [`Transport`](vantage_api_pool::Transport) that answers from a script on a [`VirtualRuntime`]'s clock and
 /// records every request.
 ///
 /// Cheap to clone; clones share one script, one record and one set of counters, so a
@@ -1304,7 +1302,7 @@ impl ScriptedTransport {
         script.sequence.len() + script.by_path.values().map(VecDeque::len).sum::<usize>()
     }
 
-    /// Makes every [`Transport::admit`] wait `delay` on the virtual clock (zero:
+    /// Makes every [`Transport::admit`](vantage_api_pool::Transport::admit) wait `delay` on the virtual clock (zero:
     /// admit at once, the default). Replaces [`admit_with`](Self::admit_with).
     ///
     /// ```
@@ -1324,7 +1322,7 @@ impl ScriptedTransport {
         self.set_admit(admit)
     }
 
-    /// Makes every [`Transport::admit`] wait for as long as `wait` says, given the
+    /// Makes every [`Transport::admit`](vantage_api_pool::Transport::admit) wait for as long as `wait` says, given the
     /// virtual time the sender asks at: a shared rate limit of your own. The closure
     /// runs outside the transport's lock. Replaces [`admit_delay`](Self::admit_delay).
     ///
@@ -1447,7 +1445,7 @@ impl ScriptedTransport {
         lock(&self.shared.script).peak_in_flight
     }
 
-    /// How many times [`Transport::distrust_connection`] was called.
+    /// How many times [`Transport::distrust_connection`](vantage_api_pool::Transport::distrust_connection) was called.
     ///
     /// ```
     /// use vantage_api_pool::Transport;
@@ -1461,7 +1459,7 @@ impl ScriptedTransport {
         self.shared.distrusted.load(Ordering::Relaxed)
     }
 
-    /// How many [`Transport::admit`] futures completed (a dropped wait is not counted).
+    /// How many [`Transport::admit`](vantage_api_pool::Transport::admit) futures completed (a dropped wait is not counted).
     ///
     /// ```
     /// use vantage_api_pool::Transport;

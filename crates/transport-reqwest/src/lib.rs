@@ -1,15 +1,15 @@
 //! # vantage-api-pool-reqwest
 //!
-//! [`ReqwestTransport`]: the [`Transport`] port of `vantage-api-pool` over
+//! [`ReqwestTransport`]: the [`Transport`](vantage_api_pool::Transport) port of `vantage-api-pool` over
 //! [`reqwest`], natively (hyper, rustls, HTTP/1.1 and HTTP/2) and on
 //! `wasm32-unknown-unknown` (the browser's or Node's `fetch`).
 //!
 //! | port type | here |
 //! |---|---|
-//! | [`Transport::Handle`] | [`reqwest::Client`]: what the caller's request closure receives |
-//! | [`Transport::Draft`] | [`reqwest::RequestBuilder`]: what the closure returns |
-//! | [`Transport::Request`] | [`ReqwestRequest`]: the built [`reqwest::Request`] and the client that will send it |
-//! | [`Transport::Response`] | [`ReqwestResponse`]: the [`reqwest::Response`] at its head, body still streaming |
+//! | [`Transport::Handle`](vantage_api_pool::Transport::Handle) | [`reqwest::Client`]: what the caller's request closure receives |
+//! | [`Transport::Draft`](vantage_api_pool::Transport::Draft) | [`reqwest::RequestBuilder`]: what the closure returns |
+//! | [`Transport::Request`](vantage_api_pool::Transport::Request) | [`ReqwestRequest`]: the built [`reqwest::Request`] and the client that will send it |
+//! | [`Transport::Response`](vantage_api_pool::Transport::Response) | [`ReqwestResponse`]: the [`reqwest::Response`] at its head, body still streaming |
 //!
 //! # Quick start (tokio)
 //!
@@ -50,13 +50,13 @@ let client = ReqwestTransport::tokio_default()?.max_parallel(4).build()?;
 //! Two ways to make a transport, which differ in who owns the [`reqwest::Client`]:
 //!
 //! - [`ReqwestTransport::new`] takes your client and uses its settings as they are.
-//!   [`Transport::prepare`] uses [`reqwest::RequestBuilder::build_split`] and the
+//!   [`Transport::prepare`](vantage_api_pool::Transport::prepare) uses [`reqwest::RequestBuilder::build_split`] and the
 //!   request is sent by the client the draft was made from, exactly as
 //!   [`reqwest::RequestBuilder::send`] would.
 //! - [`ReqwestTransport::with_builder`] (and [`ReqwestTransport::with_defaults`])
 //!   takes a function that makes a [`reqwest::ClientBuilder`], and builds the client
 //!   itself, so it can build a fresh one when
-//!   [`distrust_connection`](Transport::distrust_connection) asks for it. The request
+//!   [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) asks for it. The request
 //!   closure always receives the first client; requests are sent by the newest one
 //!   (made by the same function, so with the same settings), whichever client the
 //!   draft was made from.
@@ -173,11 +173,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 #[cfg(not(target_arch = "wasm32"))]
 use std::time::Duration;
 
-#[cfg(not(target_arch = "wasm32"))]
-use vantage_api_pool::transport::SendTransport;
-// On native targets only the docs name it.
-#[cfg_attr(not(target_arch = "wasm32"), allow(unused_imports))]
-use vantage_api_pool::Transport;
 use vantage_api_pool::{TransportError, TransportErrorKind};
 
 /// The read timeout of a client the adapter builds: a body (or a head) that sends
@@ -190,7 +185,7 @@ pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 #[cfg(not(target_arch = "wasm32"))]
 pub const REBUILD_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The [`Transport`] port over a [`reqwest::Client`].
+/// The [`Transport`](vantage_api_pool::Transport) port over a [`reqwest::Client`].
 ///
 /// Cheap to clone (clones share the client and, for a client the adapter built, its
 /// rebuilds). Its send future is `Send` on native targets, so a call over it can be
@@ -233,7 +228,7 @@ impl ReqwestTransport {
     /// A transport over your `client`, whose settings (timeouts, TLS, proxies, default
     /// headers, redirects, retries) are used as they are.
     ///
-    /// [`distrust_connection`](Transport::distrust_connection) can do nothing with it
+    /// [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) can do nothing with it
     /// (see the crate docs). Consider giving the client a `read_timeout` (so a stalled
     /// success body cannot hang its reader), `retry(reqwest::retry::never())` (so
     /// reqwest does not resend behind the pool's back) and a
@@ -296,7 +291,7 @@ impl ReqwestTransport {
     }
 
     /// A transport over a client the adapter builds from `make()`, and builds again
-    /// from `make()` when [`distrust_connection`](Transport::distrust_connection) asks
+    /// from `make()` when [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) asks
     /// for it (see the crate docs).
     ///
     /// Fails with [`TransportErrorKind::Config`] when reqwest cannot build the client.
@@ -367,7 +362,8 @@ impl ReqwestTransport {
     /// A [`ClientBuilder`](vantage_api_pool::ClientBuilder) over a client the adapter
     /// builds ([`with_defaults`](ReqwestTransport::with_defaults): 30 s read timeout,
     /// no reqwest retries, rebuilt when a connection is distrusted) and a fresh
-    /// [`TokioRuntime`].
+    /// [`TokioRuntime`] (its own clock: see
+    /// [`tokio_builder`](ReqwestTransport::tokio_builder) for clients built apart).
     ///
     /// Fails with [`TransportErrorKind::Config`] when reqwest cannot build the client.
     pub fn tokio_default()
@@ -396,11 +392,11 @@ impl From<reqwest::Client> for ReqwestTransport {
     }
 }
 
-/// The transport's one implementation, of [`SendTransport`] on native targets (its
-/// futures are `Send`, so generic code can spawn calls over it) and of [`Transport`] on
-/// wasm32 (a `fetch` holds `JsValue`s).
+// The transport's one implementation: of `SendTransport` on native targets (its
+// futures are `Send`, so generic code can spawn calls over it) and of the plain
+// `Transport` on wasm32 (a `fetch` holds `JsValue`s).
 macro_rules! transport_impl {
-    ($port:ident $(+ $send:ident)?) => {
+    ($port:path $(, $send:ident)?) => {
         impl $port for ReqwestTransport {
             type Handle = reqwest::Client;
             type Draft = reqwest::RequestBuilder;
@@ -418,7 +414,7 @@ macro_rules! transport_impl {
             /// (which reqwest would only report when sending). Nothing is sent.
             ///
             /// The request is sent by the draft's client, or, on a client the adapter built,
-            /// by its newest client at the time of sending (chosen in [`Transport::send`], so a
+            /// by its newest client at the time of sending (chosen in [`Transport::send`](vantage_api_pool::Transport::send), so a
             /// rebuild during the permit wait reaches requests already prepared).
             fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
                 let (client, request) = draft.build_split();
@@ -486,9 +482,9 @@ macro_rules! transport_impl {
 }
 
 #[cfg(not(target_arch = "wasm32"))]
-transport_impl!(SendTransport + Send);
+transport_impl!(vantage_api_pool::transport::SendTransport, Send);
 #[cfg(target_arch = "wasm32")]
-transport_impl!(Transport);
+transport_impl!(vantage_api_pool::Transport);
 
 pin_project_lite::pin_project! {
     /// The future of [`ReqwestTransport::send`]: reqwest's own, its outcome mapped
