@@ -42,6 +42,13 @@ pub struct BreakerConfig {
     max_cooldown: Duration,
 }
 
+impl Default for BreakerConfig {
+    /// [`BreakerConfig::default_breaker`]: threshold 5, cooldown 5 s doubling to 60 s.
+    fn default() -> Self {
+        BreakerConfig::default_breaker()
+    }
+}
+
 impl BreakerConfig {
     /// Opens after `threshold` failures with no success (2xx) between them, for
     /// `cooldown`, doubling after each failed probe up to `max_cooldown`.
@@ -88,7 +95,7 @@ impl BreakerConfig {
         })
     }
 
-    /// Threshold 5, cooldown 5 s doubling to 60 s.
+    /// Threshold 5, cooldown 5 s doubling to 60 s (also [`BreakerConfig::default`]).
     #[must_use]
     pub fn default_breaker() -> Self {
         BreakerConfig {

@@ -155,8 +155,28 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
 
     /// A circuit breaker with threshold 5, cooldown 5 s doubling to 60 s.
     pub fn default_breaker(self) -> Self {
-        let c = BreakerConfig::default_breaker();
-        self.breaker(c.threshold(), c.cooldown(), c.max_cooldown())
+        self.breaker_config(BreakerConfig::default_breaker())
+    }
+
+    /// A circuit breaker with settings already checked by [`BreakerConfig::new`], the
+    /// same as [`breaker`](Self::breaker) with its three values.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool::ResilientClient;
+    /// use vantage_api_pool::breaker::BreakerConfig;
+    /// use vantage_api_pool_testkit::{ScriptedTransport, VirtualRuntime};
+    ///
+    /// let config = BreakerConfig::new(3, Duration::from_secs(2), Duration::from_secs(30))?;
+    /// let rt = VirtualRuntime::new();
+    /// let client = ResilientClient::builder(ScriptedTransport::new(&rt), rt.clone())
+    ///     .breaker_config(config)
+    ///     .build()?;
+    /// # let _ = client;
+    /// # Ok::<(), vantage_api_pool::ConfigError>(())
+    /// ```
+    pub fn breaker_config(self, config: BreakerConfig) -> Self {
+        self.breaker(config.threshold(), config.cooldown(), config.max_cooldown())
     }
 
     /// A circuit breaker that opens after `threshold` failures with no success (2xx)

@@ -46,6 +46,40 @@ fn open_breaker(w: &World, client: &Client) {
 }
 
 #[test]
+fn a_breaker_config_sets_threshold_cooldown_and_its_max() {
+    let w = World::new();
+    w.transport.default_reply(Reply::status(503));
+    let config = vantage_api_pool::breaker::BreakerConfig::new(2, secs(3), secs(4)).unwrap();
+    let client = w.builder().breaker_config(config).build().unwrap();
+    let background = CallPolicy::background();
+    for _ in 0..2 {
+        let _ =
+            w.rt.block_on(client.execute_with(&background, |h| h.get("/x")));
+    }
+    assert_eq!(
+        client.breaker_state(),
+        BreakerState::Open { until: at(secs(3)) }
+    );
+    // Two failed probes: 3 s doubled is capped at the max, 4 s.
+    for probe_at in [secs(3), secs(7)] {
+        w.rt.run_until(at(probe_at)).unwrap();
+        let _ =
+            w.rt.block_on(client.execute_with(&background, |h| h.get("/x")));
+    }
+    assert_eq!(
+        client.breaker_state(),
+        BreakerState::Open {
+            until: at(secs(11))
+        }
+    );
+    assert_eq!(w.sent_at(), [ms(0), ms(0), secs(3), secs(7)]);
+    assert_eq!(
+        vantage_api_pool::breaker::BreakerConfig::default(),
+        vantage_api_pool::breaker::BreakerConfig::default_breaker()
+    );
+}
+
+#[test]
 fn cooldown_doubles_on_failed_probes_up_to_the_max() {
     let w = World::new();
     // 5 failures open it, 5 failed probes, then the 6th probe succeeds.

@@ -166,6 +166,27 @@ pub use reqwest;
 #[cfg(all(feature = "tokio", not(target_arch = "wasm32")))]
 pub use vantage_api_pool_tokio::TokioRuntime;
 
+/// A client over reqwest and tokio, as [`ReqwestTransport::tokio_builder`] and
+/// [`ReqwestTransport::tokio_default`] build it: the type to name in a struct field or
+/// a signature (`TokioClient` without auth, `TokioClient<A>` with a token source).
+///
+/// ```
+/// use vantage_api_pool_reqwest::{ReqwestTransport, TokioClient};
+///
+/// struct Orders {
+///     api: TokioClient,
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let orders = Orders { api: ReqwestTransport::tokio_default()?.build()? };
+/// # let _ = orders.api;
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(all(feature = "tokio", not(target_arch = "wasm32")))]
+pub type TokioClient<A = vantage_api_pool::NoAuth> =
+    vantage_api_pool::ResilientClient<ReqwestTransport, TokioRuntime, A>;
+
 use std::fmt;
 use std::future::Future;
 #[cfg(not(target_arch = "wasm32"))]
