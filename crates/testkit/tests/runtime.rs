@@ -899,11 +899,8 @@ fn a_sleep_polled_again_with_another_waker_wakes_the_latest() {
     assert_eq!(rt.now(), at(1000));
 }
 
-#[test]
-fn a_stale_wake_of_an_aborted_task_does_not_poll_the_next_task_in_its_slot() {
-    let rt = VirtualRuntime::new();
-    let a = rt.spawn(std::future::pending::<()>()); // queued, never polled
-    a.abort();
+/// Spawns a task that never finishes and counts its polls.
+fn spawn_poll_counter(rt: &VirtualRuntime) -> Rc<Cell<u32>> {
     let polls = Rc::new(Cell::new(0));
     let p = Rc::clone(&polls);
     rt.spawn(poll_fn(move |_| {
@@ -911,6 +908,15 @@ fn a_stale_wake_of_an_aborted_task_does_not_poll_the_next_task_in_its_slot() {
         Poll::<()>::Pending
     }))
     .detach();
+    polls
+}
+
+#[test]
+fn a_stale_wake_of_an_aborted_task_does_not_poll_the_next_task_in_its_slot() {
+    let rt = VirtualRuntime::new();
+    let a = rt.spawn(std::future::pending::<()>()); // queued, never polled
+    a.abort();
+    let polls = spawn_poll_counter(&rt);
     rt.run_until_idle().unwrap();
     assert_eq!(polls.get(), 1);
 }
@@ -939,13 +945,7 @@ fn a_finished_tasks_surviving_waker_does_not_wake_the_next_task_in_its_slot() {
     }))
     .detach();
     rt.run().unwrap();
-    let polls = Rc::new(Cell::new(0));
-    let p = Rc::clone(&polls);
-    rt.spawn(poll_fn(move |_| {
-        p.set(p.get() + 1);
-        Poll::<()>::Pending
-    }))
-    .detach();
+    let polls = spawn_poll_counter(&rt);
     rt.run_until_idle().unwrap();
     kept.borrow_mut().take().unwrap().wake();
     rt.run_until_idle().unwrap();
