@@ -25,14 +25,17 @@
 //! The health view is built only from the observer events and `breaker_state()`: the
 //! shipped [`HealthObserver`] keeps the figures per API (breaker, in flight, success
 //! rate and latency over a window, retries, last error), and the shipped
-//! [`TracingObserver`] writes every event, with its API key, to a log file in the OS
-//! temp directory (its path is printed; `DEBUG` and up). On a terminal the view is
-//! redrawn in place four times a second; otherwise (CI, a pipe) plain-text snapshots are
-//! printed every couple of seconds. At the end a summary per API is printed, and the
-//! exit code is 0 when every API had at least one successful call. A watchdog ends the
-//! process if anything hangs, so the demo always finishes by itself.
+//! [`TracingObserver`] writes the events at `DEBUG` and up (all but `Started`), with
+//! their API key, to a log file in the OS temp directory (its path is printed). On a
+//! terminal the view is redrawn in place four times a second, in 80 columns and 20
+//! lines; otherwise (CI, a pipe) plain-text snapshots are printed every couple of
+//! seconds. At the end a summary per API is printed, and the exit code is 0 when every
+//! API had a successful call and the story happened (the orders breaker opened and
+//! closed again, search retried its 429s no earlier than asked, a 401 refreshed the
+//! profile token). A watchdog ends the process if anything hangs, so the demo always
+//! finishes by itself.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::error::Error;
 use std::fmt::Write as _;
 use std::future::Future;
@@ -52,7 +55,7 @@ use vantage_api_pool::health::{ApiHealth, BreakerView, HealthObserver};
 use vantage_api_pool::http::{HeaderName, HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::tracing_observer::TracingObserver;
 use vantage_api_pool::{
-    BreakerState, CallPolicy, ClientError, EventKind, Fanout, Instant, ResilientClient,
+    BreakerState, CallId, CallPolicy, ClientError, EventKind, Fanout, Instant, ResilientClient,
     RetryPolicy, Runtime, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_reqwest::{ReqwestResponse, ReqwestTransport, reqwest};
@@ -136,7 +139,7 @@ impl Settings {
     }
 }
 
-const USAGE: &str = "usage: cargo run --example demo [-- --quick] [-- --plain]
+const USAGE: &str = "usage: cargo run --example demo [-- [--quick] [--plain]]
   --quick   play the 30 s script five times faster (about 6 s); also DEMO_QUICK=1
   --plain   print plain-text snapshots instead of redrawing (automatic when stdout is not a terminal)";
 
@@ -515,12 +518,26 @@ struct ApiTotals {
     sends: u64,
     refused: u64,
     unauthorized: u64,
+    /// The breaker opened from closed (an outage began).
     breaker_openings: u64,
+    /// The half-open probe failed and the breaker opened again.
+    failed_probes: u64,
+    /// The breaker closed after it had opened.
+    breaker_closings: u64,
+    /// Whether the breaker is open, as its events tell.
+    open: bool,
+    /// Retries scheduled right after a 429, and the shortest and longest wait.
+    retries_after_429: u64,
+    shortest_after_429: Option<Duration>,
+    longest_after_429: Option<Duration>,
 }
 
-/// Counts sends and breaker openings, and notes breaker changes as moments.
+/// Counts sends and breaker changes, notes the changes as moments, and measures the
+/// waits after a 429.
 struct Totals {
     per_api: Mutex<HashMap<String, ApiTotals>>,
+    /// Calls whose last failure was a 429, by API.
+    after_429: Mutex<HashSet<(String, CallId)>>,
     moments: Arc<Moments>,
 }
 
@@ -537,22 +554,56 @@ impl TransportObserver for Totals {
         {
             let mut map = self.per_api.lock().unwrap_or_else(PoisonError::into_inner);
             let totals = map.entry(api.to_owned()).or_default();
+            let mut after_429 = self
+                .after_429
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let key = event.call.map(|call| (api.to_owned(), call));
             match &event.kind {
                 EventKind::Succeeded { .. } | EventKind::Cancelled { .. } => totals.sends += 1,
                 EventKind::Failed {
                     sent: true, error, ..
                 } => {
                     totals.sends += 1;
-                    if error.status().is_some_and(|s| s.as_u16() == 401) {
+                    let status = error.status().map(|s| s.as_u16());
+                    if status == Some(401) {
                         totals.unauthorized += 1;
+                    }
+                    if let Some(key) = key {
+                        if status == Some(429) {
+                            after_429.insert(key);
+                        } else {
+                            after_429.remove(&key);
+                        }
                     }
                 }
                 EventKind::Failed { sent: false, .. } => totals.refused += 1,
+                EventKind::RetryScheduled { after, .. }
+                    if key.is_some_and(|key| after_429.remove(&key)) =>
+                {
+                    totals.retries_after_429 += 1;
+                    totals.shortest_after_429 =
+                        Some(totals.shortest_after_429.map_or(*after, |d| d.min(*after)));
+                    totals.longest_after_429 =
+                        Some(totals.longest_after_429.map_or(*after, |d| d.max(*after)));
+                }
+                EventKind::BreakerOpened { cooldown } if totals.open => {
+                    totals.failed_probes += 1;
+                    note = Some(format!(
+                        "{api}: probe failed, breaker OPEN again for {}",
+                        secs(*cooldown)
+                    ));
+                }
                 EventKind::BreakerOpened { cooldown } => {
+                    totals.open = true;
                     totals.breaker_openings += 1;
                     note = Some(format!("{api}: breaker OPENED for {}", secs(*cooldown)));
                 }
-                EventKind::BreakerClosed => note = Some(format!("{api}: breaker closed")),
+                EventKind::BreakerClosed => {
+                    totals.open = false;
+                    totals.breaker_closings += 1;
+                    note = Some(format!("{api}: an answer came, breaker closed"));
+                }
                 _ => {}
             }
         }
@@ -727,6 +778,26 @@ fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
 }
 
+/// Writes `text` to stdout, ignoring a closed pipe (`demo | head` must not panic).
+fn say(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
+}
+
+/// The widest line the live view draws: it fits an 80-column terminal.
+const WIDTH: usize = 79;
+
+/// `text` cut to [`WIDTH`] characters (before any colour is added).
+fn fit(text: &str) -> String {
+    fit_to(text, WIDTH)
+}
+
+/// `text` cut to `width` characters.
+fn fit_to(text: &str, width: usize) -> String {
+    text.chars().take(width).collect()
+}
+
 impl View {
     fn paint(&self, style: &str, text: &str) -> String {
         if self.settings.color {
@@ -746,11 +817,18 @@ impl View {
             BreakerNow::Closed => ("closed".to_owned(), GREEN),
             BreakerNow::HalfOpen => ("half-open (probe)".to_owned(), YELLOW),
             BreakerNow::Open { left } => {
+                // Time left of the cooldown, as `OPEN 3.5/5.0s`.
                 let of = match health.map(|h| h.breaker) {
-                    Some(BreakerView::Open { cooldown, .. }) => format!(" of {}", secs(cooldown)),
-                    _ => String::new(),
+                    Some(BreakerView::Open { cooldown, .. }) => format!("/{}", secs(cooldown)),
+                    _ => " left".to_owned(),
                 };
-                (format!("OPEN {} left{of}", secs(left)), RED)
+                let left = secs(left);
+                let left = if of.starts_with('/') {
+                    left.trim_end_matches('s').to_owned()
+                } else {
+                    left
+                };
+                (format!("OPEN {left}{of}"), RED)
             }
         }
     }
@@ -766,7 +844,7 @@ impl View {
                     RED
                 };
                 let text = format!(
-                    "{:>3.0}% ({}/{})",
+                    "{:>3.0}% {}/{}",
                     rate * 100.0,
                     h.successes_in_window,
                     h.sends_in_window
@@ -779,7 +857,7 @@ impl View {
 
     fn latency_cell(health: Option<&ApiHealth>) -> String {
         match health.and_then(|h| Some((h.mean_latency_ms?, h.max_latency_ms?))) {
-            Some((mean, max)) => format!("{mean:.0} / {max} ms"),
+            Some((mean, max)) => format!("{mean:.0} / {max}"),
             None => "-".to_owned(),
         }
     }
@@ -787,9 +865,16 @@ impl View {
     fn last_error(&self, health: Option<&ApiHealth>) -> String {
         match health.and_then(|h| h.last_error.as_ref()) {
             Some(last) => format!(
-                "{} ({} ago)",
+                "{} ({} ago{})",
                 last.error,
-                secs(self.now().saturating_duration_since(last.at))
+                secs(self.now().saturating_duration_since(last.at)),
+                // Only profile-api has a token source: its 401s are refreshed and
+                // replayed, not failed calls.
+                if last.error.status().is_some_and(|s| s.as_u16() == 401) {
+                    "; token renewed"
+                } else {
+                    ""
+                }
             ),
             None => "none".to_owned(),
         }
@@ -814,9 +899,10 @@ impl View {
         let health: HashMap<Arc<str>, ApiHealth> =
             self.health.snapshots_at(self.now()).into_iter().collect();
         let mut lines = Vec::new();
-        lines.push(format!(
-            "{}  t = {} of {}{}   server {}",
-            self.paint(BOLD, "vantage-api-pool demo"),
+        // Every line fits 79 columns, and the frame 20 lines, so an 80 x 24 terminal
+        // shows all of it without scrolling (colour is added after the cut).
+        let title = format!(
+            "vantage-api-pool demo  t = {} of {}{}   server {}",
             secs(now.min(self.settings.run_for())),
             secs(self.settings.run_for()),
             if self.settings.quick {
@@ -824,16 +910,17 @@ impl View {
             } else {
                 ""
             },
-            self.base
-        ));
-        lines.push(format!("server now: {}", self.script.describe(t)));
-        lines.push(String::new());
-        let window = format!("SUCCESS ({:.0}s)", self.settings.window().as_secs_f64());
+            self.base.trim_start_matches("http://")
+        );
+        lines.push(self.paint(BOLD, &fit(&title)));
+        lines.push(fit(&format!("server now: {}", self.script.describe(t))));
+        let window = format!("OK ({:.0}s)", self.settings.window().as_secs_f64());
+        let refused = format!("REF {:.0}s", self.settings.window().as_secs_f64());
         lines.push(self.paint(
             BOLD,
             &format!(
-                "{:<12} {:<24} {:>9}  {:<15} {:>17} {:>8} {:>8}",
-                "API", "BREAKER", "IN FLIGHT", window, "LATENCY mean/max", "RETRIES", "REFUSED"
+                "{:<11} {:<17} {:>4} {:<14} {:>13} {:>5} {:>7}",
+                "API", "BREAKER", "INFL", window, "LATENCY ms", "RETRY", refused
             ),
         ));
         for api in &self.apis {
@@ -841,32 +928,36 @@ impl View {
             let (breaker, breaker_style) = View::breaker_cell(api.client.breaker(), h);
             let (success, success_style) = View::success_cell(h);
             lines.push(format!(
-                "{:<12} {} {:>9}  {} {:>17} {:>8} {:>8}",
+                "{:<11} {} {:>4} {} {:>13} {:>5} {:>7}",
                 api.name,
-                self.paint(breaker_style, &format!("{breaker:<24}")),
+                self.paint(breaker_style, &format!("{:<17}", fit_to(&breaker, 17))),
                 h.map_or(0, |h| h.in_flight),
-                self.paint(success_style, &format!("{success:<15}")),
-                View::latency_cell(h),
+                self.paint(success_style, &format!("{:<14}", fit_to(&success, 14))),
+                fit_to(&View::latency_cell(h), 13),
                 h.map_or(0, |h| h.retries),
                 h.map_or(0, |h| h.refused_in_window),
             ));
-            lines.push(self.paint(DIM, &format!("{:<12} {}", "", api.about)));
-            lines.push(format!("{:<12} last error: {}", "", self.last_error(h)));
+            lines.push(self.paint(DIM, &fit(&format!("{:<11} {}", "", api.about))));
+            let mut error = format!("{:<11} last error: {}", "", self.last_error(h));
             if let Some(quiet) = self.quiet(h) {
-                lines.push(self.paint(DIM, &format!("{:<12} {quiet}", "")));
+                error.push_str("; ");
+                error.push_str(&quiet);
             }
+            lines.push(fit(&error));
         }
         lines.push(String::new());
         lines.push(self.paint(BOLD, "recent"));
         let count = self.moments.len();
-        for (at, text) in self.moments.since(count.saturating_sub(5)) {
-            lines.push(format!("  {:>6}  {text}", secs(at)));
+        for (at, text) in self.moments.since(count.saturating_sub(4)) {
+            lines.push(fit(&format!("  {:>6}  {text}", secs(at))));
         }
-        lines.push(String::new());
         if let Some(log) = &self.log {
             lines.push(self.paint(
                 DIM,
-                &format!("tracing events (DEBUG and up) -> {}", log.display()),
+                &fit(&format!(
+                    "tracing events (DEBUG and up) -> {}",
+                    log.display()
+                )),
             ));
         }
         lines
@@ -942,9 +1033,14 @@ async fn dashboard(view: Arc<View>, stop_at: tokio::time::Instant) {
 /// the screen cleared, all in one write.
 fn draw(view: &View) {
     let mut out = String::from("\x1b[H");
-    for line in view.frame() {
-        out.push_str(&line);
-        out.push_str("\x1b[K\n");
+    for (i, line) in view.frame().iter().enumerate() {
+        if i > 0 {
+            // No newline after the last line: a frame as tall as the screen must not
+            // scroll it.
+            out.push('\n');
+        }
+        out.push_str(line);
+        out.push_str("\x1b[K");
     }
     out.push_str("\x1b[J");
     let mut stdout = std::io::stdout().lock();
@@ -993,6 +1089,7 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
     let health = Arc::new(HealthObserver::new(settings.window()));
     let totals = Arc::new(Totals {
         per_api: Mutex::new(HashMap::new()),
+        after_429: Mutex::new(HashSet::new()),
         moments: Arc::clone(&moments),
     });
     let observer: Arc<dyn TransportObserver> = Arc::new(Fanout::new([
@@ -1057,7 +1154,7 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
             name: "orders-api",
             endpoint: "/orders",
             about: format!(
-                "essential (retry until dropped, wait for the probe), 4 parallel, breaker 5 x {}",
+                "essential (retry until dropped), 4 parallel, breaker 5 x {}",
                 secs(settings.real(5.0))
             ),
             client: Arc::new(orders.clone()),
@@ -1066,8 +1163,7 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
         Api {
             name: "search-api",
             endpoint: "/search",
-            about: "bounded (2 retries, 200ms..2s, Retry-After honoured), 8/s rate limit"
-                .to_owned(),
+            about: "bounded (2 retries, Retry-After honoured), 8/s rate limit".to_owned(),
             client: Arc::new(search.clone()),
             tally: Arc::clone(&tallies[1]),
         },
@@ -1075,7 +1171,7 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
             name: "profile-api",
             endpoint: "/profile",
             about: format!(
-                "background (one attempt, fail fast), token_fn auth, breaker 3 x {}",
+                "background (1 attempt, fail fast), token auth, breaker 3 x {}",
                 secs(settings.real(2.0))
             ),
             client: Arc::new(profile.clone()),
@@ -1139,13 +1235,16 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
         log: log.clone(),
     });
     if !settings.live {
-        println!(
-            "vantage-api-pool demo: flaky server on {base}, {} of traffic{}",
+        say(&format!(
+            "vantage-api-pool demo: flaky server on {base}, {} of traffic{}\n",
             secs(settings.run_for()),
             if settings.quick { " (--quick)" } else { "" }
-        );
+        ));
         if let Some(log) = &log {
-            println!("tracing events (DEBUG and up) -> {}", log.display());
+            say(&format!(
+                "tracing events (DEBUG and up) -> {}\n",
+                log.display()
+            ));
         }
     }
     let narrator = tokio::spawn(narrate(view.script.clone(), Arc::clone(&view.moments)));
@@ -1165,10 +1264,12 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
     if settings.live {
         draw(&view);
     } else {
-        println!("final:");
+        let mut out = String::from("final:\n");
         for line in view.snapshot_lines() {
-            println!("{line}");
+            out.push_str(&line);
+            out.push('\n');
         }
+        say(&out);
     }
     narrator.abort();
     server_task.abort();
@@ -1203,17 +1304,17 @@ fn summary(
     );
     let _ = writeln!(
         out,
-        "{:<12} {:>9} {:>7} {:>8} {:>7} {:>11} {:>8} {:>9} {:>8} {:>7}",
+        "{:<11} {:>5} {:>6} {:>7} {:>5} {:>6} {:>7} {:>7} {:>6} {:>6}",
         "API",
-        "calls ok",
+        "ok",
         "failed",
         "dropped",
         "sends",
-        "server saw",
+        "server",
         "retries",
         "refused",
-        "breaker",
-        "tokens"
+        "opened",
+        "reopen"
     );
     let mut all_ok = true;
     for api in &view.apis {
@@ -1222,10 +1323,9 @@ fn summary(
         let ok = api.tally.ok.load(Ordering::Relaxed);
         all_ok &= ok > 0;
         let server_saw: u64 = seen.get(api.endpoint).map_or(0, |s| s.values().sum());
-        let fetches = api.client.token_fetches();
         let _ = writeln!(
             out,
-            "{:<12} {:>9} {:>7} {:>8} {:>7} {:>11} {:>8} {:>9} {:>8} {:>7}",
+            "{:<11} {:>5} {:>6} {:>7} {:>5} {:>6} {:>7} {:>7} {:>6} {:>6}",
             api.name,
             ok,
             api.tally.failed.load(Ordering::Relaxed),
@@ -1234,18 +1334,27 @@ fn summary(
             server_saw,
             h.map_or(0, |h| h.retries),
             t.refused,
-            format!("{}x open", t.breaker_openings),
-            if fetches == 0 {
-                "-".to_owned()
-            } else {
-                fetches.to_string()
-            },
+            t.breaker_openings,
+            t.failed_probes,
         );
     }
     let _ = writeln!(
         out,
-        "  (dropped: calls still running when the traffic stopped, cancelled by dropping them;\n   refused: calls ended before a send (breaker open, auth, time), nothing sent; breaker: times it opened)"
+        "  ok/failed/dropped: calls (dropped: still running when the traffic stopped);\n  \
+         sends: by the client, server: requests the server saw; refused: calls that\n  \
+         ended before a send (breaker open, auth, time); opened: the breaker opened\n  \
+         from closed; reopen: a probe failed and it opened again (cooldown doubled)"
     );
+    let search = totals.get("search-api");
+    if let (Some(shortest), Some(longest)) = (search.shortest_after_429, search.longest_after_429) {
+        let _ = writeln!(
+            out,
+            "retry-after      search-api waited {} to {} before each of its {} retries\n                 after a 429 (the server asked for 1 s; jitter adds up to 25 %)",
+            secs(shortest),
+            secs(longest),
+            search.retries_after_429,
+        );
+    }
     for (i, api) in view.apis.iter().enumerate() {
         let reasons = api
             .tally
@@ -1276,8 +1385,8 @@ fn summary(
     let fetches = server.tokens_issued();
     let _ = writeln!(
         out,
-        "auth             {fetches} tokens from /token (first use + {} refreshes); {} sends answered 401, \
-         replayed",
+        "auth             {fetches} tokens from /token (first use + {} refreshes);\n                 \
+         {} sends answered 401 (a call's first 401 refreshes the token and replays)",
         fetches.saturating_sub(1),
         totals.get("profile-api").unauthorized,
     );
@@ -1304,7 +1413,7 @@ fn summary(
             for kind in ["event=\"breaker_opened\"", "status=429", "status=401"] {
                 if let Some(line) = text.lines().find(|l| l.contains(kind)) {
                     let line = line.split_once("  ").map_or(line, |(_, rest)| rest);
-                    let mut sample: String = line.chars().take(95).collect();
+                    let mut sample: String = line.chars().take(74).collect();
                     if sample.len() < line.len() {
                         sample.push_str("...");
                     }
@@ -1323,15 +1432,27 @@ fn summary(
         .unwrap_or(0);
     let search_retries = health.get("search-api").map_or(0, |h| h.retries);
     let profile = view.apis.iter().find(|api| api.name == "profile-api");
+    let orders = totals.get("orders-api");
     let story = [
         (all_ok, "every API had a successful call"),
         (
-            totals.get("orders-api").breaker_openings > 0,
+            orders.breaker_openings > 0,
             "the orders outage opened its breaker",
+        ),
+        (
+            orders.breaker_closings > 0 && !orders.open,
+            "the orders breaker closed once the API was back",
         ),
         (
             search_429 > 0 && search_retries > 0,
             "the search quota answered 429 and the client retried",
+        ),
+        (
+            search.retries_after_429 > 0
+                && search
+                    .shortest_after_429
+                    .is_some_and(|d| d >= Duration::from_secs(1)),
+            "every retry after a 429 waited the server's Retry-After",
         ),
         (
             totals.get("profile-api").unauthorized > 0
@@ -1345,8 +1466,7 @@ fn summary(
         }
     }
     let all_ok = story.iter().all(|(happened, _)| *happened);
-    print!("{out}");
-    let _ = std::io::stdout().flush();
+    say(&out);
     all_ok
 }
 
