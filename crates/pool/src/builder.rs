@@ -113,9 +113,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
         self
     }
 
-    /// Adds header `name` to every retry, carrying how many retries came before it
-    /// (`1` on the first retry). Redials and 401 replays do not change it. Off by
-    /// default.
+    /// Adds header `name` to every retry, carrying the retry's number (`1` on the
+    /// first retry, `2` on the second). The first attempt carries none; a redial or
+    /// a 401 replay carries the number of the attempt it repeats. Off by default.
     pub fn retry_count_header(mut self, name: HeaderName) -> Self {
         self.retry_count_header = Some(name);
         self

@@ -1,0 +1,300 @@
+//! What the builder and the client promise about their settings and accessors, and
+//! the ports' default and blanket methods (a mutation review found these unguarded).
+mod common;
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, SystemTime};
+
+use common::*;
+use http::HeaderValue;
+use http::header::{AUTHORIZATION, HeaderName};
+use vantage_api_pool::auth::{AuthError, send_token_fn};
+use vantage_api_pool::runtime::SendRuntime;
+use vantage_api_pool::{
+    BreakerState, CallPolicy, EventKind, Instant, Report, RetryPolicy, Runtime, TransportErrorKind,
+    timeout_at,
+};
+use vantage_api_pool_testkit::{RecordingObserver, Reply, VirtualRuntime};
+
+#[test]
+fn max_parallel_is_eight_unless_set() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok().after(secs(1)));
+    let client = w.client();
+    let calls: Vec<_> = (0..9)
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    for c in calls {
+        w.rt.block_on(c).unwrap().unwrap();
+    }
+    assert_eq!(client.peak_in_flight(), 8);
+    assert_eq!(
+        w.sent_at(),
+        [vec![Duration::ZERO; 8], vec![secs(1)]].concat()
+    );
+}
+
+#[test]
+fn a_default_retry_whose_max_equals_its_base_is_accepted() {
+    let w = World::new();
+    let p = RetryPolicy {
+        max_retries: 1,
+        base: secs(1),
+        max: secs(1),
+    };
+    assert!(w.builder().default_retry(p).build().is_ok());
+}
+
+#[test]
+fn no_retry_count_header_is_set_unless_asked() {
+    let w = World::new();
+    w.transport.push_many([Reply::status(503), Reply::ok()]);
+    let client = w.client();
+    w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let reqs = w.transport.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[1].headers, reqs[0].headers);
+}
+
+#[test]
+fn auth_keeps_the_settings_made_before_it() {
+    let w = World::new();
+    let p = RetryPolicy {
+        max_retries: 0,
+        base: ms(10),
+        max: ms(10),
+    };
+    let client = w
+        .builder()
+        .default_retry(p)
+        .retry_count_header(HeaderName::from_static("x-retry-count"))
+        .request_id_header(HeaderName::from_static("cf-ray"))
+        .auth(send_token_fn(|| async {
+            Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer t")))
+        }))
+        .build()
+        .unwrap();
+    assert_eq!(client.default_retry(), p);
+    w.transport.push_many([Reply::status(503), Reply::ok()]);
+    w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.transport.requests()[1].headers["x-retry-count"], "1");
+    w.transport
+        .push(Reply::status(404).header("cf-ray", "ray-1"));
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.request_id(), Some("ray-1"));
+}
+
+#[test]
+fn a_second_observer_replaces_the_first() {
+    let w = World::new();
+    let second = RecordingObserver::new();
+    let client = w
+        .builder()
+        .observer("second", Arc::new(second.clone()))
+        .build()
+        .unwrap();
+    assert_eq!(client.api_key(), Some("second"));
+    client.report(Report::WritePushed);
+    assert_eq!(second.events().len(), 1);
+    assert!(w.events().is_empty());
+}
+
+#[test]
+fn a_rate_limit_bursts_the_rate_rounded_up_then_spaces_sends() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().rate_limit(10.0).build().unwrap();
+    let calls: Vec<_> = (0..11)
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    for c in calls {
+        w.rt.block_on(c).unwrap().unwrap();
+    }
+    assert_eq!(
+        w.sent_at(),
+        [vec![Duration::ZERO; 10], vec![ms(100)]].concat()
+    );
+}
+
+#[test]
+fn execute_and_execute_with_share_one_call_numbering_from_1() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = w.client();
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let calls: Vec<_> = w.events().iter().map(|e| e.call.unwrap().0).collect();
+    assert_eq!(calls, [1, 1, 2, 2]);
+}
+
+#[test]
+fn execute_uses_the_clients_default_retry() {
+    let w = World::new();
+    w.transport.push_many([Reply::status(503), Reply::ok()]);
+    let p = RetryPolicy {
+        max_retries: 0,
+        base: ms(10),
+        max: ms(10),
+    };
+    let client = w.builder().default_retry(p).build().unwrap();
+    let err =
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
+    assert_eq!(w.transport.request_count(), 1);
+}
+
+#[test]
+fn execute_does_not_make_a_post_idempotent() {
+    let w = World::new();
+    w.transport
+        .push(Reply::fail(TransportErrorKind::Interrupted, "reset"));
+    w.transport.default_reply(Reply::ok());
+    let client = w.client();
+    assert!(
+        w.rt.block_on(client.execute(|h| h.post("/x")))
+            .unwrap()
+            .is_err()
+    );
+    assert_eq!(w.transport.request_count(), 1);
+}
+
+#[test]
+fn a_report_carries_the_runtimes_now() {
+    let w = World::new();
+    let client = w.client();
+    w.rt.block_on(w.rt.sleep(secs(5))).unwrap();
+    client.report(Report::RowsPulled { n: 3 });
+    assert_eq!(w.events()[0].at, at(secs(5)));
+}
+
+#[test]
+fn default_retry_reads_back_what_the_builder_set() {
+    let w = World::new();
+    let p = RetryPolicy {
+        max_retries: 7,
+        base: ms(1),
+        max: ms(2),
+    };
+    assert_eq!(
+        w.builder()
+            .default_retry(p)
+            .build()
+            .unwrap()
+            .default_retry(),
+        p
+    );
+}
+
+#[test]
+fn a_client_without_a_breaker_is_always_closed() {
+    assert_eq!(World::new().client().breaker_state(), BreakerState::Closed);
+}
+
+#[test]
+fn timeout_at_arms_no_timer_for_work_ready_on_its_first_poll() {
+    let rt = VirtualRuntime::new();
+    let mut fut = pin!(timeout_at(&rt, at(secs(5)), async { 7 }));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Ok(7)));
+    assert_eq!(rt.pending_timers(), 0);
+}
+
+#[test]
+fn the_plain_ports_sleep_over_a_send_runtime_counts_from_now() {
+    let rt = VirtualRuntime::new();
+    rt.block_on(rt.sleep(secs(10))).unwrap();
+    rt.block_on(Runtime::sleep(&rt, secs(1))).unwrap();
+    assert_eq!(rt.elapsed(), secs(11));
+}
+
+/// A `SendRuntime` that keeps `SendRuntime::sleep`'s default.
+struct Bare(VirtualRuntime);
+impl SendRuntime for Bare {
+    fn now(&self) -> Instant {
+        self.0.now()
+    }
+    fn wall_clock(&self) -> SystemTime {
+        self.0.wall_clock()
+    }
+    fn sleep_until(&self, d: Instant) -> impl Future<Output = ()> + Send {
+        SendRuntime::sleep_until(&self.0, d)
+    }
+    fn random(&self) -> f64 {
+        self.0.random()
+    }
+}
+
+#[test]
+fn send_runtimes_default_sleep_counts_from_now() {
+    let rt = VirtualRuntime::new();
+    let bare = Bare(rt.clone());
+    rt.block_on(rt.sleep(secs(10))).unwrap();
+    rt.block_on(SendRuntime::sleep(&bare, secs(1))).unwrap();
+    assert_eq!(rt.elapsed(), secs(11));
+    rt.block_on(Runtime::sleep(&bare, secs(1))).unwrap();
+    assert_eq!(rt.elapsed(), secs(12));
+}
+
+/// A `SendRuntime` whose own `sleep` counts its calls.
+struct OwnSleep(VirtualRuntime, AtomicUsize);
+impl SendRuntime for OwnSleep {
+    fn now(&self) -> Instant {
+        self.0.now()
+    }
+    fn wall_clock(&self) -> SystemTime {
+        self.0.wall_clock()
+    }
+    fn sleep_until(&self, d: Instant) -> impl Future<Output = ()> + Send {
+        SendRuntime::sleep_until(&self.0, d)
+    }
+    fn sleep(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        SendRuntime::sleep(&self.0, d)
+    }
+    fn random(&self) -> f64 {
+        self.0.random()
+    }
+}
+
+#[test]
+fn the_plain_ports_sleep_uses_the_send_runtimes_own() {
+    let rt = VirtualRuntime::new();
+    let own = OwnSleep(rt.clone(), AtomicUsize::new(0));
+    rt.block_on(Runtime::sleep(&own, secs(1))).unwrap();
+    assert_eq!(own.1.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_content_length_of_zero_is_reported_as_zero_bytes() {
+    let w = World::new();
+    w.transport
+        .push(Reply::status(204).header("content-length", "0"));
+    let client = w.client();
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert!(
+        w.events()
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::Succeeded { bytes: Some(0), .. }))
+    );
+}
