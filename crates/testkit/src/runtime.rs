@@ -1386,9 +1386,9 @@ impl TimerCore {
             self.timer = None;
             return Poll::Ready(());
         }
-        match clock.timers.waker_mut(timer) {
-            Some(Some(waker)) if waker.will_wake(cx.waker()) => {}
-            Some(slot) => *slot = Some(cx.waker().clone()),
+        let replaced = match clock.timers.waker_mut(timer) {
+            Some(Some(waker)) if waker.will_wake(cx.waker()) => None,
+            Some(slot) => slot.replace(cx.waker().clone()),
             // Unreachable in practice (a timer leaves the set only by firing, which
             // moves the clock past it, or by drop); re-register rather than hang.
             None => {
@@ -1397,14 +1397,22 @@ impl TimerCore {
                     *slot = Some(cx.waker().clone());
                 }
                 self.timer = Some(timer);
+                None
             }
-        }
+        };
+        // A replaced waker is dropped once the lock is released: its drop may run
+        // anything, a sleep's drop on this runtime included.
+        drop(clock);
+        drop(replaced);
         Poll::Pending
     }
 
     fn cancel(&mut self, shared: &Shared) {
         if let Some(timer) = self.timer.take() {
-            lock(&shared.clock).timers.remove(timer);
+            // The lock is released at the end of this statement, before the waker
+            // it hands back is dropped.
+            let waker = lock(&shared.clock).timers.remove(timer);
+            drop(waker);
         }
     }
 }

@@ -74,18 +74,20 @@ impl Timers {
             .is_some_and(|s| s.seq == Some(seq))
     }
 
-    /// Removes a timer if it is still registered; returns whether it was.
-    pub(crate) fn remove(&mut self, id: TimerId) -> bool {
+    /// Removes a timer if it is still registered: `None` if it was not, else its
+    /// waker, if it had one, for the caller to drop once it holds no lock (a waker's
+    /// drop may run anything, a sleep's drop on this runtime included).
+    pub(crate) fn remove(&mut self, id: TimerId) -> Option<Option<Waker>> {
         if !self.is_live(id.seq, id.slot) {
-            return false;
+            return None;
         }
-        self.vacate(id.slot);
+        let waker = self.vacate(id.slot);
         if self.heap.len() > 2 * self.live + COMPACT_SLACK {
             let slots = &self.slots;
             self.heap
                 .retain(|Reverse((_, seq, slot))| slots[*slot as usize].seq == Some(*seq));
         }
-        true
+        Some(waker)
     }
 
     fn vacate(&mut self, slot: u32) -> Option<Waker> {
@@ -171,8 +173,8 @@ mod tests {
                 id
             })
             .collect();
-        assert!(timers.remove(ids[3]));
-        assert!(!timers.remove(ids[3]), "removing twice is a no-op");
+        assert!(timers.remove(ids[3]).is_some_and(|waker| waker.is_some()));
+        assert!(timers.remove(ids[3]).is_none(), "removing twice is a no-op");
         assert_eq!(timers.len(), 5);
         assert_eq!(timers.first(), Some(at(10)));
         let mut wakers = Vec::new();
@@ -209,8 +211,8 @@ mod tests {
         timers.remove(old);
         let new = timers.insert(at(50));
         assert_eq!(timers.first(), Some(at(50)));
-        assert!(!timers.remove(old));
-        assert!(timers.remove(new));
+        assert!(timers.remove(old).is_none());
+        assert!(timers.remove(new).is_some());
         assert_eq!(timers.first(), None);
     }
 }

@@ -1115,3 +1115,58 @@ fn a_far_future_timer_alone_is_a_deadlock_with_nothing_to_wait_for() {
         "deadlock at +0ns: 1 task parked and no timer to wait for"
     );
 }
+
+/// A waker whose drop reads the runtime, as the last waker of a task on another
+/// executor does when it drops the task and, with it, the task's sleeps.
+struct ReadsOnDrop {
+    rt: VirtualRuntime,
+    seen: Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl Wake for ReadsOnDrop {
+    fn wake(self: Arc<Self>) {}
+}
+
+impl Drop for ReadsOnDrop {
+    fn drop(&mut self) {
+        let pending = self.rt.pending_timers();
+        self.seen.lock().unwrap().push(pending);
+    }
+}
+
+#[test]
+fn a_sleep_drops_the_wakers_it_lets_go_of_outside_the_clocks_lock() {
+    // Run where a regression (a drop under the lock, locking it again) would only
+    // block its own thread: the test then fails instead of hanging.
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = VirtualRuntime::new();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let waker = |rt: &VirtualRuntime| {
+            Waker::from(Arc::new(ReadsOnDrop {
+                rt: rt.clone(),
+                seen: Arc::clone(&seen),
+            }))
+        };
+        let mut sleep = Box::pin(rt.sleep(Duration::from_secs(1)));
+        for _ in 0..2 {
+            // The timer keeps the only clone of each waker; polling again with a new
+            // one drops the old, and dropping the sleep drops the last.
+            let w = waker(&rt);
+            assert!(
+                sleep
+                    .as_mut()
+                    .poll(&mut Context::from_waker(&w))
+                    .is_pending()
+            );
+        }
+        drop(sleep);
+        done.send(seen.lock().unwrap().clone()).unwrap();
+    });
+    let seen = finished
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a waker was dropped under the clock's lock");
+    // The replaced waker was dropped with the timer still registered, the last one
+    // once the sleep had removed it.
+    assert_eq!(seen, [1, 0]);
+}
