@@ -233,7 +233,7 @@ pub trait TransportResponse {
     fn headers(&self) -> &HeaderMap;
 
     /// The body length when the transport knows it; by default the `Content-Length`
-    /// header.
+    /// header, when it is digits only and every copy of it agrees.
     fn content_length(&self) -> Option<u64> {
         content_length_header(self.headers())
     }
@@ -256,7 +256,7 @@ pub trait SendTransportResponse: Send {
     fn headers(&self) -> &HeaderMap;
 
     /// As [`TransportResponse::content_length`]; by default the `Content-Length`
-    /// header.
+    /// header, when it is digits only and every copy of it agrees.
     fn content_length(&self) -> Option<u64> {
         content_length_header(self.headers())
     }
@@ -287,14 +287,22 @@ impl<T: SendTransportResponse> TransportResponse for T {
     }
 }
 
-/// The `Content-Length` header as a number, if it is one.
+/// The `Content-Length` header as a number: digits only (RFC 9110: `1*DIGIT`), and
+/// the same in every `Content-Length` the response carries; otherwise `None`.
 fn content_length_header(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(http::header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
+    let mut length = None;
+    for value in headers.get_all(http::header::CONTENT_LENGTH) {
+        let digits = value.as_bytes();
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+        if length.is_some_and(|first| first != n) {
+            return None;
+        }
+        length = Some(n);
+    }
+    length
 }
 
 /// How a send failed, which decides whether and how it is tried again.
@@ -401,5 +409,32 @@ impl fmt::Debug for TransportError {
             .field("kind", &self.kind)
             .field("message", &self.message)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lengths(values: &[&'static str]) -> Option<u64> {
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(http::header::CONTENT_LENGTH, HeaderValue::from_static(v));
+        }
+        content_length_header(&headers)
+    }
+
+    #[test]
+    fn content_length_is_digits_and_agrees_with_itself() {
+        assert_eq!(lengths(&["42"]), Some(42));
+        assert_eq!(lengths(&["0"]), Some(0));
+        assert_eq!(lengths(&["42", "42"]), Some(42));
+        assert_eq!(lengths(&[]), None);
+        assert_eq!(lengths(&["+5"]), None);
+        assert_eq!(lengths(&["-1"]), None);
+        assert_eq!(lengths(&[" 5"]), None);
+        assert_eq!(lengths(&["5x"]), None);
+        assert_eq!(lengths(&["42", "43"]), None);
+        assert_eq!(lengths(&["99999999999999999999999"]), None);
     }
 }
