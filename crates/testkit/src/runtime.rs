@@ -1386,6 +1386,9 @@ impl TimerCore {
             self.timer = None;
             return Poll::Ready(());
         }
+        // The new waker is cloned under the lock (a clone that reaches back into the
+        // runtime would be a waker of its own making); the one it replaces is dropped
+        // after.
         let replaced = match clock.timers.waker_mut(timer) {
             Some(Some(waker)) if waker.will_wake(cx.waker()) => None,
             Some(slot) => slot.replace(cx.waker().clone()),

@@ -1116,7 +1116,7 @@ fn a_far_future_timer_alone_is_a_deadlock_with_nothing_to_wait_for() {
     );
 }
 
-/// A waker whose drop reads the runtime, as the last waker of a task on another
+/// A waker whose drop uses the runtime, as the last waker of a task on another
 /// executor does when it drops the task and, with it, the task's sleeps.
 struct ReadsOnDrop {
     rt: VirtualRuntime,
@@ -1130,6 +1130,8 @@ impl Wake for ReadsOnDrop {
 impl Drop for ReadsOnDrop {
     fn drop(&mut self) {
         let pending = self.rt.pending_timers();
+        // A sleep made and dropped on the same runtime takes the clock's lock twice.
+        drop(self.rt.sleep(Duration::from_secs(5)));
         self.seen.lock().unwrap().push(pending);
     }
 }
