@@ -110,10 +110,7 @@ fn a_stalled_attempt_costs_exactly_the_attempt_timeout() {
     let w = World::new();
     w.transport.push(Reply::stall());
     let client = w.client();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.kind(), ErrorKind::TimedOut);
     assert_eq!(err.attempts(), 1);
     assert_eq!(w.now(), secs(10));
@@ -762,10 +759,7 @@ fn the_request_id_comes_from_the_configured_header() {
         .request_id_header(HeaderName::from_static("cf-ray"))
         .build()
         .unwrap();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.request_id(), Some("ray-1"));
 }
 
@@ -780,10 +774,7 @@ fn an_error_body_read_a_byte_at_a_time_is_cut_on_a_character_boundary() {
     w.transport
         .default_reply(Reply::status(404).body(text).chunk_size(1));
     let client = w.client();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     let body = err.body().unwrap();
     assert_eq!(body.len(), 2047);
     assert!(std::str::from_utf8(body).is_ok());
@@ -795,10 +786,7 @@ fn an_error_body_cut_by_a_stall_inside_a_character_drops_that_character() {
     w.transport
         .default_reply(Reply::status(500).body("aaaa€bbbb").body_stalls_after(5));
     let client = w.client();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.body(), Some(&b"aaaa"[..]));
     assert_eq!(err.body_text().unwrap(), "aaaa");
 }
@@ -867,10 +855,7 @@ fn an_error_body_cut_by_a_read_error_inside_a_character_drops_that_character() {
     let client = ResilientClient::builder(BodyBreaks(w.transport.clone()), w.rt.clone())
         .build()
         .unwrap();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
     assert_eq!(err.body(), Some(&b"aaaa"[..]));
 }
@@ -925,10 +910,7 @@ fn a_transport_timeout_keeps_its_message_as_the_source() {
     w.transport
         .default_reply(Reply::fail(TransportErrorKind::TimedOut, "read timed out"));
     let client = w.client();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.kind(), ErrorKind::TimedOut);
     let source = std::error::Error::source(&err).expect("the transport's error");
     assert!(source.to_string().contains("read timed out"), "{source}");
@@ -961,10 +943,7 @@ fn an_error_body_that_stalls_is_cut_by_the_time_limit_and_keeps_the_status() {
             .body_stalls_after(7),
     );
     let client = w.client();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
     assert_eq!(err.body(), Some(&b"partial"[..]));
     assert_eq!(w.now(), secs(10));

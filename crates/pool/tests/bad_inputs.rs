@@ -161,10 +161,7 @@ fn a_non_utf8_error_body_is_cut_at_exactly_2048_bytes() {
     let body: Vec<u8> = (0..10_000u32).map(|i| 0x80 | (i % 64) as u8).collect();
     w.transport.push(Reply::status(500).body(body.clone()));
     let client = w.client();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.body(), Some(&body[..2048]));
     assert!(err.body_text().unwrap().contains('\u{FFFD}'));
 }
@@ -180,10 +177,7 @@ fn a_huge_error_body_is_not_read_past_the_limit() {
             .chunk_delay(ms(1)),
     );
     let client = w.client();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.body().map(<[u8]>::len), Some(2048));
     assert!(
         w.now() <= ms(3),
@@ -269,10 +263,7 @@ fn extreme_cooldowns_saturate_without_panicking() {
     let _ =
         w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
             .unwrap();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.kind(), ErrorKind::BreakerOpen);
     assert!(matches!(
         client.breaker_state(),

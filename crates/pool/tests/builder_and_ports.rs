@@ -89,10 +89,7 @@ fn auth_keeps_the_settings_made_before_it() {
     assert_eq!(w.transport.requests()[1].headers["x-retry-count"], "1");
     w.transport
         .push(Reply::status(404).header("cf-ray", "ray-1"));
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.request_id(), Some("ray-1"));
 }
 

@@ -762,10 +762,7 @@ fn the_token_sources_own_error_is_reachable_from_the_client_error() {
         }))
         .build()
         .unwrap();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.kind(), ErrorKind::Auth);
     let shared = std::error::Error::source(&err)
         .and_then(|s| s.downcast_ref::<SharedAuthError>())
@@ -788,10 +785,7 @@ fn a_refresh_that_fails_after_a_401_is_the_last_failed_event() {
         .auth(t1_then_failing_tokens(&fetches))
         .build()
         .unwrap();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.kind(), ErrorKind::Auth);
     assert!(!err.nothing_sent());
     assert_eq!(

@@ -114,10 +114,7 @@ fn ms_excludes_the_error_body_read() {
             .chunk_delay(ms(100)),
     );
     let client = w.client();
-    let err =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let err = w.background_error(&client);
     assert_eq!(err.body(), Some(&b"abcdef"[..]));
     let failed = w.events().into_iter().find_map(|e| match e.kind {
         EventKind::Failed { ms, .. } => Some((ms, e.at)),

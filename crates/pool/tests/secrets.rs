@@ -51,10 +51,7 @@ fn the_canary_token_never_appears_in_any_output() {
         w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
             .unwrap();
     let ok_debug = format!("{:?}", ok.as_ref().map(|r| r.status()));
-    let failed =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap()
-            .unwrap_err();
+    let failed = w.background_error(&client);
     let unauthorized =
         w.rt.block_on(client.execute(|h| h.get("/x")))
             .unwrap()

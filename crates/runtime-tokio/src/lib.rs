@@ -1,6 +1,7 @@
 //! # vantage-api-pool-tokio
 //!
-//! [`TokioRuntime`]: the [`Runtime`](vantage_api_pool::Runtime) port of `vantage-api-pool` on tokio's clock.
+//! [`TokioRuntime`]: the [`Runtime`](vantage_api_pool::Runtime) port of `vantage-api-pool`
+//! on tokio's clock.
 //!
 //! | port method | here |
 //! |---|---|
@@ -28,8 +29,8 @@
 //!
 //! The futures are `Send`, so a call on this runtime (with a `Send` transport) can be
 //! `tokio::spawn`ed. Sleeping needs a tokio runtime with its time driver enabled
-//! (`enable_time` or `enable_all`); [`Runtime::now`](vantage_api_pool::Runtime::now) and [`Runtime::random`](vantage_api_pool::Runtime::random) work
-//! anywhere.
+//! (`enable_time` or `enable_all`); [`Runtime::now`](vantage_api_pool::Runtime::now) and
+//! [`Runtime::random`](vantage_api_pool::Runtime::random) work anywhere.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -145,11 +146,7 @@ impl TokioRuntime {
     /// [`TokioRuntime::sleep_until`] now plus `duration` (saturating at
     /// [`Instant::FAR_FUTURE`]); `Send + 'static` as well.
     pub fn sleep(&self, duration: Duration) -> TokioSleep {
-        sleep_until(
-            self.origin,
-            self.from_tokio(tokio::time::Instant::now())
-                .saturating_add(duration),
-        )
+        sleep_until(self.origin, self.now().saturating_add(duration))
     }
 }
 

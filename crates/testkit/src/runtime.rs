@@ -311,8 +311,8 @@ impl Drop for Shared {
     }
 }
 
-/// A virtual clock, a seeded random source, a settable wall clock and a
-/// deterministic single-threaded driver, implementing [`Runtime`](vantage_api_pool::Runtime).
+/// A virtual clock, a seeded random source, a settable wall clock and a deterministic
+/// single-threaded driver, implementing [`Runtime`](vantage_api_pool::Runtime).
 ///
 /// Cheap to clone: clones share one clock, one set of timers, one random sequence
 /// and one set of tasks. `Send + Sync`, so a client built over it is too; the tasks
@@ -635,7 +635,8 @@ impl VirtualRuntime {
     }
 
     /// A sleep that borrows the runtime instead of holding a clone: what the
-    /// [`Runtime`](vantage_api_pool::Runtime) impl and the scripted transport use (no reference counting).
+    /// [`Runtime`](vantage_api_pool::Runtime) impl and the scripted transport use (no
+    /// reference counting).
     pub(crate) fn sleep_ref(&self, duration: Duration) -> SleepRef<'_> {
         SleepRef {
             core: TimerCore::after(&self.shared, duration),

@@ -1,5 +1,5 @@
-//! [`ScriptedTransport`]: a [`Transport`](vantage_api_pool::Transport) that answers from a script, on the virtual
-//! clock of a [`VirtualRuntime`], and records what it was asked.
+//! [`ScriptedTransport`]: a [`Transport`](vantage_api_pool::Transport) that answers from a
+//! script, on the virtual clock of a [`VirtualRuntime`], and records what it was asked.
 //!
 //! # Where a send's answer comes from
 //!
@@ -485,9 +485,10 @@ impl ScriptedHttp {
     }
 }
 
-/// A request draft: what the request closure returns. [`Transport::prepare`](vantage_api_pool::Transport::prepare) turns it
-/// into a [`ScriptedRequest`], or fails with [`TransportErrorKind::Config`] if the
-/// draft was made invalid.
+/// A request draft: what the request closure returns.
+/// [`Transport::prepare`](vantage_api_pool::Transport::prepare) turns it into a
+/// [`ScriptedRequest`], or fails with [`TransportErrorKind::Config`] if the draft was made
+/// invalid.
 ///
 /// ```
 /// use vantage_api_pool::{Transport, TransportErrorKind};
@@ -728,7 +729,8 @@ impl ScriptedResponse {
         }
     }
 
-    /// The status code (also available through [`TransportResponse::status`](vantage_api_pool::TransportResponse::status)).
+    /// The status code (also available through
+    /// [`TransportResponse::status`](vantage_api_pool::TransportResponse::status)).
     ///
     /// ```
     /// # use vantage_api_pool::Transport;
@@ -746,7 +748,8 @@ impl ScriptedResponse {
         self.status
     }
 
-    /// The headers (also available through [`TransportResponse::headers`](vantage_api_pool::TransportResponse::headers)).
+    /// The headers (also available through
+    /// [`TransportResponse::headers`](vantage_api_pool::TransportResponse::headers)).
     ///
     /// ```
     /// # use vantage_api_pool::Transport;
@@ -1097,8 +1100,8 @@ impl Drop for SendFuture<'_> {
     }
 }
 
-/// A [`Transport`](vantage_api_pool::Transport) that answers from a script on a [`VirtualRuntime`]'s clock and
-/// records every request.
+/// A [`Transport`](vantage_api_pool::Transport) that answers from a script on a
+/// [`VirtualRuntime`]'s clock and records every request.
 ///
 /// Cheap to clone; clones share one script, one record and one set of counters, so a
 /// test keeps a clone to script and inspect the transport it gave the client.
@@ -1302,8 +1305,9 @@ impl ScriptedTransport {
         script.sequence.len() + script.by_path.values().map(VecDeque::len).sum::<usize>()
     }
 
-    /// Makes every [`Transport::admit`](vantage_api_pool::Transport::admit) wait `delay` on the virtual clock (zero:
-    /// admit at once, the default). Replaces [`admit_with`](Self::admit_with).
+    /// Makes every [`Transport::admit`](vantage_api_pool::Transport::admit) wait `delay` on
+    /// the virtual clock (zero: admit at once, the default). Replaces
+    /// [`admit_with`](Self::admit_with).
     ///
     /// ```
     /// use std::time::Duration;
@@ -1322,9 +1326,10 @@ impl ScriptedTransport {
         self.set_admit(admit)
     }
 
-    /// Makes every [`Transport::admit`](vantage_api_pool::Transport::admit) wait for as long as `wait` says, given the
-    /// virtual time the sender asks at: a shared rate limit of your own. The closure
-    /// runs outside the transport's lock. Replaces [`admit_delay`](Self::admit_delay).
+    /// Makes every [`Transport::admit`](vantage_api_pool::Transport::admit) wait for as
+    /// long as `wait` says, given the virtual time the sender asks at: a shared rate limit
+    /// of your own. The closure runs outside the transport's lock. Replaces
+    /// [`admit_delay`](Self::admit_delay).
     ///
     /// ```
     /// use std::sync::Mutex;
@@ -1445,7 +1450,9 @@ impl ScriptedTransport {
         lock(&self.shared.script).peak_in_flight
     }
 
-    /// How many times [`Transport::distrust_connection`](vantage_api_pool::Transport::distrust_connection) was called.
+    /// How many times
+    /// [`Transport::distrust_connection`](vantage_api_pool::Transport::distrust_connection)
+    /// was called.
     ///
     /// ```
     /// use vantage_api_pool::Transport;
@@ -1459,7 +1466,8 @@ impl ScriptedTransport {
         self.shared.distrusted.load(Ordering::Relaxed)
     }
 
-    /// How many [`Transport::admit`](vantage_api_pool::Transport::admit) futures completed (a dropped wait is not counted).
+    /// How many [`Transport::admit`](vantage_api_pool::Transport::admit) futures completed
+    /// (a dropped wait is not counted).
     ///
     /// ```
     /// use vantage_api_pool::Transport;

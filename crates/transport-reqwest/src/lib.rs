@@ -1,8 +1,8 @@
 //! # vantage-api-pool-reqwest
 //!
-//! [`ReqwestTransport`]: the [`Transport`](vantage_api_pool::Transport) port of `vantage-api-pool` over
-//! [`reqwest`], natively (hyper, rustls, HTTP/1.1 and HTTP/2) and on
-//! `wasm32-unknown-unknown` (the browser's or Node's `fetch`).
+//! [`ReqwestTransport`]: the [`Transport`](vantage_api_pool::Transport) port of
+//! `vantage-api-pool` over [`reqwest`], natively (hyper, rustls, HTTP/1.1 and HTTP/2) and
+//! on `wasm32-unknown-unknown` (the browser's or Node's `fetch`).
 //!
 //! | port type | here |
 //! |---|---|
@@ -50,16 +50,16 @@ let client = ReqwestTransport::tokio_default()?.max_parallel(4).build()?;
 //! Two ways to make a transport, which differ in who owns the [`reqwest::Client`]:
 //!
 //! - [`ReqwestTransport::new`] takes your client and uses its settings as they are.
-//!   [`Transport::prepare`](vantage_api_pool::Transport::prepare) uses [`reqwest::RequestBuilder::build_split`] and the
-//!   request is sent by the client the draft was made from, exactly as
-//!   [`reqwest::RequestBuilder::send`] would.
+//!   [`Transport::prepare`](vantage_api_pool::Transport::prepare) uses
+//!   [`reqwest::RequestBuilder::build_split`] and the request is sent by the client the
+//!   draft was made from, exactly as [`reqwest::RequestBuilder::send`] would.
 //! - [`ReqwestTransport::with_builder`] (and [`ReqwestTransport::with_defaults`])
 //!   takes a function that makes a [`reqwest::ClientBuilder`], and builds the client
 //!   itself, so it can build a fresh one when
-//!   [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) asks for it. The request
-//!   closure always receives the first client; requests are sent by the newest one
-//!   (made by the same function, so with the same settings), whichever client the
-//!   draft was made from.
+//!   [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) asks for it.
+//!   The request closure always receives the first client; requests are sent by the newest
+//!   one (made by the same function, so with the same settings), whichever client the draft
+//!   was made from.
 //!
 //! The client's default headers (`ClientBuilder::default_headers`) are merged by
 //! reqwest when the request is sent, so
@@ -249,12 +249,12 @@ impl ReqwestTransport {
     /// A transport over your `client`, whose settings (timeouts, TLS, proxies, default
     /// headers, redirects, retries) are used as they are.
     ///
-    /// [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) can do nothing with it
-    /// (see the crate docs). Consider giving the client a `read_timeout` (so a stalled
-    /// success body cannot hang its reader), `retry(reqwest::retry::never())` (so
-    /// reqwest does not resend behind the pool's back) and a
-    /// [tracked](redirect::tracked) redirect policy (so an error after a redirect is
-    /// not taken for an unsent request), as
+    /// [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) can do
+    /// nothing with it (see the crate docs). Consider giving the client a `read_timeout`
+    /// (so a stalled success body cannot hang its reader), `retry(reqwest::retry::never())`
+    /// (so reqwest does not resend behind the pool's back) and a
+    /// [tracked](redirect::tracked) redirect policy (so an error after a redirect is not
+    /// taken for an unsent request), as
     /// [`default_client_builder`](ReqwestTransport::default_client_builder) does.
     #[must_use]
     pub fn new(client: reqwest::Client) -> Self {
@@ -311,9 +311,10 @@ impl ReqwestTransport {
         ReqwestTransport::with_builder(ReqwestTransport::default_client_builder)
     }
 
-    /// A transport over a client the adapter builds from `make()`, and builds again
-    /// from `make()` when [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) asks
-    /// for it (see the crate docs).
+    /// A transport over a client the adapter builds from `make()`, and builds again from
+    /// `make()` when
+    /// [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) asks for
+    /// it (see the crate docs).
     ///
     /// Fails with [`TransportErrorKind::Config`] when reqwest cannot build the client.
     /// A later rebuild that fails keeps the client in use.
@@ -434,9 +435,10 @@ macro_rules! transport_impl {
             /// invalid URL, header or body) or when its URL scheme is not `http` or `https`
             /// (which reqwest would only report when sending). Nothing is sent.
             ///
-            /// The request is sent by the draft's client, or, on a client the adapter built,
-            /// by its newest client at the time of sending (chosen in [`Transport::send`](vantage_api_pool::Transport::send), so a
-            /// rebuild during the permit wait reaches requests already prepared).
+            /// The request is sent by the draft's client, or, on a client the adapter
+            /// built, by its newest client at the time of sending (chosen in
+            /// [`Transport::send`](vantage_api_pool::Transport::send), so a rebuild during
+            /// the permit wait reaches requests already prepared).
             fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
                 let (client, request) = draft.build_split();
                 let request = request.map_err(transport_error)?;

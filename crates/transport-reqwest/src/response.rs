@@ -147,9 +147,9 @@ mod imp {
 
     /// A [`reqwest::Response`] from `fetch` at its head; its body is not read yet.
     ///
-    /// reqwest on wasm32 can only read a body by consuming the response, so the
-    /// first [`chunk`](vantage_api_pool::TransportResponse::chunk) turns it into a byte stream, after
-    /// which [`ReqwestResponse::into_inner`] returns `None`. Status and headers
+    /// reqwest on wasm32 can only read a body by consuming the response, so the first
+    /// [`chunk`](vantage_api_pool::TransportResponse::chunk) turns it into a byte stream,
+    /// after which [`ReqwestResponse::into_inner`] returns `None`. Status and headers
     /// (copied when the response arrives) stay readable throughout.
     pub struct ReqwestResponse {
         status: StatusCode,
@@ -173,22 +173,24 @@ mod imp {
         }
 
         /// The reqwest response, or `None` once
-        /// [`chunk`](vantage_api_pool::TransportResponse::chunk) has started reading its body.
+        /// [`chunk`](vantage_api_pool::TransportResponse::chunk) has started reading its
+        /// body.
         #[must_use]
         pub fn into_inner(self) -> Option<reqwest::Response> {
             self.unread
         }
 
         /// The reqwest response, or `None` once
-        /// [`chunk`](vantage_api_pool::TransportResponse::chunk) has started reading its body.
+        /// [`chunk`](vantage_api_pool::TransportResponse::chunk) has started reading its
+        /// body.
         #[must_use]
         pub fn as_inner(&self) -> Option<&reqwest::Response> {
             self.unread.as_ref()
         }
 
-        /// The rest of the body, whatever [`chunk`](vantage_api_pool::TransportResponse::chunk) has not
-        /// read; failures mapped by [`body_error`](crate::body_error). The same call
-        /// on every target.
+        /// The rest of the body, whatever
+        /// [`chunk`](vantage_api_pool::TransportResponse::chunk) has not read; failures
+        /// mapped by [`body_error`](crate::body_error). The same call on every target.
         pub async fn bytes(mut self) -> Result<Bytes, TransportError> {
             if let Some(inner) = self.unread.take() {
                 return inner.bytes().await.map_err(body_error);

@@ -5,11 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use vantage_api_pool::Transport;
 use vantage_api_pool::{
     CallPolicy, ClientBuilder, ClientError, EventKind, Instant, Jitter, NoAuth, ResilientClient,
     RetryMode, RetryPolicy, TokenSource, TransportEvent,
 };
-use vantage_api_pool_testkit::{JoinHandle, RecordingObserver, ScriptedTransport, VirtualRuntime};
+use vantage_api_pool_testkit::{
+    JoinHandle, RecordingObserver, ScriptedHttp, ScriptedRequestBuilder, ScriptedTransport,
+    VirtualRuntime,
+};
 
 pub type Client<A = NoAuth> = ResilientClient<ScriptedTransport, VirtualRuntime, A>;
 
@@ -77,6 +81,22 @@ impl World {
 
     pub fn now(&self) -> Duration {
         self.rt.now().since_origin()
+    }
+
+    /// The error of one `background()` GET of `/x` by `client`, which must fail.
+    pub fn background_error<T, A>(
+        &self,
+        client: &ResilientClient<T, VirtualRuntime, A>,
+    ) -> ClientError
+    where
+        T: Transport<Handle = ScriptedHttp, Draft = ScriptedRequestBuilder>,
+        T::Response: std::fmt::Debug,
+        A: TokenSource,
+    {
+        self.rt
+            .block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .expect("the call finishes")
+            .expect_err("the call fails")
     }
 
     /// Spawns one call of `client` under `policy` (a GET of `path`) on the driver.
