@@ -24,7 +24,7 @@ use crate::classify::{
 };
 use crate::client::Shared;
 use crate::concurrency::Permit;
-use crate::error::{ClientError, ErrorKind, MAX_ERROR_BODY, trim_unfinished_char};
+use crate::error::{ClientError, ErrorKind, MAX_ERROR_BODY, TimeLimit, trim_unfinished_char};
 use crate::observer::{CallId, EventKind};
 use crate::policy::{BreakerMode, CallPolicy};
 use crate::rate::TokenBucket;
@@ -119,10 +119,12 @@ enum Sent {
     /// Any other status, with what the call keeps of it.
     ErrorStatus { head: ErrorHead, body: Bytes },
     /// The transport failed, or the send's time limit cut it (`TimedOut`);
-    /// `cut_by_budget`: that limit was the rest of the call's budget, less than half
-    /// the attempt timeout.
+    /// `limit`: which of the client's limits cut it (`None`: the transport failed,
+    /// a `TimedOut` of its own included); `cut_by_budget`: that limit was the rest of
+    /// the call's budget, less than half the attempt timeout.
     Failed {
         error: TransportError,
+        limit: Option<TimeLimit>,
         cut_by_budget: bool,
     },
 }
@@ -268,7 +270,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     }
 
     fn timed_out_at_gate(&self) -> ClientError {
-        ClientError::new(ErrorKind::TimedOut, self.attempt).with_reached(self.reached)
+        ClientError::timed_out(TimeLimit::Budget, self.attempt).with_reached(self.reached)
     }
 
     /// Takes a rate token, sleeping until one is due (the sleep boxed, as above).
@@ -619,6 +621,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 }
                 Ok(Err(error)) => Sent::Failed {
                     error,
+                    limit: None,
                     cut_by_budget: false,
                 },
                 Err(_elapsed) => {
@@ -629,6 +632,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                         error: TransportError::new(
                             TransportErrorKind::TimedOut,
                             "time limit reached",
+                        ),
+                        // Read off the send's deadline, which the call keeps anyway
+                        // (keeping `limit` too would grow every call's future).
+                        limit: Some(
+                            if send_deadline.saturating_duration_since(started)
+                                < self.policy.attempt_timeout()
+                            {
+                                TimeLimit::Budget
+                            } else {
+                                TimeLimit::AttemptTimeout
+                            },
                         ),
                         cut_by_budget: self.deadline.is_some_and(|deadline| {
                             deadline.saturating_duration_since(started)
@@ -710,7 +724,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     fn no_time_left(&self, send: u32, attempt: u32, at: Instant) -> ClientError {
         let before = if self.redialing { attempt } else { attempt - 1 };
         let error = self.after_last_failure(
-            ClientError::new(ErrorKind::TimedOut, before).with_reached(self.reached),
+            ClientError::timed_out(TimeLimit::Budget, before).with_reached(self.reached),
         );
         self.failed_unsent(Some(at), send, attempt, &error);
         error
@@ -765,6 +779,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             }
             Sent::Failed {
                 error: e,
+                limit,
                 cut_by_budget,
             } => {
                 let outcome = Outcome::Transport(e.kind());
@@ -772,7 +787,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 // reached the server.
                 self.reached |= outcome.judged(self.redials).may_have_reached();
                 let error = if e.kind() == TransportErrorKind::TimedOut {
-                    ClientError::new(ErrorKind::TimedOut, self.attempt).with_source(Arc::new(e))
+                    ClientError::timed_out(limit.unwrap_or(TimeLimit::Transport), self.attempt)
+                        .with_source(Arc::new(e))
                 } else {
                     ClientError::transport(e, self.attempt)
                 };

@@ -64,9 +64,10 @@ pub enum ErrorKind {
     /// `Transport(Config)` means the request could not be built: nothing was sent.
     Transport(TransportErrorKind),
     /// A time limit ended the call: an attempt timeout, the call's budget, or the
-    /// transport's own timeout (reported here, never as `Transport(TimedOut)`). When
-    /// the limit ended the call before a retry, redial or replay went out,
-    /// `source()` is the failed send's [`ClientError`] (the 503 with its body, say).
+    /// transport's own timeout (reported here, never as `Transport(TimedOut)`);
+    /// [`ClientError::time_limit`] tells which. When the limit ended the call before
+    /// a retry, redial or replay went out, `source()` is the failed send's
+    /// [`ClientError`] (the 503 with its body, say).
     TimedOut,
     /// The circuit breaker was open and the policy fails fast; nothing was sent this
     /// time. On a retry, `source()` is the failed send's [`ClientError`].
@@ -96,6 +97,50 @@ impl ErrorKind {
     }
 }
 
+/// Which time limit ended a call that failed with [`ErrorKind::TimedOut`]: read it with
+/// [`ClientError::time_limit`].
+///
+/// It names the limit that produced the error the call returned. A send cut by its
+/// attempt timeout whose retry would not fit in the budget returns that send's error,
+/// so its limit is [`AttemptTimeout`](TimeLimit::AttemptTimeout), not `Budget`.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TimeLimit {
+    /// The policy's [attempt timeout](crate::CallPolicy::attempt_timeout) cut a send
+    /// (the rest of the budget, if any, was at least as long).
+    AttemptTimeout,
+    /// The call's [budget](crate::CallPolicy::budget) ran out: before a send could
+    /// go out (at the breaker, the rate limit, the concurrency limit, the token
+    /// source, or with no time left for a send), or during a send whose time limit
+    /// was the rest of the budget because that was shorter than the attempt timeout.
+    Budget,
+    /// The transport's own timeout (a `TimedOut` transport error, such as reqwest's
+    /// read timeout), not one of the client's limits.
+    Transport,
+}
+
+impl TimeLimit {
+    /// A stable snake_case name: `attempt_timeout`, `budget` or `transport`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            TimeLimit::AttemptTimeout => "attempt_timeout",
+            TimeLimit::Budget => "budget",
+            TimeLimit::Transport => "transport",
+        }
+    }
+}
+
+impl fmt::Display for TimeLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TimeLimit::AttemptTimeout => "attempt timeout",
+            TimeLimit::Budget => "call budget",
+            TimeLimit::Transport => "transport's own timeout",
+        })
+    }
+}
+
 /// The kind's [`name`](ErrorKind::name), with a status's code: `status 503`,
 /// `transport not_sent`, `timed_out`.
 impl fmt::Display for ErrorKind {
@@ -121,6 +166,8 @@ pub struct ClientError {
     request_id: Option<Arc<str>>,
     retry_after: Option<Duration>,
     reached: bool,
+    // Set for `TimedOut` only.
+    time_limit: Option<TimeLimit>,
     source: Option<Arc<dyn StdError + Send + Sync + 'static>>,
 }
 
@@ -134,8 +181,16 @@ impl ClientError {
             request_id: None,
             retry_after: None,
             reached: false,
+            time_limit: None,
             source: None,
         }
+    }
+
+    /// A [`ErrorKind::TimedOut`] error that `limit` caused, after `attempts` attempts.
+    pub(crate) fn timed_out(limit: TimeLimit, attempts: u32) -> Self {
+        let mut e = ClientError::new(ErrorKind::TimedOut, attempts);
+        e.time_limit = Some(limit);
+        e
     }
 
     /// A transport failure; the transport error becomes the source.
@@ -225,6 +280,27 @@ impl ClientError {
         self.request_id.as_deref()
     }
 
+    /// Which time limit ended the call, for [`ErrorKind::TimedOut`]; `None` for every
+    /// other kind.
+    ///
+    /// ```
+    /// use vantage_api_pool::{ClientError, ErrorKind, TimeLimit};
+    ///
+    /// fn explain(error: &ClientError) -> &'static str {
+    ///     match error.time_limit() {
+    ///         Some(TimeLimit::AttemptTimeout) => "the API is slow: each try took too long",
+    ///         Some(TimeLimit::Budget) => "the call as a whole ran out of time",
+    ///         Some(_) => "the transport gave up waiting",
+    ///         None => "not a time limit",
+    ///     }
+    /// }
+    /// # let _ = explain;
+    /// ```
+    #[must_use]
+    pub fn time_limit(&self) -> Option<TimeLimit> {
+        self.time_limit
+    }
+
     /// The delay the server asked for on the last response (`retry-after-ms` or
     /// `Retry-After`), as parsed, before any clamping to a policy's ceiling.
     #[must_use]
@@ -272,7 +348,10 @@ impl fmt::Display for ClientError {
         match self.kind {
             ErrorKind::Status(s) => write!(f, "HTTP {}", s.as_u16())?,
             ErrorKind::Transport(k) => write!(f, "transport error ({k})")?,
-            ErrorKind::TimedOut => f.write_str("timed out")?,
+            ErrorKind::TimedOut => match self.time_limit {
+                Some(limit) => write!(f, "timed out ({limit})")?,
+                None => f.write_str("timed out")?,
+            },
             ErrorKind::BreakerOpen => f.write_str("circuit breaker open")?,
             ErrorKind::Auth => f.write_str("auth token source failed")?,
             ErrorKind::Closed => f.write_str("client closed")?,
@@ -293,6 +372,7 @@ impl fmt::Debug for ClientError {
             .field("body_len", &self.body.as_ref().map(Bytes::len))
             .field("has_request_id", &self.request_id.is_some())
             .field("retry_after", &self.retry_after)
+            .field("time_limit", &self.time_limit)
             .field("nothing_sent", &!self.reached)
             .finish()
     }
@@ -371,8 +451,16 @@ mod tests {
             "circuit breaker open, nothing sent"
         );
         assert_eq!(
-            ClientError::new(ErrorKind::TimedOut, 3).to_string(),
-            "timed out after 3 attempts"
+            ClientError::timed_out(TimeLimit::AttemptTimeout, 3).to_string(),
+            "timed out (attempt timeout) after 3 attempts"
+        );
+        assert_eq!(
+            ClientError::timed_out(TimeLimit::Budget, 0).to_string(),
+            "timed out (call budget), nothing sent"
+        );
+        assert_eq!(
+            ClientError::timed_out(TimeLimit::Transport, 1).to_string(),
+            "timed out (transport's own timeout) after 1 attempt"
         );
         let t = ClientError::transport(
             TransportError::new(TransportErrorKind::Connect, "refused"),
@@ -404,7 +492,21 @@ mod tests {
         assert_eq!(e.attempts(), 2);
         assert!(!e.nothing_sent());
         assert!(ClientError::new(ErrorKind::BreakerOpen, 0).nothing_sent());
-        assert_eq!(ClientError::new(ErrorKind::TimedOut, 1).status(), None);
+        assert_eq!(ClientError::timed_out(TimeLimit::Budget, 1).status(), None);
+        assert_eq!(
+            ClientError::timed_out(TimeLimit::Budget, 1).time_limit(),
+            Some(TimeLimit::Budget)
+        );
+        assert_eq!(e.time_limit(), None);
+        assert_eq!(
+            [
+                TimeLimit::AttemptTimeout,
+                TimeLimit::Budget,
+                TimeLimit::Transport
+            ]
+            .map(TimeLimit::name),
+            ["attempt_timeout", "budget", "transport"]
+        );
         let t = ClientError::transport(TransportError::new(TransportErrorKind::Tls, "bad cert"), 1);
         assert_eq!(t.source().unwrap().to_string(), "tls: bad cert");
         assert_eq!(t.body(), None);

@@ -63,7 +63,7 @@ pub use breaker::BreakerState;
 pub use builder::ClientBuilder;
 pub use classify::{Action, BreakerEffect, CallFacts, Outcome, Verdict, classify};
 pub use client::{Report, ResilientClient};
-pub use error::{ClientError, ConfigError, ErrorKind, MAX_ERROR_BODY};
+pub use error::{ClientError, ConfigError, ErrorKind, MAX_ERROR_BODY, TimeLimit};
 pub use observer::{
     CallId, EventKind, Fanout, MaybeSendSync, NullObserver, TransportEvent, TransportObserver,
 };

@@ -15,7 +15,7 @@ use http::header::HeaderName;
 use vantage_api_pool::health::HealthObserver;
 use vantage_api_pool::{
     CallPolicy, ErrorKind, EventKind, Fanout, Jitter, ResilientClient, RetryMode, RetryPolicy,
-    TransportErrorKind, TransportEvent, TransportObserver,
+    TimeLimit, TransportErrorKind, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::Reply;
 
@@ -112,6 +112,11 @@ fn a_stalled_attempt_costs_exactly_the_attempt_timeout() {
     let client = w.client();
     let err = w.background_error(&client);
     assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::AttemptTimeout));
+    assert_eq!(
+        err.to_string(),
+        "timed out (attempt timeout) after 1 attempt"
+    );
     assert_eq!(err.attempts(), 1);
     assert_eq!(w.now(), secs(10));
     assert_eq!(
@@ -139,6 +144,8 @@ fn three_stalls_spend_exactly_the_30_second_budget() {
             .unwrap()
             .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::TimedOut);
+    // The third send had only the budget's last 9.25 s, less than its 10 s.
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
     assert_eq!(err.attempts(), 3);
     assert_eq!(w.now(), secs(30));
     assert_eq!(w.transport.request_count(), 3);
@@ -164,7 +171,34 @@ fn an_attempt_never_runs_past_the_budget_left() {
     assert_eq!(w.sent_at(), [secs(0), secs(8)]);
     assert_eq!(w.now(), secs(12));
     assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
     assert_eq!(err.attempts(), 2);
+}
+
+#[test]
+fn a_send_cut_names_the_attempt_timeout_unless_the_budget_left_was_shorter() {
+    // 503 at 2 s, back-off 1 s: the second send starts at 3 s with 4 s of the
+    // 7 s budget left. With a 4 s attempt timeout both limits end it at 7 s, and
+    // the attempt timeout is named; 1 ms longer, and the budget cut it.
+    for (attempt_timeout, limit) in [
+        (secs(4), TimeLimit::AttemptTimeout),
+        (secs(4) + ms(1), TimeLimit::Budget),
+        (secs(3), TimeLimit::AttemptTimeout),
+    ] {
+        let w = World::new();
+        w.transport.push(Reply::status(503).after(secs(2)));
+        w.transport.push(Reply::stall());
+        let client = w.client();
+        let policy = bounded_within(1, secs(1), attempt_timeout, secs(7));
+        let err =
+            w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+                .unwrap()
+                .unwrap_err();
+        assert_eq!(w.sent_at(), [secs(0), secs(3)]);
+        assert_eq!(err.kind(), ErrorKind::TimedOut);
+        assert_eq!(err.time_limit(), Some(limit), "{attempt_timeout:?}");
+        assert_eq!(w.now(), secs(3) + attempt_timeout.min(secs(4)));
+    }
 }
 
 #[test]
@@ -912,6 +946,7 @@ fn a_transport_timeout_keeps_its_message_as_the_source() {
     let client = w.client();
     let err = w.background_error(&client);
     assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Transport));
     let source = std::error::Error::source(&err).expect("the transport's error");
     assert!(source.to_string().contains("read timed out"), "{source}");
 }

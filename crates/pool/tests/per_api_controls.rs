@@ -15,7 +15,8 @@ use common::*;
 use http::{HeaderValue, StatusCode, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, SharedAuthError, token_fn};
 use vantage_api_pool::{
-    BreakerMode, BreakerState, CallPolicy, ErrorKind, EventKind, RetryMode, TransportEvent,
+    BreakerMode, BreakerState, CallPolicy, ErrorKind, EventKind, RetryMode, TimeLimit,
+    TransportEvent,
 };
 use vantage_api_pool_testkit::{Reply, VirtualRuntime};
 
@@ -490,6 +491,7 @@ fn budget_ending_while_waiting_for_the_probe_is_timed_out() {
             .unwrap()
             .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
     assert_eq!(err.attempts(), 0);
     assert_eq!(w.kinds(), ["started", "failed"]);
     assert!(matches!(

@@ -19,8 +19,9 @@ use common::{Rng, ms, secs};
 use http::{HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, token_fn};
 use vantage_api_pool::{
-    BreakerMode, BreakerState, CallId, CallPolicy, ClientError, EventKind, Instant, Jitter,
-    ResilientClient, RetryMode, RetryPolicy, TransportErrorKind, TransportEvent, TransportObserver,
+    BreakerMode, BreakerState, CallId, CallPolicy, ClientError, ErrorKind, EventKind, Instant,
+    Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit, TransportErrorKind, TransportEvent,
+    TransportObserver,
 };
 use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
 
@@ -439,6 +440,14 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 "{} attempts, over the limit of {limit} (+1 replay included)",
                 e.attempts(),
             ));
+        }
+        // A time limit is named exactly when one ended the call, and a budget only
+        // when the call had one.
+        if let Some(Err(e)) = &record.result
+            && ((e.kind() == ErrorKind::TimedOut) != e.time_limit().is_some()
+                || (e.time_limit() == Some(TimeLimit::Budget) && plan.policy.budget().is_none()))
+        {
+            problems.push(format!("{e} names the time limit {:?}", e.time_limit()));
         }
     }
     // Every call that started, whatever its end, by the attempt numbers of its sends.

@@ -138,5 +138,9 @@ async fn an_attempt_timeout_ends_a_hung_send_at_exactly_its_deadline() {
         .await
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::TimedOut);
+    assert_eq!(
+        error.time_limit(),
+        Some(vantage_api_pool::TimeLimit::AttemptTimeout)
+    );
     assert_eq!(runtime.now() - start, Duration::from_secs(5));
 }

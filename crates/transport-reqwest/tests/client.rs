@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use vantage_api_pool::auth::{AuthError, token_fn};
 use vantage_api_pool::http::{HeaderName, HeaderValue, StatusCode, header::AUTHORIZATION};
-use vantage_api_pool::{ErrorKind, ResilientClient, TransportErrorKind, TransportResponse};
+use vantage_api_pool::{
+    ErrorKind, ResilientClient, TimeLimit, TransportErrorKind, TransportResponse,
+};
 use vantage_api_pool_reqwest::ReqwestTransport;
 use vantage_api_pool_testkit::RecordingObserver;
 use vantage_api_pool_tokio::TokioRuntime;
@@ -209,6 +211,7 @@ async fn a_stall_in_the_headers_is_ended_by_the_attempt_timeout() {
         .unwrap_err();
     let elapsed = start.elapsed();
     assert_eq!(error.kind(), ErrorKind::TimedOut);
+    assert_eq!(error.time_limit(), Some(TimeLimit::AttemptTimeout));
     assert_eq!(error.attempts(), 2);
     assert!(!error.nothing_sent());
     assert_no_url(&error);
