@@ -432,11 +432,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             None => acquire.await,
         };
         let mut generation = self.token_generation;
-        // Swapped only under the same header name: a request cannot drop a header,
-        // so a token under another name would go out beside the old one.
+        // Swapped only when the newer token came under the same header name: a
+        // request cannot drop a header, so a token under another name would go out
+        // beside the old one (and overwrite a header of that name the request set).
         if let Some(held) = generation
-            && let Some(newer) = client.auth_state.current(Some(held))
-            && request.header(&newer.name).is_some()
+            && let Some(newer) = client.auth_state.newer_under_same_name(held)
         {
             request.set_header(newer.name, newer.value);
             generation = Some(newer.generation);

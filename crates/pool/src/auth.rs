@@ -243,6 +243,9 @@ struct AuthInner {
     token: Option<Token>,
     /// Generation of the last token fetched (0: none yet).
     generation: u64,
+    /// The newest generation whose header name differs from the token before it
+    /// (0: the name never changed).
+    renamed_at: u64,
     /// The newest generation whose 401 asked for a refresh: while that refresh runs
     /// (or succeeded), a token of it or older is not handed out (callers wait for
     /// the refresh instead). Lowered again when the refresh fails, so callers that
@@ -295,6 +298,7 @@ impl AuthState {
             inner: Mutex::new(AuthInner {
                 token: None,
                 generation: 0,
+                renamed_at: 0,
                 rejected: 0,
                 fetching: false,
                 fetches_started: 0,
@@ -320,6 +324,18 @@ impl AuthState {
     /// cached.
     pub(crate) fn current(&self, stale: Option<u64>) -> Option<Token> {
         self.lock().usable(stale).cloned()
+    }
+
+    /// A usable token newer than generation `held`, if every token since `held`
+    /// came under `held`'s header name: one that can replace `held` in a request
+    /// already built (a request cannot drop a header, so a token under another name
+    /// would go out beside the old one).
+    pub(crate) fn newer_under_same_name(&self, held: u64) -> Option<Token> {
+        let inner = self.lock();
+        if inner.renamed_at > held {
+            return None;
+        }
+        inner.usable(Some(held)).cloned()
     }
 
     /// The current token, fetching it first if there is none, or a newer one than
@@ -420,6 +436,9 @@ impl FetchGuard<'_> {
                 Ok((name, mut value)) => {
                     value.set_sensitive(true);
                     inner.generation += 1;
+                    if inner.token.as_ref().is_some_and(|old| old.name != name) {
+                        inner.renamed_at = inner.generation;
+                    }
                     let token = Token {
                         name,
                         value,

@@ -1088,51 +1088,69 @@ fn callers_that_waited_on_a_failed_refresh_fall_back_to_the_cached_token() {
 #[test]
 fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
     // As in the permit test above, but the refresh comes under another header: X2's
-    // request keeps its own header only (it cannot drop one, so it adds none).
-    let w = World::new();
-    let api_key = http::HeaderName::from_static("x-api-key");
-    w.transport
-        .respond_with(|req, _| match (req.path(), bearer(req)) {
-            ("/x", _) => Reply::ok().after(ms(200)),
-            (_, None) => Reply::ok().after(ms(10)),
-            _ => Reply::status(401).after(ms(10)),
-        });
-    let counter = Arc::new(AtomicU32::new(0));
-    let (rt, header) = (w.rt.clone(), api_key.clone());
-    let client = w
-        .builder()
-        .max_parallel(1)
-        .auth(token_fn(move || {
-            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-            let (rt, header) = (rt.clone(), header.clone());
-            async move {
-                rt.sleep(ms(50)).await;
-                Ok::<_, AuthError>(if n == 1 {
-                    (AUTHORIZATION, HeaderValue::from_static("Bearer t1"))
-                } else {
-                    (header, HeaderValue::from_static("k2"))
-                })
-            }
-        }))
-        .build()
-        .unwrap();
-    let calls = ["/p", "/x", "/x"]
-        .into_iter()
-        .map(|path| w.spawn_call(&client, CallPolicy::background(), path))
-        .collect();
-    all_succeed(&w, calls);
-    let x: Vec<_> = w
-        .transport
-        .requests()
-        .into_iter()
-        .filter(|r| r.path == "/x")
-        .collect();
-    assert_eq!(x.len(), 2);
-    for request in x {
-        assert_eq!(request.headers[AUTHORIZATION], "Bearer t1");
-        assert!(request.headers.get(&api_key).is_none());
+    // request keeps its own token only (it cannot drop a header, so it adds none),
+    // and a header of the new token's name that the caller set itself is left as
+    // the caller set it.
+    for own_key in [None, Some("app")] {
+        let w = World::new();
+        let api_key = http::HeaderName::from_static("x-api-key");
+        w.transport
+            .respond_with(|req, _| match (req.path(), bearer(req)) {
+                ("/x", _) => Reply::ok().after(ms(200)),
+                (_, None) => Reply::ok().after(ms(10)),
+                _ => Reply::status(401).after(ms(10)),
+            });
+        let counter = Arc::new(AtomicU32::new(0));
+        let (rt, header) = (w.rt.clone(), api_key.clone());
+        let client = w
+            .builder()
+            .max_parallel(1)
+            .auth(token_fn(move || {
+                let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                let (rt, header) = (rt.clone(), header.clone());
+                async move {
+                    rt.sleep(ms(50)).await;
+                    Ok::<_, AuthError>(if n == 1 {
+                        (AUTHORIZATION, HeaderValue::from_static("Bearer t1"))
+                    } else {
+                        (header, HeaderValue::from_static("k2"))
+                    })
+                }
+            }))
+            .build()
+            .unwrap();
+        let mut calls = vec![w.spawn_call(&client, CallPolicy::background(), "/p")];
+        for _ in 0..2 {
+            let (client, api_key) = (client.clone(), api_key.clone());
+            calls.push(w.rt.spawn(async move {
+                client
+                    .execute_with(&CallPolicy::background(), |h| match own_key {
+                        Some(key) => h.get("/x").header(api_key.clone(), key),
+                        None => h.get("/x"),
+                    })
+                    .await
+                    .map(|_| ())
+            }));
+        }
+        all_succeed(&w, calls);
+        let x: Vec<_> = w
+            .transport
+            .requests()
+            .into_iter()
+            .filter(|r| r.path == "/x")
+            .collect();
+        assert_eq!(x.len(), 2);
+        for request in x {
+            assert_eq!(request.headers[AUTHORIZATION], "Bearer t1");
+            assert_eq!(
+                request.headers.get(&api_key).map(|v| v.to_str().unwrap()),
+                own_key,
+                "the request at {:?}",
+                request.at
+            );
+        }
+        w.assert_contract();
     }
-    w.assert_contract();
 }
 
 #[test]
