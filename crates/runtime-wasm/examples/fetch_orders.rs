@@ -12,6 +12,8 @@
 
 #[cfg(target_arch = "wasm32")]
 mod demo {
+    use std::time::Duration;
+
     use vantage_api_pool::{CallPolicy, ResilientClient, RetryPolicy};
     use vantage_api_pool_reqwest::{ReqwestTransport, reqwest};
     use vantage_api_pool_wasm::WasmRuntime;
@@ -46,7 +48,13 @@ mod demo {
         // promise cannot be cancelled, so a call awaited from JavaScript should not
         // use `CallPolicy::essential` (retry until the future is dropped).
         let policy = CallPolicy::bounded(RetryPolicy::default());
-        let response = client.execute_with(&policy, |http| http.get(&url)).await?;
+        // fetch has no read timeout, and the body is read outside the policy's
+        // limits: the request's own timeout is what ends a body that stalls.
+        let response = client
+            .execute_with(&policy, |http| {
+                http.get(&url).timeout(Duration::from_secs(30))
+            })
+            .await?;
         Ok(response.text().await?)
     }
 }

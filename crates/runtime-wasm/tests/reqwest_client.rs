@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use http::StatusCode;
 use vantage_api_pool::{
-    CallPolicy, ClientError, ErrorKind, EventKind, ResilientClient, Runtime, TransportErrorKind,
-    TransportEvent,
+    CallPolicy, ClientError, ErrorKind, EventKind, ResilientClient, Runtime, Transport,
+    TransportErrorKind, TransportEvent,
 };
-use vantage_api_pool_reqwest::{ReqwestTransport, reqwest};
+use vantage_api_pool_reqwest::{MAX_WASM_TIMEOUT, ReqwestTransport, reqwest};
 use vantage_api_pool_testkit::RecordingObserver;
 use vantage_api_pool_wasm::WasmRuntime;
 use wasm_bindgen::JsValue;
@@ -233,6 +233,40 @@ async fn a_body_is_read_by_the_caller_after_success() {
         .await
         .expect("a body");
     assert_eq!(body, "ok");
+    assert_eq!(counted("count", &path).await, 1);
+}
+
+#[wasm_bindgen_test]
+async fn a_request_timeout_longer_than_a_js_timer_takes_is_cut_to_it_not_a_panic() {
+    // reqwest hands the timeout to `setTimeout` as an i32 of milliseconds and panics
+    // past it, which on wasm32 aborts the whole instance. Prepared, the request keeps
+    // at most `MAX_WASM_TIMEOUT`; one just under it is kept as it is.
+    let transport = ReqwestTransport::new(reqwest::Client::new());
+    let url = format!("{}{}", server(), fresh("plain"));
+    for (asked, kept) in [
+        (Duration::MAX, MAX_WASM_TIMEOUT),
+        (Duration::from_secs(30 * 24 * 3600), MAX_WASM_TIMEOUT),
+        (
+            MAX_WASM_TIMEOUT + Duration::from_micros(1),
+            MAX_WASM_TIMEOUT,
+        ),
+        (MAX_WASM_TIMEOUT, MAX_WASM_TIMEOUT),
+        (Duration::from_secs(5), Duration::from_secs(5)),
+    ] {
+        let draft = transport.handle().get(&url).timeout(asked);
+        let prepared = transport.prepare(draft).expect("a valid request");
+        assert_eq!(prepared.into_inner().timeout(), Some(&kept), "{asked:?}");
+    }
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let path = fresh("plain");
+    let url = format!("{}{path}", server());
+    let response = client
+        .execute(|http| http.get(&url).timeout(Duration::MAX))
+        .await
+        .expect("200");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.bytes().await.expect("a body").as_ref(), b"ok");
     assert_eq!(counted("count", &path).await, 1);
 }
 

@@ -132,7 +132,9 @@ let client = ReqwestTransport::tokio_default()?.max_parallel(4).build()?;
 //! outside the pool's time limits. A client the adapter builds has a read timeout
 //! ([`DEFAULT_READ_TIMEOUT`], 30 s), so a body that stalls fails
 //! (`reqwest::Error::is_timeout`) instead of hanging its reader; give a client of
-//! your own a `read_timeout` too.
+//! your own a `read_timeout` too. On `wasm32` reqwest has no client-wide timeout:
+//! give each request its own (`RequestBuilder::timeout`, at most
+//! [`MAX_WASM_TIMEOUT`]), or a stalled body keeps its reader waiting.
 //!
 //! # Targets
 //!
@@ -156,6 +158,12 @@ mod request;
 mod response;
 
 pub use error::{body_error, transport_error};
+
+/// The longest request timeout (`RequestBuilder::timeout`) a request keeps on
+/// `wasm32`: 2^31 - 1 ms (24.8 days), the longest delay a JavaScript timer takes. A
+/// longer one, `Duration::MAX` included, is cut to it when the request is prepared
+/// (reqwest would panic on it there). Native targets keep every timeout as given.
+pub const MAX_WASM_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(i32::MAX as u64);
 pub use request::ReqwestRequest;
 pub use response::ReqwestResponse;
 
@@ -441,7 +449,8 @@ macro_rules! transport_impl {
             /// the permit wait reaches requests already prepared).
             fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
                 let (client, request) = draft.build_split();
-                let request = request.map_err(transport_error)?;
+                #[cfg_attr(not(target_arch = "wasm32"), allow(unused_mut))]
+                let mut request = request.map_err(transport_error)?;
                 match request.url().scheme() {
                     "http" | "https" => {}
                     _ => {
@@ -450,6 +459,15 @@ macro_rules! transport_impl {
                             "the URL scheme is not http or https",
                         ));
                     }
+                }
+                // A JavaScript timer takes at most 2^31 - 1 ms, and reqwest panics (an
+                // abort on wasm32, which ends the whole instance) on a longer request
+                // timeout: it is cut to that, 24.8 days, which is as good as none.
+                #[cfg(target_arch = "wasm32")]
+                if let Some(timeout) = request.timeout_mut()
+                    && *timeout > MAX_WASM_TIMEOUT
+                {
+                    *timeout = MAX_WASM_TIMEOUT;
                 }
                 Ok(ReqwestRequest::new(client, request))
             }
