@@ -27,11 +27,12 @@
 //! | `RetryUnannounced` | a `Started` with the next attempt after a `Failed` comes after its `RetryScheduled`, unless that `Failed` was a 401 (a replay after a token refresh) |
 //! | `UnsentFailureWithTime` | a `Failed` with `sent: false` (a send refused before it went out) reports `ms: 0` |
 //! | `EventAfterCallEnded` | after a call's `Succeeded`, `Cancelled` or `Failed` with `sent: false` (which always ends the call), no per-send event or `RetryScheduled` of that call |
+//! | `TransitionNotAfterTerminal` | `BreakerOpened` and `BreakerClosed` carry the call whose send caused them and come right after that send's `Succeeded` or sent `Failed` (no event of the call between), one per send |
+//! | `ReportWithCall` | `RowsPulled` and `WritePushed` (from `ResilientClient::report`) carry no call id |
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //!
-//! Breaker events may carry the call that caused them and are not checked against
-//! the call's state; events without a call (reports) are checked for time order only.
-//! Across calls, time order is checked per reporting thread: on a multi-thread
+//! Whether the breaker's transitions alternate is not checked: two sends on two
+//! threads can report theirs in either order. Across calls, time order is checked per reporting thread: on a multi-thread
 //! runtime each task reads the clock and reports on its own, so events of different
 //! calls reported from different threads can reach an observer out of time order.
 //!
@@ -385,6 +386,11 @@ pub enum ContractRule {
     EventAfterCallEnded,
     /// At the end of the record, a send without its terminal.
     NeverEnded,
+    /// A `BreakerOpened` or `BreakerClosed` without a call, or not right after a
+    /// `Succeeded` or sent `Failed` of its call.
+    TransitionNotAfterTerminal,
+    /// A `RowsPulled` or `WritePushed` with a call id.
+    ReportWithCall,
 }
 
 impl ContractRule {
@@ -435,6 +441,10 @@ impl ContractRule {
                 "nothing is sent or scheduled for a call after its Succeeded, Cancelled or unsent Failed"
             }
             ContractRule::NeverEnded => "every Started has a terminal event",
+            ContractRule::TransitionNotAfterTerminal => {
+                "a breaker transition comes right after the Succeeded or sent Failed of the send that caused it, with its call"
+            }
+            ContractRule::ReportWithCall => "RowsPulled and WritePushed carry no call id",
         }
     }
 }
@@ -548,6 +558,9 @@ struct CallState {
     redial: Option<(u32, u32)>,
     /// The call ended: `Succeeded`, `Cancelled` or an unsent `Failed`.
     ended: bool,
+    /// The call's last event was a `Succeeded` or a sent `Failed`, with no breaker
+    /// transition after it yet: one may come now.
+    transition_due: bool,
 }
 
 fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolation> {
@@ -583,6 +596,25 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
             return Err(violation(ContractRule::TimeWentBackwards));
         }
 
+        match event.kind {
+            EventKind::BreakerOpened { .. } | EventKind::BreakerClosed => {
+                let due = event
+                    .call
+                    .and_then(|call| calls.get_mut(&(api, call)))
+                    .is_some_and(|state| std::mem::take(&mut state.transition_due));
+                if !due {
+                    return Err(violation(ContractRule::TransitionNotAfterTerminal));
+                }
+                continue;
+            }
+            EventKind::RowsPulled { .. } | EventKind::WritePushed => {
+                if event.call.is_some() {
+                    return Err(violation(ContractRule::ReportWithCall));
+                }
+                continue;
+            }
+            _ => {}
+        }
         let per_send = event.kind.send_and_attempt().is_some();
         let retry = matches!(event.kind, EventKind::RetryScheduled { .. });
         if !per_send && !retry {
@@ -601,6 +633,7 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
         if state.ended && !repeats_terminal {
             return Err(violation(ContractRule::EventAfterCallEnded));
         }
+        state.transition_due = false;
         if let Some((redial_send, _)) = state.redial
             && !matches!(event.kind, EventKind::Started { send, .. } if send == redial_send)
         {
@@ -675,6 +708,10 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
                     }
                     _ => state.ended = true,
                 }
+                state.transition_due = matches!(
+                    event.kind,
+                    EventKind::Succeeded { .. } | EventKind::Failed { sent: true, .. }
+                );
             }
             EventKind::Redialing { send, attempt } => {
                 match state.last_failed {

@@ -60,7 +60,7 @@ fn recorded(replies: &[Reply], auth: bool) -> Vec<EventKind> {
 }
 
 /// [`recorded`], with a breaker that opens on the first failure (for a minute) when
-/// `breaker`; breaker events are left out.
+/// `breaker`.
 fn recorded_with(replies: &[Reply], auth: bool, breaker: bool) -> Vec<EventKind> {
     use std::sync::Arc;
     use vantage_api_pool::auth::token_fn;
@@ -102,12 +102,6 @@ fn recorded_with(replies: &[Reply], auth: bool, breaker: bool) -> Vec<EventKind>
         .events()
         .into_iter()
         .map(|r| r.event.kind)
-        .filter(|kind| {
-            !matches!(
-                kind,
-                EventKind::BreakerOpened { .. } | EventKind::BreakerClosed
-            )
-        })
         .collect()
 }
 
@@ -187,13 +181,6 @@ fn valid_sequences_pass() {
         (5, 2, cancelled(1, 1)),
         (7, 1, succeeded(1, 1)),
         (7, 1, EventKind::BreakerClosed),
-        (
-            8,
-            3,
-            EventKind::BreakerOpened {
-                cooldown: Duration::from_secs(1),
-            },
-        ),
     ]);
     observer.on_event(
         "api",
@@ -486,11 +473,19 @@ fn only_a_not_sent_failure_is_redialed() {
 #[test]
 fn an_unsent_failure_ends_the_call_and_took_no_time() {
     // A 503 opens the breaker (threshold 1); the retry is refused at the gate.
-    let refused = recorded_with(&[Reply::status(503)], false, true);
+    let mut refused = recorded_with(&[Reply::status(503)], false, true);
     assert_eq!(
         refused.iter().map(EventKind::name).collect::<Vec<_>>(),
-        ["started", "failed", "retry_scheduled", "started", "failed"]
+        [
+            "started",
+            "failed",
+            "breaker_opened",
+            "retry_scheduled",
+            "started",
+            "failed"
+        ]
     );
+    refused.remove(2);
     let unsent = refused[4].clone();
     assert!(matches!(
         unsent,
@@ -528,6 +523,87 @@ fn an_unsent_failure_ends_the_call_and_took_no_time() {
         first_violation(timed(vec![started(1, 1), timed_unsent])),
         (ContractRule::UnsentFailureWithTime, 1, Some(1))
     );
+}
+
+#[test]
+fn a_breaker_transition_comes_right_after_the_send_that_caused_it() {
+    // A real call: a 503 opens the breaker (threshold 1), then its retry is refused.
+    let real = recorded_with(&[Reply::status(503)], false, true);
+    assert_eq!(real[2].name(), "breaker_opened");
+    // Before the failure it reports, or after another event of the call: refused.
+    let mut early = real.clone();
+    early.swap(1, 2);
+    assert_eq!(
+        first_violation(timed(early)),
+        (ContractRule::TransitionNotAfterTerminal, 1, None)
+    );
+    let mut late = real.clone();
+    late.swap(2, 3);
+    assert_eq!(
+        first_violation(timed(late)),
+        (ContractRule::TransitionNotAfterTerminal, 3, None)
+    );
+    let closed = EventKind::BreakerClosed;
+    for (events, index) in [
+        // While its send is in flight.
+        (vec![(0, 1, started(1, 1)), (1, 1, closed.clone())], 1),
+        // Two for one send.
+        (
+            vec![
+                (0, 1, started(1, 1)),
+                (1, 1, succeeded(1, 1)),
+                (1, 1, closed.clone()),
+                (1, 1, closed.clone()),
+            ],
+            3,
+        ),
+        // After a cancelled send, which told the breaker nothing.
+        (
+            vec![
+                (0, 1, started(1, 1)),
+                (1, 1, cancelled(1, 1)),
+                (1, 1, closed.clone()),
+            ],
+            2,
+        ),
+        // For a call that never sent.
+        (vec![(0, 2, closed.clone())], 0),
+        // After another call's send.
+        (
+            vec![
+                (0, 1, started(1, 1)),
+                (1, 1, succeeded(1, 1)),
+                (1, 2, closed.clone()),
+            ],
+            2,
+        ),
+    ] {
+        assert_eq!(
+            first_violation(events),
+            (ContractRule::TransitionNotAfterTerminal, index, None)
+        );
+    }
+    // Without the call that caused it.
+    let observer = observe(vec![(0, 1, started(1, 1)), (1, 1, succeeded(1, 1))]);
+    observer.on_event("api", &TransportEvent::new(at(1), None, closed));
+    let v = observer.check_contract().unwrap_err();
+    assert_eq!(
+        (v.rule, v.index),
+        (ContractRule::TransitionNotAfterTerminal, 2)
+    );
+}
+
+#[test]
+fn a_report_carries_no_call() {
+    for kind in [EventKind::RowsPulled { n: 3 }, EventKind::WritePushed] {
+        let observer = RecordingObserver::new();
+        observer.on_event("api", &TransportEvent::new(at(0), None, kind.clone()));
+        assert_eq!(observer.check_contract(), Ok(()));
+        assert_eq!(
+            first_violation(vec![(0, 1, kind)]),
+            (ContractRule::ReportWithCall, 0, None)
+        );
+    }
 }
 
 #[test]

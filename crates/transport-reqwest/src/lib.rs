@@ -117,7 +117,10 @@ let client = ReqwestTransport::tokio_default()?.max_parallel(4).build()?;
 //!   caller. An error on a later hop (refused, DNS, TLS) would read as "never sent"
 //!   although the first hop reached a server; a [tracked](redirect::tracked) policy,
 //!   the default on clients the adapter builds, lets the adapter report it as
-//!   `Interrupted` instead.
+//!   `Interrupted` instead. reqwest drops those credentials only from a hop that
+//!   changes origin, and puts them back on the next: a tracked policy also stops a
+//!   chain at a second hop inside another origin, handing that 3xx to the caller,
+//!   which keeps the API's token from reaching it.
 //!
 //! # Errors
 //!

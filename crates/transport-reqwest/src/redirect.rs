@@ -6,6 +6,14 @@
 //! request was not sent, yet an earlier hop reached a server that may have acted on it
 //! (a `303` after a processed POST, say). Read that way, the POST would be resent.
 //!
+//! [`tracked`] also keeps credentials from a second hop inside another origin.
+//! reqwest puts the request's first headers back on every hop, and drops
+//! `Authorization`, `Cookie` and `Proxy-Authorization` only from a hop that changes
+//! origin (scheme, host or port) from the hop before it. So after the API redirects to
+//! another origin, a further redirect within that origin would carry the API's token
+//! there. A tracked policy stops the chain at such a hop instead: the 3xx that asked
+//! for it goes to the caller, and nothing more is sent.
+//!
 //! [`tracked`] wraps a redirect policy so that every decision it takes is noted for
 //! the send being polled: reqwest asks its policy synchronously, inside the poll of
 //! the send's future, on the thread polling it, so a thread-local flag around that
@@ -23,6 +31,7 @@
 
 use std::cell::Cell;
 
+use reqwest::Url;
 use reqwest::redirect::Policy;
 
 thread_local! {
@@ -32,7 +41,9 @@ thread_local! {
 }
 
 /// `policy`, noting each redirect it decides on for the send being polled, so an error
-/// on a later hop is not taken for a request that never left. See the module docs.
+/// on a later hop is not taken for a request that never left, and stopping at a hop
+/// within an origin the chain has moved to, which would carry the first request's
+/// credentials there. See the module docs.
 ///
 /// ```
 /// use vantage_api_pool_reqwest::{ReqwestTransport, redirect::tracked};
@@ -46,9 +57,23 @@ thread_local! {
 #[must_use]
 pub fn tracked(policy: Policy) -> Policy {
     Policy::custom(move |attempt| {
+        if let [first, .., last] = attempt.previous()
+            && same_origin(attempt.url(), last)
+            && !same_origin(last, first)
+        {
+            return attempt.stop();
+        }
         DECIDED.with(|decided| decided.set(true));
         policy.redirect(attempt)
     })
+}
+
+/// Whether reqwest takes a hop from `a` to `b` to stay in one origin, and so keeps the
+/// request's credentials on it (the comparison its `remove_sensitive_headers` makes).
+fn same_origin(a: &Url, b: &Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
 }
 
 /// Runs one poll of a send's future and tells whether a tracked policy decided on a
@@ -63,6 +88,28 @@ pub(crate) fn noting<T>(poll: impl FnOnce() -> T) -> (T, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn origins_compare_as_reqwest_compares_them() {
+        let url = |s: &str| Url::parse(s).unwrap();
+        assert!(same_origin(
+            &url("http://a.test/x"),
+            &url("http://a.test:80/y?q")
+        ));
+        assert!(same_origin(
+            &url("https://a.test/x"),
+            &url("https://a.test:443/")
+        ));
+        assert!(!same_origin(
+            &url("http://a.test/"),
+            &url("https://a.test/")
+        ));
+        assert!(!same_origin(
+            &url("http://a.test/"),
+            &url("http://a.test:8080/")
+        ));
+        assert!(!same_origin(&url("http://a.test/"), &url("http://b.test/")));
+    }
 
     #[test]
     fn noting_sees_only_its_own_poll_and_restores_the_outer_flag() {

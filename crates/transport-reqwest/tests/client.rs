@@ -572,6 +572,98 @@ async fn a_redirect_to_another_origin_does_not_carry_the_authorization_header() 
     assert_eq!(other.requests()[0].header("authorization"), None);
 }
 
+/// A client over the adapter's own reqwest client (a tracked redirect policy) with a
+/// bearer token in `Authorization`.
+fn tracked_client_with_token(
+    observer: &RecordingObserver,
+) -> ResilientClient<ReqwestTransport, TokioRuntime, impl vantage_api_pool::TokenSource> {
+    ResilientClient::builder(
+        ReqwestTransport::with_defaults().unwrap(),
+        TokioRuntime::new(),
+    )
+    .observer("test-api", Arc::new(observer.clone()))
+    .auth(fixed_token("authorization"))
+    .build()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_hop_inside_another_origin_is_not_followed_so_the_token_stays_home() {
+    // The API sends the request to another origin, which redirects within itself.
+    // reqwest would put the first request's `Authorization` back on that hop; the
+    // tracked policy stops there and hands the 302 to the caller.
+    let other = FaultServer::start(|_, seen| {
+        if seen.head.starts_with("get /b ") {
+            Act::Respond(ok("landed"))
+        } else {
+            Act::Respond(response("302 Found", &["location: /b"], ""))
+        }
+    })
+    .await;
+    let location = format!("location: {}", other.url("/a"));
+    let api =
+        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
+    let observer = RecordingObserver::new();
+    let client = tracked_client_with_token(&observer);
+    let url = api.url(PATH);
+    let response = client
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::FOUND);
+    assert_eq!(response.headers()["location"], "/b");
+    assert_eq!(trace(&observer), ["started s1 a1", "ok s1 a1 302"]);
+    assert_eq!(api.requests().len(), 1);
+    let seen = other.requests();
+    assert_eq!(
+        seen.len(),
+        1,
+        "the hop within the other origin was not sent"
+    );
+    assert_eq!(seen[0].header("authorization"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hops_within_the_first_origin_or_across_origins_are_still_followed() {
+    // Within the API's own origin the token goes along, as reqwest sends it; each
+    // hop to yet another origin drops it.
+    let third = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
+    let to_third = format!("location: {}", third.url("/c"));
+    let second =
+        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&to_third], ""))).await;
+    let to_second = format!("location: {}", second.url("/b"));
+    let api = FaultServer::start(move |_, seen| {
+        if seen.head.starts_with("get /start ") {
+            Act::Respond(response("302 Found", &["location: /again"], ""))
+        } else {
+            Act::Respond(response("302 Found", &[&to_second], ""))
+        }
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = tracked_client_with_token(&observer);
+    let url = api.url("/start");
+    let response = client
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.into_inner().text().await.unwrap(), "landed");
+    let at_api: Vec<_> = api
+        .requests()
+        .iter()
+        .map(|r| r.header("authorization"))
+        .collect();
+    assert_eq!(
+        at_api,
+        [
+            Some("bearer s3cr3t".to_owned()),
+            Some("bearer s3cr3t".to_owned())
+        ]
+    );
+    assert_eq!(second.requests()[0].header("authorization"), None);
+    assert_eq!(third.requests()[0].header("authorization"), None);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_answered_with_a_redirect_reqwest_cannot_follow_is_not_reported_as_unsent() {
     let server = FaultServer::start(|_, _| {
