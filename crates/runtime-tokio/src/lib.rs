@@ -27,6 +27,11 @@
 //! # });
 //! ```
 //!
+//! A paused clock suits transports that wait on nothing real (a scripted or in-memory
+//! one). tokio moves a paused clock on whenever every task waits, a wait on a real
+//! socket included, so over a real network each send's time limit would end it at
+//! once.
+//!
 //! The futures are `Send`, so a call on this runtime (with a `Send` transport) can be
 //! `tokio::spawn`ed. Sleeping needs a tokio runtime with its time driver enabled
 //! (`enable_time` or `enable_all`); [`Runtime::now`](vantage_api_pool::Runtime::now) and
