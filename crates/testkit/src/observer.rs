@@ -32,9 +32,10 @@
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //!
 //! Whether the breaker's transitions alternate is not checked: two sends on two
-//! threads can report theirs in either order. Across calls, time order is checked per reporting thread: on a multi-thread
-//! runtime each task reads the clock and reports on its own, so events of different
-//! calls reported from different threads can reach an observer out of time order.
+//! threads can report theirs in either order. Across calls, time order is checked per
+//! reporting thread: on a multi-thread runtime each task reads the clock and reports
+//! on its own, so events of different calls reported from different threads can reach
+//! an observer out of time order.
 //!
 //! ```
 //! use std::sync::Arc;
