@@ -63,7 +63,9 @@ pub struct ApiHealth {
     pub sends_in_window: u32,
     /// Of those, the ones that succeeded.
     pub successes_in_window: u32,
-    /// Calls refused before sending in the window (breaker open, auth, budget).
+    /// Sends refused at the gate in the window (breaker open, auth, budget): a call
+    /// refused outright, or a retry refused in a call that had sent before. Each is a
+    /// `Failed { sent: false }`.
     pub refused_in_window: u32,
     /// `successes / sends` over the window; `None` with no sends in it.
     pub success_rate: Option<f64>,

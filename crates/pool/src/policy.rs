@@ -172,7 +172,9 @@ impl RetryMode {
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BreakerMode {
-    /// Fail at once with `ErrorKind::BreakerOpen`, nothing sent.
+    /// At the gate, fail at once with `ErrorKind::BreakerOpen`, nothing sent. A call
+    /// whose own failure opened the breaker still sleeps the back-off it scheduled,
+    /// and is refused when its retry reaches the gate.
     FailFast,
     /// Sleep until the breaker lets a probe through, and ask again.
     WaitForProbe,
