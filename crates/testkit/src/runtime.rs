@@ -413,9 +413,25 @@ impl VirtualRuntime {
     /// ```
     #[must_use]
     pub fn with_seed(self, seed: u64) -> Self {
+        self.reseed(seed);
+        self
+    }
+
+    /// [`with_seed`](VirtualRuntime::with_seed) through a shared reference: restarts
+    /// the random sequence of this runtime and every clone from `seed`, for a runtime
+    /// already handed out (to a client, say).
+    ///
+    /// ```
+    /// use vantage_api_pool_testkit::VirtualRuntime;
+    /// let rt = VirtualRuntime::new();
+    /// let held_by_a_client = rt.clone();
+    /// rt.reseed(7);
+    /// assert_eq!(held_by_a_client.random(), VirtualRuntime::new().with_seed(7).random());
+    /// assert_eq!(held_by_a_client.seed(), 7);
+    /// ```
+    pub fn reseed(&self, seed: u64) {
         self.shared.seed.store(seed, Ordering::Relaxed);
         self.shared.rng.store(seed, Ordering::Relaxed);
-        self
     }
 
     /// Sets the most polls one driver call may make before it gives up with
