@@ -263,9 +263,10 @@ impl ReqwestTransport {
     /// [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) can do
     /// nothing with it (see the crate docs). Consider giving the client a `read_timeout`
     /// (so a stalled success body cannot hang its reader), `retry(reqwest::retry::never())`
-    /// (so reqwest does not resend behind the pool's back) and a
+    /// (so reqwest does not resend behind the pool's back), a
     /// [tracked](redirect::tracked) redirect policy (so an error after a redirect is not
-    /// taken for an unsent request), as
+    /// taken for an unsent request) and `referer(false)` (so a redirect does not tell
+    /// another origin the API's URL), as
     /// [`default_client_builder`](ReqwestTransport::default_client_builder) does.
     #[must_use]
     pub fn new(client: reqwest::Client) -> Self {
@@ -289,7 +290,9 @@ impl ReqwestTransport {
     /// makes: reqwest's defaults (rustls, HTTP/1.1 and HTTP/2, up to 10 redirects,
     /// [tracked](redirect::tracked) so an error after a redirect is not taken for an
     /// unsent request), plus a [`read_timeout`](reqwest::ClientBuilder::read_timeout)
-    /// of [`DEFAULT_READ_TIMEOUT`] and [`reqwest::retry::never`].
+    /// of [`DEFAULT_READ_TIMEOUT`], [`reqwest::retry::never`] and no `Referer` header
+    /// (reqwest would send the URL a redirect came from, path and query included, to
+    /// the origin it leads to).
     ///
     /// Start from it to change something:
     ///
@@ -310,6 +313,9 @@ impl ReqwestTransport {
             .read_timeout(DEFAULT_READ_TIMEOUT)
             .retry(reqwest::retry::never())
             .redirect(redirect::tracked(reqwest::redirect::Policy::default()))
+            // reqwest would tell the origin a redirect leads to the URL it came
+            // from, path and query included.
+            .referer(false)
     }
 
     /// A transport over a client the adapter builds from

@@ -588,6 +588,26 @@ fn tracked_client_with_token(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_does_not_tell_the_next_origin_the_apis_url() {
+    let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
+    let location = format!("location: {}", other.url("/landing"));
+    let api =
+        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
+    let url = api.url(PATH);
+    let response = client
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.into_inner().text().await.unwrap(), "landed");
+    let seen = other.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].header("referer"), None, "{}", seen[0].head);
+    assert!(!seen[0].head.contains("hunter2"), "{}", seen[0].head);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_hop_inside_another_origin_is_not_followed_so_the_token_stays_home() {
     // The API sends the request to another origin, which redirects within itself.
     // reqwest would put the first request's `Authorization` back on that hop; the
