@@ -501,19 +501,23 @@ impl Future for WaitForFetch<'_> {
         let registered = self
             .key
             .and_then(|key| inner.waiters.iter_mut().find(|(k, _)| *k == key));
-        match registered {
-            Some((_, waker)) => {
-                if !waker.will_wake(cx.waker()) {
-                    waker.clone_from(cx.waker());
-                }
+        // A replaced waker is dropped after the lock: its drop may be the last of a
+        // task whose own waiter then takes the lock.
+        let replaced = match registered {
+            Some((_, waker)) if !waker.will_wake(cx.waker()) => {
+                Some(std::mem::replace(waker, cx.waker().clone()))
             }
+            Some(_) => None,
             None => {
                 let key = inner.next_waiter;
                 inner.next_waiter = key.wrapping_add(1);
                 inner.waiters.push((key, cx.waker().clone()));
                 self.key = Some(key);
+                None
             }
-        }
+        };
+        drop(inner);
+        drop(replaced);
         Poll::Pending
     }
 }
@@ -522,10 +526,15 @@ impl Drop for WaitForFetch<'_> {
     fn drop(&mut self) {
         if let Some(key) = self.key {
             let mut inner = self.state.lock();
-            // Gone already if the fetch ended and woke everyone.
-            if let Some(pos) = inner.waiters.iter().position(|(k, _)| *k == key) {
-                inner.waiters.swap_remove(pos);
-            }
+            // Gone already if the fetch ended and woke everyone. Dropped after the
+            // lock, as in `poll`.
+            let removed = inner
+                .waiters
+                .iter()
+                .position(|(k, _)| *k == key)
+                .map(|pos| inner.waiters.swap_remove(pos));
+            drop(inner);
+            drop(removed);
         }
     }
 }
@@ -640,6 +649,43 @@ mod tests {
             Poll::Ready(Err(_)) => Some(0),
             Poll::Pending => None,
         }
+    }
+
+    #[test]
+    fn a_waker_whose_drop_reaches_back_into_the_auth_state_is_dropped_after_the_lock() {
+        use crate::sync::test_support::{waker_dropping, without_deadlock};
+        // A waiter's stored waker may be the last of a task that holds another
+        // waiter, whose drop takes the state's lock: replaced by a poll, or removed
+        // when its waiter gives up.
+        without_deadlock(|| {
+            let state: &'static AuthState = Box::leak(Box::new(AuthState::new()));
+            let source: &'static Controlled = Box::leak(Box::default());
+            let _never_answered = source.next_fetch();
+            let mut fetching = Box::pin(state.token(source, None));
+            assert_eq!(generation(poll(&mut fetching)), None);
+            let waiting = || {
+                let mut waiter = Box::pin(state.token(source, None));
+                assert_eq!(generation(poll(&mut waiter)), None);
+                waiter
+            };
+            let mut a = waiting();
+            let waiters = || state.lock().waiters.len();
+            for gives_up in [false, true] {
+                let waker = waker_dropping(waiting());
+                let polled = a.as_mut().poll(&mut Context::from_waker(&waker));
+                assert!(polled.is_pending());
+                drop(waker);
+                assert_eq!(waiters(), 2);
+                if gives_up {
+                    drop(a);
+                    assert_eq!(waiters(), 0);
+                    break;
+                }
+                assert_eq!(generation(poll(&mut a)), None);
+                assert_eq!(waiters(), 1);
+            }
+            drop(fetching);
+        });
     }
 
     #[test]

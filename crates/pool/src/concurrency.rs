@@ -243,7 +243,7 @@ impl<'a> Future for Acquire<'a> {
             && limiter.word.load(Ordering::Acquire) >= ONE
         {
             limiter.word.fetch_sub(ONE, Ordering::AcqRel);
-            queue.waiters.pop_front();
+            let served = queue.waiters.pop_front();
             self.queued = None;
             if queue.waiters.is_empty() {
                 limiter.clear_flag();
@@ -251,16 +251,23 @@ impl<'a> Future for Acquire<'a> {
             // Another permit may be free for the next in line.
             let next = limiter.wake_front(&queue);
             drop(queue);
+            // Its waker may be an older one than this poll's: dropped after the lock.
+            drop(served);
             if let Some(w) = next {
                 w.wake();
             }
             return Poll::Ready(limiter.grant());
         }
-        if let Some(w) = queue.waiters.iter_mut().find(|w| w.id == id)
-            && !w.waker.will_wake(cx.waker())
-        {
-            w.waker = cx.waker().clone();
-        }
+        // The waker replaced is dropped after the lock: its drop may be the last of a
+        // task whose own waiting `Acquire` then takes the lock.
+        let replaced = match queue.waiters.iter_mut().find(|w| w.id == id) {
+            Some(w) if !w.waker.will_wake(cx.waker()) => {
+                Some(std::mem::replace(&mut w.waker, cx.waker().clone()))
+            }
+            _ => None,
+        };
+        drop(queue);
+        drop(replaced);
         Poll::Pending
     }
 }
@@ -271,7 +278,12 @@ impl Drop for Acquire<'_> {
             let limiter = self.limiter;
             let mut queue = limiter.lock();
             let was_front = queue.waiters.front().is_some_and(|w| w.id == id);
-            queue.waiters.retain(|w| w.id != id);
+            // Dropped after the lock, as in `poll`.
+            let removed = queue
+                .waiters
+                .iter()
+                .position(|w| w.id == id)
+                .and_then(|at| queue.waiters.remove(at));
             if queue.waiters.is_empty() {
                 limiter.clear_flag();
             }
@@ -281,6 +293,7 @@ impl Drop for Acquire<'_> {
                 None
             };
             drop(queue);
+            drop(removed);
             if let Some(w) = next {
                 w.wake();
             }
@@ -321,6 +334,45 @@ mod tests {
 
     fn poll<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
         f.poll_unpin(&mut Context::from_waker(noop_waker_ref()))
+    }
+
+    #[test]
+    fn a_waker_whose_drop_reaches_back_into_the_queue_is_dropped_after_the_lock() {
+        use crate::sync::test_support::{waker_dropping, without_deadlock};
+        // A queued waiter's stored waker may be the last of a task that holds another
+        // waiter, whose drop takes the queue's lock: replaced by a poll, removed when
+        // its waiter gives up, or popped when it is served.
+        without_deadlock(|| {
+            let l: &'static Limiter = Box::leak(Box::new(Limiter::new(1).unwrap()));
+            let held = l.try_acquire().unwrap();
+            let queued = || {
+                let mut waiter = l.acquire();
+                assert!(poll(&mut waiter).is_pending());
+                waiter
+            };
+            let mut a = l.acquire();
+            let poll_with = |a: &mut Acquire<'static>, waker| {
+                assert!(a.poll_unpin(&mut Context::from_waker(&waker)).is_pending());
+            };
+            // Replaced by a poll with another waker.
+            poll_with(&mut a, waker_dropping(queued()));
+            assert_eq!(l.waiting(), 2);
+            assert!(poll(&mut a).is_pending());
+            assert_eq!(l.waiting(), 1);
+            // Removed when its waiter is dropped.
+            poll_with(&mut a, waker_dropping(queued()));
+            drop(a);
+            assert_eq!(l.waiting(), 0);
+            // Popped when its waiter is served (first in line, the other behind it).
+            let mut b = queued();
+            poll_with(&mut b, waker_dropping(queued()));
+            drop(held);
+            let Poll::Ready(permit) = poll(&mut b) else {
+                panic!("the front waiter is served when a permit comes back")
+            };
+            assert_eq!((l.in_flight(), l.waiting()), (1, 0));
+            drop(permit);
+        });
     }
 
     #[test]

@@ -248,3 +248,46 @@ mod model {
         }
     }
 }
+
+/// Helpers for the unit tests of the modules that keep wakers under a lock.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::sync::{Arc, Mutex};
+    use std::task::{Wake, Waker};
+    use std::time::Duration;
+
+    /// Holds a value until the last clone of its waker is dropped.
+    struct DropsOnLastRef<T>(Mutex<Option<T>>);
+
+    impl<T: Send> Wake for DropsOnLastRef<T> {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    /// A waker that does nothing when woken and drops `value` with its last clone: a
+    /// stand-in for the last waker of a task whose future, `value`, is dropped with it.
+    pub(crate) fn waker_dropping<T: Send + 'static>(value: T) -> Waker {
+        Waker::from(Arc::new(DropsOnLastRef(Mutex::new(Some(value)))))
+    }
+
+    /// Runs `test` on a thread of its own and fails if it has not finished in 10 s,
+    /// so a deadlock fails the test instead of hanging the suite.
+    pub(crate) fn without_deadlock(test: impl FnOnce() + Send + 'static) {
+        let (done, finished) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            test();
+            let _ = done.send(());
+        });
+        match finished.recv_timeout(Duration::from_secs(10)) {
+            Ok(()) => thread.join().expect("the test thread"),
+            // The thread panicked: report its panic.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                if let Err(panic) = thread.join() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("deadlocked: a waker was dropped under the lock its drop takes")
+            }
+        }
+    }
+}
