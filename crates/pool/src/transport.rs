@@ -246,6 +246,68 @@ pub trait TransportResponse {
     fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>>;
 }
 
+/// Reads the rest of `response`'s body, at most `limit` bytes: the body of a success,
+/// for code generic over the transport (an adapter's own reader, such as reqwest's
+/// `bytes()`, does the same for its type).
+///
+/// A body longer than `limit` fails with [`TransportErrorKind::TooLarge`] as soon as
+/// the limit is passed, without reading on; a body that breaks fails with the
+/// transport's error. The read is not bounded in time (the call's time limits end at
+/// the response head): wrap it in [`timeout_at`](crate::timeout_at) for that. A body
+/// that arrives in one chunk is returned as that chunk, without a copy.
+///
+/// ```
+/// use vantage_api_pool::Transport;
+/// use vantage_api_pool::transport::{TransportErrorKind, read_body};
+/// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+///
+/// let rt = VirtualRuntime::new();
+/// let transport = ScriptedTransport::new(&rt);
+/// transport.push(Reply::ok().body("twelve bytes").chunk_size(5));
+/// transport.push(Reply::ok().body("twelve bytes"));
+/// for limit in [12, 11] {
+///     let request = transport.prepare(transport.handle().get("/orders"))?;
+///     let mut response = rt.block_on(transport.send(request))??;
+///     match rt.block_on(read_body(&mut response, limit))? {
+///         Ok(body) => assert_eq!(body, "twelve bytes"),
+///         Err(e) => assert_eq!((limit, e.kind()), (11, TransportErrorKind::TooLarge)),
+///     }
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub async fn read_body<R: TransportResponse + ?Sized>(
+    response: &mut R,
+    limit: usize,
+) -> Result<Bytes, TransportError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined: Vec<u8> = Vec::new();
+    let mut len = 0usize;
+    while let Some(chunk) = response.chunk().await? {
+        len = len.saturating_add(chunk.len());
+        if len > limit {
+            return Err(TransportError::new(
+                TransportErrorKind::TooLarge,
+                "the body is longer than the limit",
+            ));
+        }
+        match &first {
+            None => first = Some(chunk),
+            Some(head) => {
+                if joined.is_empty() {
+                    joined.reserve(len);
+                    joined.extend_from_slice(head);
+                }
+                joined.extend_from_slice(&chunk);
+            }
+        }
+    }
+    Ok(if joined.is_empty() {
+        first.unwrap_or_default()
+    } else {
+        Bytes::from(joined)
+    })
+}
+
 /// [`TransportResponse`] whose body read is `Send`: the response type of a
 /// [`SendTransport`]. A blanket impl provides [`TransportResponse`].
 pub trait SendTransportResponse: Send {

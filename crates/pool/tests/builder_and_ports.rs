@@ -13,10 +13,12 @@ use common::*;
 use http::HeaderValue;
 use http::header::{AUTHORIZATION, HeaderName};
 use vantage_api_pool::auth::{AuthError, send_token_fn};
+use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::runtime::SendRuntime;
+use vantage_api_pool::transport::read_body;
 use vantage_api_pool::{
-    BreakerState, CallPolicy, EventKind, Instant, Report, RetryPolicy, Runtime, TransportErrorKind,
-    timeout_at,
+    BreakerState, CallPolicy, EventKind, Instant, Report, RetryPolicy, Runtime, TransportError,
+    TransportErrorKind, TransportResponse, timeout_at,
 };
 use vantage_api_pool_testkit::{RecordingObserver, Reply, VirtualRuntime};
 
@@ -301,4 +303,70 @@ fn a_content_length_of_zero_is_reported_as_zero_bytes() {
             .iter()
             .any(|e| matches!(e.kind, EventKind::Succeeded { bytes: Some(0), .. }))
     );
+}
+
+/// A response whose body is `chunks`, read one per `chunk()` call.
+struct Chunks {
+    chunks: std::collections::VecDeque<Result<Bytes, TransportError>>,
+    reads: usize,
+    headers: http::HeaderMap,
+}
+
+impl Chunks {
+    fn new(chunks: impl IntoIterator<Item = Result<&'static str, TransportErrorKind>>) -> Self {
+        Chunks {
+            chunks: chunks
+                .into_iter()
+                .map(|c| {
+                    c.map(|s: &'static str| Bytes::from_static(s.as_bytes()))
+                        .map_err(|kind| TransportError::new(kind, "broke"))
+                })
+                .collect(),
+            reads: 0,
+            headers: http::HeaderMap::new(),
+        }
+    }
+}
+
+impl TransportResponse for Chunks {
+    fn status(&self) -> http::StatusCode {
+        http::StatusCode::OK
+    }
+
+    fn headers(&self) -> &http::HeaderMap {
+        &self.headers
+    }
+
+    async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
+        self.reads += 1;
+        self.chunks.pop_front().transpose()
+    }
+}
+
+#[test]
+fn read_body_joins_the_chunks_up_to_its_limit_and_passes_a_broken_body_on() {
+    let read = |body: &mut Chunks, limit| futures::executor::block_on(read_body(body, limit));
+    let mut three = Chunks::new([Ok("ab"), Ok(""), Ok("cd"), Ok("e")]);
+    assert_eq!(read(&mut three, 5).unwrap(), "abcde");
+    assert_eq!(three.reads, 5, "read to the end");
+    let mut empty_first = Chunks::new([Ok(""), Ok("xyz")]);
+    assert_eq!(read(&mut empty_first, 3).unwrap(), "xyz");
+    assert_eq!(read(&mut Chunks::new([]), 0).unwrap(), "");
+    // Over the limit: refused as soon as it is passed, the rest left unread.
+    let mut long = Chunks::new([Ok("ab"), Ok("cd"), Ok("e"), Ok("never read")]);
+    let error = read(&mut long, 4).unwrap_err();
+    assert_eq!(error.kind(), TransportErrorKind::TooLarge);
+    assert_eq!(long.reads, 3);
+    // A body that breaks fails with the transport's own error.
+    let mut broken = Chunks::new([Ok("ab"), Err(TransportErrorKind::Interrupted)]);
+    let error = read(&mut broken, 100).unwrap_err();
+    assert_eq!(
+        (error.kind(), error.message()),
+        (TransportErrorKind::Interrupted, "broke")
+    );
+    // One chunk comes back as itself, not a copy.
+    let body = Bytes::from_static(b"single");
+    let mut single = Chunks::new([]);
+    single.chunks.push_back(Ok(body.clone()));
+    assert_eq!(read(&mut single, 6).unwrap().as_ptr(), body.as_ptr());
 }

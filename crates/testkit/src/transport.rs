@@ -809,24 +809,7 @@ impl ScriptedResponse {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub async fn read_to_end(&mut self) -> Result<Bytes, TransportError> {
-        let mut first: Option<Bytes> = None;
-        let mut rest: Vec<u8> = Vec::new();
-        while let Some(chunk) = SendTransportResponse::chunk(self).await? {
-            match &first {
-                None => first = Some(chunk),
-                Some(head) => {
-                    if rest.is_empty() {
-                        rest.extend_from_slice(head);
-                    }
-                    rest.extend_from_slice(&chunk);
-                }
-            }
-        }
-        Ok(if rest.is_empty() {
-            first.unwrap_or_default()
-        } else {
-            Bytes::from(rest)
-        })
+        vantage_api_pool::transport::read_body(self, usize::MAX).await
     }
 }
 
