@@ -283,6 +283,9 @@ pub async fn read_body<R: TransportResponse + ?Sized>(
     let mut joined: Vec<u8> = Vec::new();
     let mut len = 0usize;
     while let Some(chunk) = response.chunk().await? {
+        if chunk.is_empty() {
+            continue;
+        }
         len = len.saturating_add(chunk.len());
         if len > limit {
             return Err(TransportError::new(
