@@ -6,6 +6,7 @@
 //! how long to wait from [`backoff`](crate::backoff) and
 //! [`server_delay`](crate::server_delay).
 
+use std::borrow::Borrow;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
@@ -56,9 +57,10 @@ async fn poll_once<F: Future + ?Sized>(mut future: Pin<&mut F>) -> Poll<F::Outpu
 }
 
 /// One call's state, for the life of one `execute_with` future.
-pub(crate) struct Call<'c, T, R, A> {
+pub(crate) struct Call<'c, T, R, A, P> {
     client: &'c Shared<T, R, A>,
-    policy: &'c CallPolicy,
+    /// The call's policy, borrowed (`&CallPolicy`) or kept (`CallPolicy`).
+    policy: P,
     id: CallId,
     /// Sends made so far (redials and replays included).
     send: u32,
@@ -172,8 +174,8 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
-    pub(crate) fn new(client: &'c Shared<T, R, A>, policy: &'c CallPolicy, id: CallId) -> Self {
+impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'c, T, R, A, P> {
+    pub(crate) fn new(client: &'c Shared<T, R, A>, policy: P, id: CallId) -> Self {
         Call {
             client,
             policy,
@@ -190,6 +192,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             deadline: None,
             last_failure: None,
         }
+    }
+
+    fn policy(&self) -> &CallPolicy {
+        self.policy.borrow()
     }
 
     fn now(&self) -> Instant {
@@ -262,7 +268,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     }
 
     fn fails_fast(&self) -> bool {
-        self.policy.breaker_mode() != BreakerMode::WaitForProbe
+        self.policy().breaker_mode() != BreakerMode::WaitForProbe
     }
 
     fn breaker_open(&self) -> ClientError {
@@ -316,7 +322,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         if !self.gate_reached {
             self.gate_reached = true;
             self.deadline = self
-                .policy
+                .policy()
                 .budget()
                 .map(|budget| now.saturating_add(budget));
         }
@@ -569,8 +575,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
             let limit = match self.deadline {
                 Some(deadline) => deadline
                     .saturating_duration_since(started)
-                    .min(self.policy.attempt_timeout()),
-                None => self.policy.attempt_timeout(),
+                    .min(self.policy().attempt_timeout()),
+                None => self.policy().attempt_timeout(),
             };
             let send_deadline = started.saturating_add(limit);
             let head = timeout_at(
@@ -637,7 +643,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                         // (keeping `limit` too would grow every call's future).
                         limit: Some(
                             if send_deadline.saturating_duration_since(started)
-                                < self.policy.attempt_timeout()
+                                < self.policy().attempt_timeout()
                             {
                                 TimeLimit::Budget
                             } else {
@@ -646,7 +652,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                         ),
                         cut_by_budget: self.deadline.is_some_and(|deadline| {
                             deadline.saturating_duration_since(started)
-                                < self.policy.attempt_timeout() / 2
+                                < self.policy().attempt_timeout() / 2
                         }),
                     }
                 }
@@ -698,7 +704,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
         })?;
         // The header is looked up only when the method and the policy leave it open;
         // `is_idempotent` alone says what a key counts for.
-        let idempotent = is_idempotent(request.method(), false, self.policy.is_idempotent())
+        let idempotent = is_idempotent(request.method(), false, self.policy().is_idempotent())
             || is_idempotent(
                 request.method(),
                 request
@@ -841,7 +847,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
                 });
                 Next::Redial
             }
-            Action::Retry if self.policy.retry().allows_retry(self.retries) => {
+            Action::Retry if self.policy().retry().allows_retry(self.retries) => {
                 let delay = self.retry_delay(server_wait);
                 let wake = ended.saturating_add(delay);
                 if self.deadline.is_some_and(|deadline| wake >= deadline) {
@@ -865,14 +871,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource> Call<'c, T, R, A> {
     /// The sleep before the next retry: the server's delay (clamped to the policy's
     /// ceiling) or the policy's back-off, jittered, never under 1 ms.
     fn retry_delay(&self, server_wait: Option<Duration>) -> Duration {
-        let retry = self.policy.retry();
+        let retry = self.policy().retry();
         let (base, max) = retry.schedule().unwrap_or((Duration::ZERO, Duration::ZERO));
         let (delay, source) = match server_wait {
             Some(wait) => (wait.min(max), DelaySource::Server),
             None => (backoff(base, max, self.retries), DelaySource::Policy),
         };
         let random = self.client.runtime.random();
-        apply_jitter(self.policy.jitter(), delay, source, random).max(crate::backoff::MIN_BACKOFF)
+        apply_jitter(self.policy().jitter(), delay, source, random).max(crate::backoff::MIN_BACKOFF)
     }
 }
 

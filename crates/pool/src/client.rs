@@ -1,5 +1,6 @@
 //! `ResilientClient`: one client per remote API, cheap to clone.
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -133,15 +134,43 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// Runs one call under `policy`. `build` is called once per send with the
     /// transport's handle and returns a fresh draft request.
     ///
+    /// `policy` is a `&CallPolicy`, which the future borrows (one policy shared by
+    /// many calls), or a `CallPolicy`, which it keeps (a policy made for this call,
+    /// so the future can be stored or collected before it is awaited).
+    ///
     /// Dropping the returned future cancels the call: the in-flight request, any
     /// pending back-off and everything the call holds go with it, and the observer
     /// hears `Cancelled` for a send in flight.
-    pub fn execute_with<'a, F>(
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallPolicy, ResilientClient};
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// transport.default_reply(Reply::ok());
+    /// let client = ResilientClient::builder(transport, rt.clone()).build()?;
+    /// // One policy for many calls, borrowed.
+    /// let shared = CallPolicy::background();
+    /// assert!(rt.block_on(client.execute_with(&shared, |http| http.get("/a")))?.is_ok());
+    /// // A policy made for each call, kept by its future: the futures can be collected
+    /// // first and awaited later.
+    /// let calls: Vec<_> = ["/b", "/c"]
+    ///     .into_iter()
+    ///     .map(|path| client.execute_with(CallPolicy::essential(), move |http| http.get(path)))
+    ///     .collect();
+    /// for call in calls {
+    ///     assert!(rt.block_on(call)?.is_ok());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn execute_with<'a, P, F>(
         &'a self,
-        policy: &'a CallPolicy,
+        policy: P,
         build: F,
     ) -> impl Future<Output = Result<T::Response, ClientError>> + 'a
     where
+        P: Borrow<CallPolicy> + 'a,
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
         let id = CallId(self.shared.next_call.fetch_add(1, Ordering::Relaxed) + 1);
@@ -160,10 +189,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     where
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
-        let policy = CallPolicy::bounded(self.shared.default_retry);
-        let id = CallId(self.shared.next_call.fetch_add(1, Ordering::Relaxed) + 1);
-        let shared = &*self.shared;
-        async move { Call::new(shared, &policy, id).run(build).await }
+        self.execute_with(CallPolicy::bounded(self.shared.default_retry), build)
     }
 
     /// Reports something only the caller knows (rows parsed, a write acknowledged) to
