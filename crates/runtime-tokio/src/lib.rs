@@ -61,7 +61,9 @@ const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 ///
 /// Instants are measured from an origin taken from [`tokio::time::Instant::now`] when
 /// the runtime is made; clones share it, so their instants compare. Each value (and
-/// each clone) has its own random generator, so clones do not draw the same jitter.
+/// each clone) has its own random generator, so clones do not draw the same jitter; a
+/// clone's is seeded by one draw from the original's, so clones of a seeded runtime
+/// replay too.
 ///
 /// `Send + Sync`, cheap to clone.
 #[derive(Debug)]
@@ -82,7 +84,8 @@ impl TokioRuntime {
 
     /// A runtime whose origin is now and whose jitter is the SplitMix64 sequence of
     /// `seed`: two runtimes made with the same seed draw the same numbers, so a run
-    /// can be replayed. (Clones still get fresh seeds.)
+    /// can be replayed. A clone draws its own seed from this sequence, so it replays
+    /// as well, with numbers of its own.
     ///
     /// ```
     /// use vantage_api_pool::Runtime;
@@ -90,6 +93,9 @@ impl TokioRuntime {
     ///
     /// let (a, b) = (TokioRuntime::with_seed(7), TokioRuntime::with_seed(7));
     /// assert_eq!(a.random(), b.random());
+    /// let (a2, b2) = (a.clone(), b.clone());
+    /// assert_eq!(a2.random(), b2.random());
+    /// assert_ne!(a2.random(), a.random());
     /// ```
     #[must_use]
     pub fn with_seed(seed: u64) -> Self {
@@ -162,9 +168,13 @@ impl Default for TokioRuntime {
 }
 
 impl Clone for TokioRuntime {
-    /// The same origin, a freshly seeded random generator.
+    /// The same origin, and a random generator seeded by one draw from this one's (so
+    /// a seeded runtime's clones replay, and no two draw the same jitter).
     fn clone(&self) -> Self {
-        TokioRuntime::with_origin(self.origin)
+        TokioRuntime {
+            origin: self.origin,
+            random: AtomicU64::new(mix(self.next_state())),
+        }
     }
 }
 
@@ -191,11 +201,16 @@ impl SendRuntime for TokioRuntime {
 
     /// The next number of a SplitMix64 sequence, in `[0, 1)` with 53 random bits.
     fn random(&self) -> f64 {
-        let state = self
-            .random
+        unit_interval(mix(self.next_state()))
+    }
+}
+
+impl TokioRuntime {
+    /// Advances the generator one step and returns its new state.
+    fn next_state(&self) -> u64 {
+        self.random
             .fetch_add(GAMMA, Ordering::Relaxed)
-            .wrapping_add(GAMMA);
-        unit_interval(mix(state))
+            .wrapping_add(GAMMA)
     }
 }
 
