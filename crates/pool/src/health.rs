@@ -43,6 +43,7 @@ pub enum BreakerView {
 }
 
 /// The last error an API returned.
+#[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct LastError {
     /// When it was reported.

@@ -140,24 +140,21 @@ pub struct Elapsed;
 ///
 /// ```
 /// use std::time::Duration;
-/// # use std::future::Future;
-/// # use std::time::SystemTime;
 /// use vantage_api_pool::{Instant, Runtime, timeout_at};
-/// # struct Frozen;
-/// # impl Runtime for Frozen {
-/// #     fn now(&self) -> Instant { Instant::ORIGIN }
-/// #     fn wall_clock(&self) -> SystemTime { SystemTime::UNIX_EPOCH }
-/// #     fn sleep_until(&self, _d: Instant) -> impl Future<Output = ()> { async {} }
-/// #     fn random(&self) -> f64 { 0.5 }
-/// # }
+/// use vantage_api_pool_testkit::VirtualRuntime;
 ///
-/// // A sleep that ends at once cuts off work that never finishes.
-/// let result = futures::executor::block_on(timeout_at(
-///     &Frozen,
-///     Instant::ORIGIN + Duration::from_secs(1),
-///     std::future::pending::<()>(),
-/// ));
-/// assert!(result.is_err());
+/// let rt = VirtualRuntime::new();
+/// // Work that never finishes is cut off at the deadline, on the runtime's clock...
+/// let deadline = Instant::ORIGIN + Duration::from_secs(1);
+/// let cut = rt.block_on(timeout_at(&rt, deadline, std::future::pending::<()>()))?;
+/// assert!(cut.is_err());
+/// assert_eq!(rt.now(), deadline);
+/// // ...and work that finishes first keeps its output.
+/// let later = deadline + Duration::from_secs(1);
+/// let done = rt.block_on(timeout_at(&rt, later, rt.sleep(Duration::from_millis(10))))?;
+/// assert!(done.is_ok());
+/// assert_eq!(rt.elapsed(), Duration::from_millis(1010));
+/// # Ok::<(), vantage_api_pool_testkit::DriveError>(())
 /// ```
 pub fn timeout_at<R, F>(
     runtime: &R,

@@ -18,13 +18,23 @@ use crate::observer::{EventKind, TransportEvent, TransportObserver};
 ///
 /// let rt = VirtualRuntime::new();
 /// let client = ResilientClient::builder(ScriptedTransport::new(&rt), rt.clone())
-///     .observer("orders-api", Arc::new(TracingObserver))
+///     .observer("orders-api", Arc::new(TracingObserver::new()))
 ///     .build()?;
 /// # let _ = client;
 /// # Ok::<(), vantage_api_pool::ConfigError>(())
 /// ```
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TracingObserver;
+
+impl TracingObserver {
+    /// The observer (`#[non_exhaustive]`, so settings can be added later without
+    /// breaking its users).
+    #[must_use]
+    pub const fn new() -> Self {
+        TracingObserver
+    }
+}
 
 impl TransportObserver for TracingObserver {
     fn on_event(&self, api: &str, event: &TransportEvent) {

@@ -52,7 +52,7 @@ impl Subscriber for Capture {
 /// `orders-api`, and returns what it emitted.
 fn one_traced_call(w: &World, policy: vantage_api_pool::CallPolicy) -> Vec<(Level, FieldMap)> {
     let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("orders-api", Arc::new(TracingObserver))
+        .observer("orders-api", Arc::new(TracingObserver::new()))
         .build()
         .unwrap();
     let capture = Capture::default();
@@ -113,7 +113,7 @@ fn every_kind_of_event_has_its_level_and_fields() {
         Reply::stall(),
     ]);
     let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("orders-api", Arc::new(TracingObserver))
+        .observer("orders-api", Arc::new(TracingObserver::new()))
         .breaker(1, secs(1), secs(1))
         .build()
         .unwrap();

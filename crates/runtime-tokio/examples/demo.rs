@@ -1098,7 +1098,7 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
     });
     let observer: Arc<dyn TransportObserver> = Arc::new(Fanout::new([
         health.clone() as Arc<dyn TransportObserver>,
-        Arc::new(TracingObserver),
+        Arc::new(TracingObserver::new()),
         totals.clone(),
     ]));
 

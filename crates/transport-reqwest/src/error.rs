@@ -13,7 +13,7 @@
 //! | what the error says | kind | why |
 //! |---|---|---|
 //! | `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
-//! | from [`ReqwestTransport::send`](crate::ReqwestTransport) only: `is_builder()` about a URL that is not http/https | `Interrupted` | raised while following a redirect to `ftp://…` or `myapp://…`: `prepare` let only http/https requests through, so the request was sent and answered (a `Location` that cannot be resolved is not followed: the 3xx is the response) |
+//! | from [`send`](vantage_api_pool::transport::SendTransport::send) only: `is_builder()` about a URL that is not http/https | `Interrupted` | raised while following a redirect to `ftp://…` or `myapp://…`: `prepare` let only http/https requests through, so the request was sent and answered (a `Location` that cannot be resolved is not followed: the 3xx is the response) |
 //! | a [`hyper::Error`] in the chain with `is_canceled()` | `NotSent` | hyper hands a request back with this error only when it never started writing it (the connection closed or failed first) |
 //! | a [`hyper::Error`] in the chain with `is_closed()` | `NotSent` | while sending, only the readiness check of a connection raises it, before the request is handed over |
 //! | a hyper-util client error about the request itself (`client error (User...)`: an HTTP version or method it does not support) | `Config` | our side, nothing sent |
