@@ -57,7 +57,7 @@ impl BreakerConfig {
     /// nor ends the run: `503, 404, 503, 404, 503` opens a breaker of threshold 3. It
     /// does close an open breaker (the API answers), keeping the run, so the next
     /// failure opens it again at once. 408, 429 and the other untouched outcomes (see
-    /// [`classify`](crate::classify())) leave the breaker as it is.
+    /// [`classify`](crate::classify::classify)) leave the breaker as it is.
     ///
     /// Refuses a threshold of 0, a zero cooldown, and a cooldown above its max.
     ///

@@ -95,7 +95,7 @@ impl Outcome {
 /// field, so a fact added later is not a breaking change:
 ///
 /// ```
-/// use vantage_api_pool::CallFacts;
+/// use vantage_api_pool::classify::CallFacts;
 /// let mut facts = CallFacts::default();
 /// facts.idempotent = true;
 /// ```

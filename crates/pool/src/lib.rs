@@ -21,7 +21,7 @@
 //! | [`policy`] | [`CallPolicy`], [`RetryMode`], [`RetryPolicy`], [`BreakerMode`], [`Jitter`] |
 //! | [`backoff`] | exponential back-off with a 1 ms floor, and jitter |
 //! | [`server_delay`] | `retry-after-ms` and `Retry-After` parsing |
-//! | [`classify`](mod@classify) | what an outcome means: the verdict and the breaker effect |
+//! | [`classify`] | what an outcome means: the verdict and the breaker effect (its types are not at the crate root: `Action`, `Outcome` and the rest are the loop's vocabulary, and would crowd a glob import) |
 //! | [`client`] | [`ResilientClient`], [`Report`]; [`builder`]: [`ClientBuilder`] |
 //! | `attempt` (private) | the attempt loop: `wait_for_gate` → `send_once` → `record` (the last two are sections of `Call::run`) |
 //! | [`breaker`] | [`CircuitBreaker`](breaker::CircuitBreaker) with probe epochs |
@@ -61,7 +61,6 @@ pub mod transport;
 pub use auth::{AuthError, NoAuth, TokenSource};
 pub use breaker::BreakerState;
 pub use builder::ClientBuilder;
-pub use classify::{Action, BreakerEffect, CallFacts, Outcome, Verdict, classify};
 pub use client::{Report, ResilientClient};
 pub use error::{ClientError, ConfigError, ErrorKind, MAX_ERROR_BODY, TimeLimit};
 pub use observer::{

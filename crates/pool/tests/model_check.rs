@@ -43,11 +43,12 @@ use vantage_api_pool::breaker::{
     BreakerConfig, CircuitBreaker, Gate, PROBE_RECHECK, ProbeGuard, Transition,
 };
 use vantage_api_pool::bytes::Bytes;
+use vantage_api_pool::classify::BreakerEffect;
 use vantage_api_pool::concurrency::Limiter;
 use vantage_api_pool::rate::{RateLimit, TokenBucket};
 use vantage_api_pool::{
-    BreakerEffect, CallPolicy, Instant, PreparedRequest, ResilientClient, Runtime, TokenSource,
-    Transport, TransportError, TransportResponse,
+    CallPolicy, Instant, PreparedRequest, ResilientClient, Runtime, TokenSource, Transport,
+    TransportError, TransportResponse,
 };
 
 // ------------------------------------------------------------------------------------

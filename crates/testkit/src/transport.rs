@@ -58,7 +58,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What one send is answered with: a response, a transport failure, or a stall,
 /// optionally after a delay on the virtual clock.
 ///
-/// Named `Reply` so it does not clash with [`vantage_api_pool::Outcome`].
+/// Named `Reply` so it does not clash with [`vantage_api_pool::classify::Outcome`].
 ///
 /// ```
 /// use std::time::Duration;

@@ -52,11 +52,12 @@ mod native {
     use tower::retry::Retry;
     use tower::{Service, ServiceBuilder, ServiceExt};
     use vantage_api_pool::breaker::{BreakerConfig, CircuitBreaker, Gate};
+    use vantage_api_pool::classify::BreakerEffect;
     use vantage_api_pool::concurrency::Limiter;
     use vantage_api_pool::rate::TokenBucket;
     use vantage_api_pool::{
-        BreakerEffect, CallId, CallPolicy, EventKind, ResilientClient, RetryPolicy, Runtime,
-        TransportEvent, TransportObserver, timeout_at,
+        CallId, CallPolicy, EventKind, ResilientClient, RetryPolicy, Runtime, TransportEvent,
+        TransportObserver, timeout_at,
     };
     use vantage_api_pool_reqwest::{ReqwestTransport, TokioRuntime};
 
