@@ -376,6 +376,34 @@ mod tests {
     }
 
     #[test]
+    fn a_woken_front_waiter_dropped_before_its_poll_passes_the_wake_on() {
+        struct Count(std::sync::atomic::AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: std::sync::Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let l = Limiter::new(1).unwrap();
+        let held = l.acquire().now_or_never().unwrap();
+        let (mut a, mut b) = (l.acquire(), l.acquire());
+        let woken = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = Waker::from(std::sync::Arc::clone(&woken));
+        assert!(poll(&mut a).is_pending());
+        assert!(b.poll_unpin(&mut Context::from_waker(&waker)).is_pending());
+        // The permit comes back and wakes A, which gives up before it runs: B, next
+        // in line, must be woken, or it waits for another permit.
+        drop(held);
+        assert_eq!(woken.0.load(Ordering::SeqCst), 0);
+        drop(a);
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "B was not woken");
+        let Poll::Ready(permit) = poll(&mut b) else {
+            panic!("the wake-up was not passed on to the next in line")
+        };
+        assert_eq!((l.in_flight(), l.waiting()), (1, 0));
+        drop(permit);
+    }
+
+    #[test]
     fn the_last_waiter_giving_up_reopens_the_lock_free_path() {
         let l = Limiter::new(1).unwrap();
         let held = l.acquire().now_or_never().unwrap();

@@ -326,6 +326,7 @@ fn a_refusal_after_failed_sends_keeps_the_last_failure_as_its_source() {
             .unwrap()
             .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert!(!err.nothing_sent(), "three 503s went out");
     assert_eq!(w.rt.now(), at(secs(16)));
     assert_eq!(w.sent_at(), [secs(0), secs(5), secs(15)]);
     let last = last_failure(&err);

@@ -20,8 +20,8 @@ use http::{HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, token_fn};
 use vantage_api_pool::{
     BreakerMode, BreakerState, CallId, CallPolicy, ClientError, ErrorKind, EventKind, Instant,
-    Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit, TransportErrorKind, TransportEvent,
-    TransportObserver,
+    Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit, TransportError, TransportErrorKind,
+    TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
 
@@ -442,12 +442,22 @@ fn run_seed(seed: u64) -> Result<(), String> {
             ));
         }
         // A time limit is named exactly when one ended the call, and a budget only
-        // when the call had one.
-        if let Some(Err(e)) = &record.result
-            && ((e.kind() == ErrorKind::TimedOut) != e.time_limit().is_some()
-                || (e.time_limit() == Some(TimeLimit::Budget) && plan.policy.budget().is_none()))
-        {
-            problems.push(format!("{e} names the time limit {:?}", e.time_limit()));
+        // when the call had one; the transport's own timeout (scripted as
+        // "simulated") and the client's cut ("time limit reached") are told apart.
+        if let Some(Err(e)) = &record.result {
+            let cut = std::error::Error::source(e)
+                .and_then(|s| s.downcast_ref::<TransportError>())
+                .map(TransportError::message);
+            let wrong = (e.kind() == ErrorKind::TimedOut) != e.time_limit().is_some()
+                || match e.time_limit() {
+                    Some(TimeLimit::Budget) => plan.policy.budget().is_none(),
+                    Some(TimeLimit::Transport) => cut != Some("simulated"),
+                    Some(TimeLimit::AttemptTimeout) => cut != Some("time limit reached"),
+                    _ => false,
+                };
+            if wrong {
+                problems.push(format!("{e} names the time limit {:?}", e.time_limit()));
+            }
         }
     }
     // Every call that started, whatever its end, by the attempt numbers of its sends.
@@ -466,6 +476,43 @@ fn run_seed(seed: u64) -> Result<(), String> {
             problems.push(format!(
                 "{call:?}: an event at {:?} outside its record's {:?}..{:?}",
                 e.at, record.started, record.ended
+            ));
+        }
+        let Some(result) = &record.result else {
+            continue;
+        };
+        let evs = by_call.get(&call).map_or(&[][..], Vec::as_slice);
+        // A call that returned (not dropped) ended on a terminal event, and a breaker
+        // transition after it at most: nothing it announced is left undone.
+        let last = evs.iter().rev().find(|e| {
+            !matches!(
+                e.kind,
+                EventKind::BreakerOpened { .. } | EventKind::BreakerClosed
+            )
+        });
+        if !last.is_some_and(|e| {
+            matches!(
+                e.kind,
+                EventKind::Succeeded { .. } | EventKind::Failed { .. }
+            )
+        }) {
+            problems.push(format!(
+                "{call:?} returned, its last event is {:?}",
+                last.map(|e| e.kind.name())
+            ));
+        }
+        // A call that had an answer from the server never says nothing was sent.
+        let answered = evs.iter().any(|e| match &e.kind {
+            EventKind::Succeeded { .. } => true,
+            EventKind::Failed { error, .. } => error.status().is_some(),
+            _ => false,
+        });
+        if let Err(e) = result
+            && answered
+            && e.nothing_sent()
+        {
+            problems.push(format!(
+                "{call:?}: {e} after an answer says nothing was sent"
             ));
         }
     }
