@@ -267,6 +267,9 @@ enum H2Act {
     Ok,
     Refuse,
     Stall,
+    /// Take the stream, then go away gracefully (`GOAWAY` with `NO_ERROR`, naming
+    /// this stream as processed) and close the connection without answering.
+    GoAwayAfterTaking,
 }
 
 /// An HTTP/2 (prior knowledge, cleartext) server on 127.0.0.1:0.
@@ -303,6 +306,10 @@ impl H2Server {
                                 }
                                 H2Act::Refuse => respond.send_reset(h2::Reason::REFUSED_STREAM),
                                 H2Act::Stall => stalled.push(respond),
+                                H2Act::GoAwayAfterTaking => {
+                                    connection.abrupt_shutdown(h2::Reason::NO_ERROR);
+                                    stalled.push(respond);
+                                }
                             }
                         }
                     });
@@ -332,6 +339,65 @@ impl H2Server {
 
 fn first_refused(n: usize) -> H2Act {
     if n == 0 { H2Act::Refuse } else { H2Act::Ok }
+}
+
+fn first_taken_then_gone_away(n: usize) -> H2Act {
+    if n == 0 {
+        H2Act::GoAwayAfterTaking
+    } else {
+        H2Act::Ok
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_the_server_took_before_going_away_is_interrupted_not_unsent() {
+    // RFC 9113 §6.8: a GOAWAY names the last stream the server may have processed;
+    // only streams after it are "not sent". This one was taken, so a POST is not
+    // resent (and a GET is retried as an interrupted exchange).
+    for (post, expected) in [
+        (
+            true,
+            vec!["started s1 a1", "failed s1 a1 transport:interrupted"],
+        ),
+        (
+            false,
+            vec![
+                "started s1 a1",
+                "failed s1 a1 transport:interrupted",
+                "retry a2 after 5ms",
+                "started s2 a2",
+                "ok s2 a2 200",
+            ],
+        ),
+    ] {
+        let server = H2Server::start(first_taken_then_gone_away).await;
+        let transport = ReqwestTransport::with_builder(|| {
+            ReqwestTransport::default_client_builder().http2_prior_knowledge()
+        })
+        .unwrap();
+        let observer = RecordingObserver::new();
+        let client = client(transport, &observer);
+        let url = server.url();
+        let result = client
+            .execute_with(&policy(1), |http| {
+                if post {
+                    http.post(&url)
+                } else {
+                    http.get(&url)
+                }
+            })
+            .await;
+        assert_eq!(trace(&observer), expected, "post: {post}");
+        if post {
+            let error = result.unwrap_err();
+            assert!(!error.nothing_sent(), "{error}");
+            eprintln!("taken, then GOAWAY (h2): {}", message(&error));
+            assert_eq!(server.streams(), 1);
+        } else {
+            assert_eq!(result.unwrap().status(), StatusCode::OK);
+            assert_eq!(server.streams(), 2);
+        }
+    }
 }
 
 fn first_stalls(n: usize) -> H2Act {
