@@ -337,6 +337,14 @@ impl H2Server {
     }
 }
 
+/// The adapter's own client (rebuilt after a time limit), speaking HTTP/2 at once.
+fn h2_transport() -> ReqwestTransport {
+    ReqwestTransport::with_builder(|| {
+        ReqwestTransport::default_client_builder().http2_prior_knowledge()
+    })
+    .unwrap()
+}
+
 fn first_refused(n: usize) -> H2Act {
     if n == 0 { H2Act::Refuse } else { H2Act::Ok }
 }
@@ -371,10 +379,7 @@ async fn an_http2_stream_the_server_took_before_going_away_is_interrupted_not_un
         ),
     ] {
         let server = H2Server::start(first_taken_then_gone_away).await;
-        let transport = ReqwestTransport::with_builder(|| {
-            ReqwestTransport::default_client_builder().http2_prior_knowledge()
-        })
-        .unwrap();
+        let transport = h2_transport();
         let observer = RecordingObserver::new();
         let client = client(transport, &observer);
         let url = server.url();
@@ -407,10 +412,7 @@ fn first_stalls(n: usize) -> H2Act {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_refused_stream_is_not_sent_and_redialed_by_the_pool() {
     let server = H2Server::start(first_refused).await;
-    let transport = ReqwestTransport::with_builder(|| {
-        ReqwestTransport::default_client_builder().http2_prior_knowledge()
-    })
-    .unwrap();
+    let transport = h2_transport();
     let observer = RecordingObserver::new();
     let client = client(transport, &observer);
     let url = server.url();
@@ -463,10 +465,7 @@ async fn reqwests_default_retry_resends_a_refused_stream_behind_the_pools_back()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_timeout_the_adapters_client_is_rebuilt_so_a_stuck_http2_connection_is_left() {
     let server = H2Server::start(first_stalls).await;
-    let transport = ReqwestTransport::with_builder(|| {
-        ReqwestTransport::default_client_builder().http2_prior_knowledge()
-    })
-    .unwrap();
+    let transport = h2_transport();
     let observer = RecordingObserver::new();
     let client = client(transport.clone(), &observer);
     let url = server.url();
