@@ -421,9 +421,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
     /// Waits in the permit queue (the lock-free take found no permit, or callers
     /// queued), raced against the budget's end, holding the prepared request. If a
-    /// refresh brought a newer token under the same header meanwhile, the request
-    /// goes out with it (a token rejected while its refresh runs is not handed out;
-    /// the request then keeps its own). Returns the permit, the request and the
+    /// refresh brought a newer token meanwhile, and every token since the request's own
+    /// came under its header name, the request goes out with it (a token rejected
+    /// while its refresh runs is not handed out; the request then keeps its own). Returns the permit, the request and the
     /// generation of the token it now carries.
     async fn wait_for_permit(
         &self,
@@ -438,9 +438,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             None => acquire.await,
         };
         let mut generation = self.token_generation;
-        // Swapped only when the newer token came under the same header name: a
-        // request cannot drop a header, so a token under another name would go out
-        // beside the old one (and overwrite a header of that name the request set).
+        // Swapped only when every token since the held one came under its header
+        // name: a request cannot drop a header, so a token under another name would go
+        // out beside the old one (and overwrite a header of that name the request set).
         if let Some(held) = generation
             && let Some(newer) = client.auth_state.newer_under_same_name(held)
         {

@@ -64,9 +64,10 @@ pub struct ApiHealth {
     pub sends_in_window: u32,
     /// Of those, the ones that succeeded.
     pub successes_in_window: u32,
-    /// Sends refused at the gate in the window (breaker open, auth, budget): a call
-    /// refused outright, or a retry refused in a call that had sent before. Each is a
-    /// `Failed { sent: false }`.
+    /// Sends that never went out, in the window: each `Failed { sent: false }`. A send
+    /// refused at the gate (breaker open, auth, budget), in a call refused outright or
+    /// in one that had sent before (a retry), a budget used up by the request closure,
+    /// or a request that could not be built.
     pub refused_in_window: u32,
     /// `successes / sends` over the window; `None` with no sends in it.
     pub success_rate: Option<f64>,

@@ -8,7 +8,7 @@
 //! | [`Runtime::now`](vantage_api_pool::Runtime::now) | [`tokio::time::Instant::now`], measured from an origin taken when the runtime is made |
 //! | [`Runtime::wall_clock`](vantage_api_pool::Runtime::wall_clock) | [`SystemTime::now`] |
 //! | [`Runtime::sleep_until`](vantage_api_pool::Runtime::sleep_until) | [`tokio::time::sleep_until`] at `origin + deadline` (checked: an unrepresentable deadline never comes) |
-//! | [`Runtime::random`](vantage_api_pool::Runtime::random) | a per-runtime SplitMix64 generator seeded from the wall clock and a counter (or a seed of yours: [`TokioRuntime::with_seed`]) |
+//! | [`Runtime::random`](vantage_api_pool::Runtime::random) | a per-runtime SplitMix64 generator seeded from the wall clock and a counter (or a seed of yours: [`TokioRuntime::with_seed`]); a clone's is seeded by one draw from the original's |
 //!
 //! Because time is read through [`tokio::time::Instant`], a test on tokio's paused
 //! clock (`#[tokio::test(start_paused = true)]`, feature `test-util`) sees every
