@@ -519,8 +519,7 @@ mod native {
     /// runs jump in steps of several per cent.)
     fn thread_cpu_ns() -> u64 {
         let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000
-            + u64::try_from(t.tv_nsec).unwrap_or(0)
+        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
     }
 
     fn threads() -> usize {
