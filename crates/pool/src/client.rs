@@ -134,13 +134,26 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// Runs one call under `policy`. `build` is called once per send with the
     /// transport's handle and returns a fresh draft request.
     ///
-    /// `policy` is a `&CallPolicy`, which the future borrows (one policy shared by
-    /// many calls), or a `CallPolicy`, which it keeps (a policy made for this call,
-    /// so the future can be stored or collected before it is awaited).
+    /// The future borrows `policy` (one policy shared by many calls). To hand it a
+    /// policy made for this call, so that the future can be stored or collected before
+    /// it is awaited, use [`execute_with_owned`](ResilientClient::execute_with_owned).
     ///
     /// Dropping the returned future cancels the call: the in-flight request, any
     /// pending back-off and everything the call holds go with it, and the observer
     /// hears `Cancelled` for a send in flight.
+    pub fn execute_with<'a, F>(
+        &'a self,
+        policy: &'a CallPolicy,
+        build: F,
+    ) -> impl Future<Output = Result<T::Response, ClientError>> + 'a
+    where
+        F: FnMut(&T::Handle) -> T::Draft + 'a,
+    {
+        self.call(policy, build)
+    }
+
+    /// [`execute_with`](ResilientClient::execute_with), with a policy the future keeps
+    /// instead of borrowing.
     ///
     /// ```
     /// use vantage_api_pool::{CallPolicy, ResilientClient};
@@ -150,21 +163,30 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// let transport = ScriptedTransport::new(&rt);
     /// transport.default_reply(Reply::ok());
     /// let client = ResilientClient::builder(transport, rt.clone()).build()?;
-    /// // One policy for many calls, borrowed.
-    /// let shared = CallPolicy::background();
-    /// assert!(rt.block_on(client.execute_with(&shared, |http| http.get("/a")))?.is_ok());
-    /// // A policy made for each call, kept by its future: the futures can be collected
-    /// // first and awaited later.
-    /// let calls: Vec<_> = ["/b", "/c"]
+    /// // A policy made for each call: the futures are collected first, awaited later
+    /// // (`execute_with(&CallPolicy::essential(), ..)` would borrow a temporary).
+    /// let calls: Vec<_> = ["/a", "/b"]
     ///     .into_iter()
-    ///     .map(|path| client.execute_with(CallPolicy::essential(), move |http| http.get(path)))
+    ///     .map(|path| client.execute_with_owned(CallPolicy::essential(), move |http| http.get(path)))
     ///     .collect();
     /// for call in calls {
     ///     assert!(rt.block_on(call)?.is_ok());
     /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn execute_with<'a, P, F>(
+    pub fn execute_with_owned<'a, F>(
+        &'a self,
+        policy: CallPolicy,
+        build: F,
+    ) -> impl Future<Output = Result<T::Response, ClientError>> + 'a
+    where
+        F: FnMut(&T::Handle) -> T::Draft + 'a,
+    {
+        self.call(policy, build)
+    }
+
+    /// One call under a policy the future borrows or keeps.
+    fn call<'a, P, F>(
         &'a self,
         policy: P,
         build: F,
@@ -189,7 +211,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     where
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
-        self.execute_with(CallPolicy::bounded(self.shared.default_retry), build)
+        self.call(CallPolicy::bounded(self.shared.default_retry), build)
     }
 
     /// Reports something only the caller knows (rows parsed, a write acknowledged) to

@@ -371,3 +371,33 @@ fn read_body_joins_the_chunks_up_to_its_limit_and_passes_a_broken_body_on() {
     single.chunks.push_back(Ok(Bytes::new()));
     assert_eq!(read(&mut single, 6).unwrap().as_ptr(), body.as_ptr());
 }
+
+#[test]
+fn execute_with_takes_a_policy_behind_any_reference_and_execute_with_owned_keeps_one() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = w.client();
+    // A policy the caller already holds by reference, or behind an `Arc`: `execute_with`
+    // takes a `&CallPolicy`, so deref coercion applies.
+    #[allow(
+        clippy::needless_borrow,
+        reason = "a `&&CallPolicy` is the point: it must coerce, as it did before"
+    )]
+    let by_ref = |policy: &CallPolicy| {
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/ref")))
+            .unwrap()
+            .is_ok()
+    };
+    let shared = Arc::new(CallPolicy::background());
+    assert!(by_ref(&CallPolicy::background()));
+    assert!(
+        w.rt.block_on(client.execute_with(&shared, |h| h.get("/arc")))
+            .unwrap()
+            .is_ok()
+    );
+    // A policy made for the call, kept by the future past its statement.
+    let kept = client.execute_with_owned(CallPolicy::background(), |h| h.get("/owned"));
+    assert!(w.rt.block_on(kept).unwrap().is_ok());
+    let paths: Vec<_> = w.transport.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths, ["/ref", "/arc", "/owned"]);
+}
