@@ -421,10 +421,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
     /// Waits in the permit queue (the lock-free take found no permit, or callers
     /// queued), raced against the budget's end, holding the prepared request. If a
-    /// refresh brought a newer token meanwhile, and every token since the request's own
-    /// came under its header name, the request goes out with it (a token rejected
-    /// while its refresh runs is not handed out; the request then keeps its own). Returns the permit, the request and the
-    /// generation of the token it now carries.
+    /// refresh brought a newer token meanwhile, and every token since the request's
+    /// own came under its header name, the request goes out with it (a token rejected
+    /// while its refresh runs is not handed out; the request then keeps its own).
+    /// Returns the permit, the request and the generation of the token it now
+    /// carries.
     async fn wait_for_permit(
         &self,
         mut request: T::Request,
@@ -632,28 +633,24 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 },
                 Err(_elapsed) => {
                     client.transport.distrust_connection();
-                    // The end of the budget left this send less than half its
-                    // attempt timeout: the cut says nothing about the API.
+                    // The time the send was given, read off its deadline (which the
+                    // call keeps anyway; keeping `limit` too would grow every call's
+                    // future): less than the attempt timeout only when it was the rest
+                    // of the budget. Less than half, and the cut says nothing about
+                    // the API.
+                    let given = send_deadline.saturating_duration_since(started);
+                    let timeout = self.policy().attempt_timeout();
                     Sent::Failed {
                         error: TransportError::new(
                             TransportErrorKind::TimedOut,
                             "time limit reached",
                         ),
-                        // Read off the send's deadline, which the call keeps anyway
-                        // (keeping `limit` too would grow every call's future).
-                        limit: Some(
-                            if send_deadline.saturating_duration_since(started)
-                                < self.policy().attempt_timeout()
-                            {
-                                TimeLimit::Budget
-                            } else {
-                                TimeLimit::AttemptTimeout
-                            },
-                        ),
-                        cut_by_budget: self.deadline.is_some_and(|deadline| {
-                            deadline.saturating_duration_since(started)
-                                < self.policy().attempt_timeout() / 2
+                        limit: Some(if given < timeout {
+                            TimeLimit::Budget
+                        } else {
+                            TimeLimit::AttemptTimeout
                         }),
+                        cut_by_budget: given < timeout / 2,
                     }
                 }
             };

@@ -668,22 +668,29 @@ mod tests {
                 assert_eq!(generation(poll(&mut waiter)), None);
                 waiter
             };
-            let mut a = waiting();
             let waiters = || state.lock().waiters.len();
-            for gives_up in [false, true] {
-                let waker = waker_dropping(waiting());
-                let polled = a.as_mut().poll(&mut Context::from_waker(&waker));
-                assert!(polled.is_pending());
-                drop(waker);
-                assert_eq!(waiters(), 2);
-                if gives_up {
-                    drop(a);
-                    assert_eq!(waiters(), 0);
-                    break;
-                }
-                assert_eq!(generation(poll(&mut a)), None);
-                assert_eq!(waiters(), 1);
-            }
+            let mut a = waiting();
+            // Polled with a waker that holds another waiter, whose last reference the
+            // state then keeps.
+            let another = || waker_dropping(waiting());
+            // Replaced by a poll with another waker.
+            assert!(
+                a.as_mut()
+                    .poll(&mut Context::from_waker(&another()))
+                    .is_pending()
+            );
+            assert_eq!(waiters(), 2);
+            assert_eq!(generation(poll(&mut a)), None);
+            assert_eq!(waiters(), 1);
+            // Removed when A gives up.
+            assert!(
+                a.as_mut()
+                    .poll(&mut Context::from_waker(&another()))
+                    .is_pending()
+            );
+            assert_eq!(waiters(), 2);
+            drop(a);
+            assert_eq!(waiters(), 0);
             drop(fetching);
         });
     }

@@ -460,8 +460,7 @@ macro_rules! transport_impl {
             /// the permit wait reaches requests already prepared).
             fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
                 let (client, request) = draft.build_split();
-                #[cfg_attr(not(target_arch = "wasm32"), allow(unused_mut))]
-                let mut request = request.map_err(transport_error)?;
+                let request = request.map_err(transport_error)?;
                 match request.url().scheme() {
                     "http" | "https" => {}
                     _ => {
@@ -471,15 +470,8 @@ macro_rules! transport_impl {
                         ));
                     }
                 }
-                // A JavaScript timer takes at most 2^31 - 1 ms, and reqwest panics (an
-                // abort on wasm32, which ends the whole instance) on a longer request
-                // timeout: it is cut to that, 24.8 days, which is as good as none.
                 #[cfg(target_arch = "wasm32")]
-                if let Some(timeout) = request.timeout_mut()
-                    && *timeout > MAX_WASM_TIMEOUT
-                {
-                    *timeout = MAX_WASM_TIMEOUT;
-                }
+                let request = cap_wasm_timeout(request);
                 Ok(ReqwestRequest::new(client, request))
             }
 
@@ -531,6 +523,19 @@ macro_rules! transport_impl {
             }
         }
     };
+}
+
+/// A JavaScript timer takes at most 2^31 - 1 ms, and reqwest panics (an abort on
+/// wasm32, which ends the whole instance) on a longer request timeout: it is cut to
+/// [`MAX_WASM_TIMEOUT`], 24.8 days, which is as good as none.
+#[cfg(target_arch = "wasm32")]
+fn cap_wasm_timeout(mut request: reqwest::Request) -> reqwest::Request {
+    if let Some(timeout) = request.timeout_mut()
+        && *timeout > MAX_WASM_TIMEOUT
+    {
+        *timeout = MAX_WASM_TIMEOUT;
+    }
+    request
 }
 
 #[cfg(not(target_arch = "wasm32"))]
