@@ -17,7 +17,7 @@ use vantage_api_pool::{
     CallPolicy, ErrorKind, EventKind, Fanout, Jitter, ResilientClient, RetryMode, RetryPolicy,
     TimeLimit, TransportErrorKind, TransportEvent, TransportObserver,
 };
-use vantage_api_pool_testkit::Reply;
+use vantage_api_pool_testkit::{DriveError, Reply};
 
 #[test]
 fn retry_after_ms_is_honoured_to_the_millisecond_with_jitter_off() {
@@ -499,6 +499,25 @@ fn until_cancelled_keeps_going_through_1000_failures_until_dropped() {
     // Nothing after the drop.
     w.rt.run_for(secs(60)).unwrap();
     assert_eq!(w.events().len(), events.len());
+    w.assert_contract();
+}
+
+#[test]
+fn an_essential_call_to_an_api_that_stays_down_ends_the_drive_after_a_day() {
+    // The call never parks without a timer (each back-off or breaker cooldown moves
+    // the clock on), so only the driver's time limit stops it: after a day of
+    // virtual time and a few thousand sends, not millions.
+    let w = World::new();
+    w.transport.default_reply(Reply::status(503));
+    let client = w.client();
+    let outcome =
+        w.rt.block_on(client.execute_with(&CallPolicy::essential(), |h| h.get("/x")));
+    assert!(
+        matches!(outcome, Err(DriveError::TimeLimit { now, .. }) if now.since_origin() <= secs(86_400)),
+        "{outcome:?}"
+    );
+    let sent = w.transport.requests().len();
+    assert!((100..20_000).contains(&sent), "{sent} sends in a day");
     w.assert_contract();
 }
 

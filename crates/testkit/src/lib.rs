@@ -20,7 +20,9 @@
 //! When everything is parked and no timer could fire (none is pending, or only ones
 //! at `Instant::FAR_FUTURE`), the driver returns
 //! [`DriveError::Deadlock`] instead of hanging; a task that never stops waking itself
-//! ends in [`DriveError::StepLimit`].
+//! ends in [`DriveError::StepLimit`], and one that keeps waiting for the next timer
+//! (a call that retries forever) in [`DriveError::TimeLimit`] after a day of virtual
+//! time.
 //!
 //! Only this driver moves the clock. A future that waits on a `VirtualRuntime` (a
 //! call, a sleep, a scripted delay) must run inside [`VirtualRuntime::block_on`] or a
@@ -93,8 +95,8 @@ pub mod transport;
 
 pub use observer::{ContractRule, ContractViolation, RecordedEvent, RecordingObserver};
 pub use runtime::{
-    DEFAULT_SEED, DEFAULT_STEP_LIMIT, DEFAULT_WALL_CLOCK_SECS, DriveError, JoinHandle, Sleep,
-    VirtualRuntime,
+    DEFAULT_SEED, DEFAULT_STEP_LIMIT, DEFAULT_TIME_LIMIT, DEFAULT_WALL_CLOCK_SECS, DriveError,
+    JoinHandle, Sleep, VirtualRuntime,
 };
 pub use transport::{
     RecordedRequest, Reply, ScriptedHttp, ScriptedRequest, ScriptedRequestBuilder,

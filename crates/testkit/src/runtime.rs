@@ -77,15 +77,34 @@ pub const DEFAULT_SEED: u64 = 0x7E57_C10C_5EED_0001;
 
 /// The default of [`VirtualRuntime::with_step_limit`]: polls per driver call.
 ///
-/// At roughly 50 ns a poll, a runaway task is stopped within a few seconds; a
-/// benchmark that drives millions of calls in one `block_on` raises it.
+/// A poll costs from well under a microsecond (a task that only wakes itself) to a
+/// few microseconds (a client call in a debug build), so a task that wakes itself
+/// forever is stopped within seconds. A benchmark that drives hundreds of thousands
+/// of calls in one `block_on` raises it.
 ///
 /// ```
 /// use vantage_api_pool_testkit::{DEFAULT_STEP_LIMIT, VirtualRuntime};
 /// let bench = VirtualRuntime::new().with_step_limit(u64::MAX);
 /// # let _ = (bench, DEFAULT_STEP_LIMIT);
 /// ```
-pub const DEFAULT_STEP_LIMIT: u64 = 100_000_000;
+pub const DEFAULT_STEP_LIMIT: u64 = 10_000_000;
+
+/// The default of [`VirtualRuntime::with_time_limit`]: one day of virtual time per
+/// [`block_on`](VirtualRuntime::block_on) or [`run`](VirtualRuntime::run).
+///
+/// A call that retries forever against an API that stays down (an `essential()`
+/// call, say) never parks without a timer: each back-off moves the clock on. One day
+/// of that is a few thousand sends, over in milliseconds, instead of a test that runs
+/// for minutes and records millions of events before the step limit stops it.
+///
+/// ```
+/// use std::time::Duration;
+/// use vantage_api_pool_testkit::{DEFAULT_TIME_LIMIT, VirtualRuntime};
+/// assert_eq!(DEFAULT_TIME_LIMIT, Duration::from_secs(24 * 60 * 60));
+/// let a_month_of_token_refreshes = VirtualRuntime::new().with_time_limit(Duration::from_secs(31 * 86_400));
+/// # let _ = a_month_of_token_refreshes;
+/// ```
+pub const DEFAULT_TIME_LIMIT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The wall clock a new runtime reports: 2026-01-01T00:00:00Z.
 ///
@@ -97,6 +116,11 @@ pub const DEFAULT_STEP_LIMIT: u64 = 100_000_000;
 /// assert_eq!(vantage_api_pool_testkit::VirtualRuntime::new().wall_clock(), start);
 /// ```
 pub const DEFAULT_WALL_CLOCK_SECS: u64 = 1_767_225_600;
+
+/// `duration` in nanoseconds, or `u64::MAX` (no limit) if it does not fit.
+fn nanos_or_max(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// `Shared::now_nanos` when the time must be read under the lock.
 const NOW_IN_CLOCK: u64 = u64::MAX;
@@ -159,6 +183,8 @@ struct Shared {
     rng: AtomicU64,
     seed: AtomicU64,
     step_limit: AtomicU64,
+    /// [`VirtualRuntime::with_time_limit`] in nanoseconds (`u64::MAX`: none).
+    time_limit_nanos: AtomicU64,
     driving: AtomicBool,
     home: OnceLock<ThreadId>,
     main_generation: AtomicU32,
@@ -394,6 +420,7 @@ impl VirtualRuntime {
                 rng: AtomicU64::new(DEFAULT_SEED),
                 seed: AtomicU64::new(DEFAULT_SEED),
                 step_limit: AtomicU64::new(DEFAULT_STEP_LIMIT),
+                time_limit_nanos: AtomicU64::new(nanos_or_max(DEFAULT_TIME_LIMIT)),
                 driving: AtomicBool::new(false),
                 home: OnceLock::new(),
                 main_generation: AtomicU32::new(0),
@@ -455,6 +482,43 @@ impl VirtualRuntime {
         self.shared
             .step_limit
             .store(polls.max(1), Ordering::Relaxed);
+        self
+    }
+
+    /// Sets how far one [`block_on`](VirtualRuntime::block_on) or
+    /// [`run`](VirtualRuntime::run) may move the virtual clock (default
+    /// [`DEFAULT_TIME_LIMIT`], one day): when the next timer lies further than `limit`
+    /// past where the clock stood as the call began, the call stops with
+    /// [`DriveError::TimeLimit`] and leaves the clock where it is. That is the guard
+    /// against a call that keeps retrying forever, which the step limit would stop only
+    /// after millions of sends. [`Duration::MAX`] removes the limit.
+    /// [`run_until`](VirtualRuntime::run_until) and
+    /// [`run_for`](VirtualRuntime::run_for) name their own end and are not limited.
+    /// Affects every clone.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool_testkit::{DriveError, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new().with_time_limit(Duration::from_secs(60));
+    /// // A loop that never ends, but waits between turns...
+    /// let task_rt = rt.clone();
+    /// let err = rt.block_on(async move {
+    ///     loop {
+    ///         task_rt.sleep(Duration::from_secs(7)).await;
+    ///     }
+    /// });
+    /// // ...is stopped at the last timer within the minute.
+    /// match err {
+    ///     Err(DriveError::TimeLimit { now, .. }) => assert_eq!(now.since_origin(), Duration::from_secs(56)),
+    ///     other => panic!("expected a time limit, got {other:?}"),
+    /// }
+    /// ```
+    #[must_use]
+    pub fn with_time_limit(self, limit: Duration) -> Self {
+        self.shared
+            .time_limit_nanos
+            .store(nanos_or_max(limit), Ordering::Relaxed);
         self
     }
 
@@ -749,7 +813,7 @@ impl VirtualRuntime {
                 return Fired::Nothing;
             }
             if limit.is_some_and(|limit| deadline > limit) {
-                return Fired::Nothing;
+                return Fired::Beyond;
             }
             self.move_clock(&mut clock, deadline, wakers);
         }
@@ -905,6 +969,8 @@ impl VirtualRuntime {
     ///   timer could fire (none is pending, or only ones at [`Instant::FAR_FUTURE`]),
     ///   so nothing could ever happen again.
     /// * [`DriveError::StepLimit`]: more polls than the step limit.
+    /// * [`DriveError::TimeLimit`]: the next timer lies further than the time limit
+    ///   ahead of where the clock stood as the call began.
     /// * [`DriveError::AlreadyDriving`]: called from inside a task, or while another
     ///   thread drives this runtime.
     /// * [`DriveError::WrongThread`]: this runtime's tasks live on another thread.
@@ -1087,9 +1153,17 @@ impl VirtualRuntime {
             keys: VecDeque::new(),
         };
         let mut wakers: Vec<Waker> = Vec::new();
+        // The clock moves no further than `until`'s own end, or for a call that has
+        // none (block_on, run), than the time limit past where it stands now.
         let time_limit = match until {
             Until::Time(t) => Some(t),
-            _ => None,
+            Until::Idle => None,
+            Until::MainDone | Until::AllTasksDone => {
+                match shared.time_limit_nanos.load(Ordering::Relaxed) {
+                    u64::MAX => None,
+                    nanos => Some(self.now().saturating_add(Duration::from_nanos(nanos))),
+                }
+            }
         };
 
         loop {
@@ -1107,7 +1181,8 @@ impl VirtualRuntime {
                 if matches!(until, Until::Idle) {
                     return Ok(());
                 }
-                if let Fired::Some = self.fire_next(time_limit, &mut wakers) {
+                let fired = self.fire_next(time_limit, &mut wakers);
+                if let Fired::Some = fired {
                     continue;
                 }
                 if let Until::Time(t) = until {
@@ -1122,6 +1197,13 @@ impl VirtualRuntime {
                 }
                 if !shared.queue.is_empty() {
                     continue; // woken from another thread just now
+                }
+                if let Fired::Beyond = fired {
+                    let nanos = shared.time_limit_nanos.load(Ordering::Relaxed);
+                    return Err(DriveError::TimeLimit {
+                        limit: Duration::from_nanos(nanos),
+                        now: self.now(),
+                    });
                 }
                 let live = executor
                     .as_ref()
@@ -1232,8 +1314,12 @@ impl SendRuntime for VirtualRuntime {
 }
 
 enum Fired {
+    /// A timer fired: the clock moved to it.
     Some,
+    /// No timer could ever fire (none, or only ones at `FAR_FUTURE`).
     Nothing,
+    /// The next timer lies past the limit given.
+    Beyond,
 }
 
 #[derive(Clone, Copy)]
@@ -1469,6 +1555,16 @@ pub enum DriveError {
         /// The virtual time at which it stopped.
         now: Instant,
     },
+    /// The next timer lies further than the time limit
+    /// ([`VirtualRuntime::with_time_limit`]) past where the clock stood when the
+    /// driver call began: probably a call that retries forever. The clock is left at
+    /// `now`; the tasks stay as they were, and another driver call goes on from there.
+    TimeLimit {
+        /// The limit reached.
+        limit: Duration,
+        /// The virtual time at which it stopped.
+        now: Instant,
+    },
     /// The runtime is already being driven: a driver call from inside a task, or
     /// from a second thread at the same time.
     AlreadyDriving,
@@ -1506,6 +1602,12 @@ impl fmt::Display for DriveError {
                 f,
                 "step limit of {limit} polls reached at +{:?} without finishing \
                  (a task that wakes itself forever? raise it with VirtualRuntime::with_step_limit)",
+                now.since_origin()
+            ),
+            DriveError::TimeLimit { limit, now } => write!(
+                f,
+                "time limit of {limit:?} reached at +{:?}: the next timer lies beyond it \
+                 (a call that retries forever? raise it with VirtualRuntime::with_time_limit)",
                 now.since_origin()
             ),
             DriveError::AlreadyDriving => f.write_str(

@@ -249,6 +249,90 @@ fn step_limit_stops_a_task_that_wakes_itself_forever() {
 }
 
 #[test]
+fn time_limit_stops_a_task_that_keeps_waiting_for_the_next_timer() {
+    // With the default limit, a loop of one-hour sleeps stops after a day.
+    let rt = VirtualRuntime::new();
+    let ticker = rt.clone();
+    let turns = Rc::new(Cell::new(0u32));
+    let counted = Rc::clone(&turns);
+    let _ticker = rt.spawn(async move {
+        loop {
+            ticker.sleep(Duration::from_secs(3600)).await;
+            counted.set(counted.get() + 1);
+        }
+    });
+    let err = rt.run().unwrap_err();
+    let day = Instant::ORIGIN + vantage_api_pool_testkit::DEFAULT_TIME_LIMIT;
+    assert_eq!(
+        err,
+        DriveError::TimeLimit {
+            limit: Duration::from_secs(86_400),
+            now: day
+        }
+    );
+    assert_eq!(turns.get(), 24);
+    assert_eq!(
+        rt.now(),
+        day,
+        "the clock stays at the last timer within the limit"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("time limit of 86400s reached at +86400s: the next timer lies beyond it")
+    );
+    // The limit counts from where each driver call begins: the next run gets a day.
+    assert!(matches!(rt.run(), Err(DriveError::TimeLimit { .. })));
+    assert_eq!(turns.get(), 48);
+}
+
+#[test]
+fn time_limit_applies_to_block_on_and_can_be_raised_or_removed() {
+    let rt = VirtualRuntime::new().with_time_limit(Duration::from_secs(10));
+    let sleeper = rt.clone();
+    let long = async move { sleeper.sleep(Duration::from_secs(11)).await };
+    let mut long = Box::pin(long);
+    assert_eq!(
+        rt.block_on(long.as_mut()),
+        Err(DriveError::TimeLimit {
+            limit: Duration::from_secs(10),
+            now: Instant::ORIGIN
+        })
+    );
+    // A timer exactly at the limit still fires.
+    let rt = rt.with_time_limit(Duration::from_secs(11));
+    rt.block_on(long.as_mut()).unwrap();
+    assert_eq!(rt.elapsed(), Duration::from_secs(11));
+    // Duration::MAX removes the limit.
+    let rt = rt.with_time_limit(Duration::MAX);
+    rt.block_on(rt.sleep(Duration::from_secs(400 * 86_400)))
+        .unwrap();
+    assert_eq!(rt.elapsed(), Duration::from_secs(400 * 86_400 + 11));
+}
+
+#[test]
+fn run_until_and_run_for_are_not_held_by_the_time_limit() {
+    let rt = VirtualRuntime::new().with_time_limit(Duration::from_secs(1));
+    let ticks = Rc::new(Cell::new(0u32));
+    let (ticker, counted) = (rt.clone(), Rc::clone(&ticks));
+    let _ticker = rt.spawn(async move {
+        loop {
+            ticker.sleep(Duration::from_secs(60)).await;
+            counted.set(counted.get() + 1);
+        }
+    });
+    rt.run_for(Duration::from_secs(600)).unwrap();
+    assert_eq!(ticks.get(), 10);
+    rt.run_until(at(3_600_000)).unwrap();
+    assert_eq!(ticks.get(), 60);
+    // A task still parked with nothing due is a deadlock, not a time limit.
+    let stuck = VirtualRuntime::new().with_time_limit(Duration::from_secs(1));
+    assert!(matches!(
+        stuck.block_on(std::future::pending::<()>()),
+        Err(DriveError::Deadlock { .. })
+    ));
+}
+
+#[test]
 fn after_a_step_limit_the_remaining_work_is_kept() {
     let rt = VirtualRuntime::new().with_step_limit(3);
     let handles: Vec<_> = (0..5).map(|i| rt.spawn(async move { i })).collect();
@@ -1028,7 +1112,7 @@ fn an_awaited_handle_whose_task_abort_all_drops_panics_instead_of_deadlocking() 
 
 #[test]
 fn the_driver_reaches_the_last_instant_before_far_future() {
-    let rt = VirtualRuntime::new();
+    let rt = VirtualRuntime::new().with_time_limit(Duration::MAX);
     let last = Instant::from_nanos(u64::MAX - 1);
     rt.block_on(rt.sleep_until(last)).unwrap();
     assert_eq!(rt.now(), last);
