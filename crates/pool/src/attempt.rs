@@ -847,7 +847,13 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             Action::Retry if self.policy().retry().allows_retry(self.retries) => {
                 let delay = self.retry_delay(server_wait);
                 let wake = ended.saturating_add(delay);
-                if self.deadline.is_some_and(|deadline| wake >= deadline) {
+                // The retry cannot start before its wake-up, nor before the bucket's
+                // next token, which other callers can only push later.
+                let starts = match &self.client.bucket {
+                    Some(bucket) => wake.max(bucket.next_token_at()),
+                    None => wake,
+                };
+                if self.deadline.is_some_and(|deadline| starts >= deadline) {
                     return Next::Return(error);
                 }
                 let next = attempt.saturating_add(1);

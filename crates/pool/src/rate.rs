@@ -150,6 +150,28 @@ impl TokenBucket {
         self.limit
     }
 
+    /// The earliest instant at which [`try_take`](TokenBucket::try_take) could
+    /// succeed, if nobody takes a token first ([`Instant::ORIGIN`] while the bucket
+    /// has never been drained). Taking only ever moves it later, so a caller that
+    /// needs a token before some deadline knows it cannot have one when this is past
+    /// the deadline.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool::Instant;
+    /// use vantage_api_pool::rate::{RateLimit, TokenBucket};
+    ///
+    /// let bucket = TokenBucket::new(RateLimit::with_burst(2.0, 1)?);
+    /// assert_eq!(bucket.next_token_at(), Instant::ORIGIN);
+    /// bucket.try_take(Instant::ORIGIN).unwrap();
+    /// assert_eq!(bucket.next_token_at(), Instant::ORIGIN + Duration::from_millis(500));
+    /// # Ok::<(), vantage_api_pool::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn next_token_at(&self) -> Instant {
+        Instant::from_nanos(self.tat.load(Ordering::Acquire)).saturating_sub(self.tolerance)
+    }
+
     /// Takes one token at `now`, or says how long until one is due.
     pub fn try_take(&self, now: Instant) -> Result<(), Duration> {
         let mut tat = self.tat.load(Ordering::Acquire);
@@ -217,6 +239,25 @@ mod tests {
             .sum();
         assert_eq!(taken, 1000);
         assert_eq!(b.try_take(at_ms(0)), Err(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn next_token_at_is_when_try_take_first_succeeds() {
+        let b = TokenBucket::new(RateLimit::with_burst(10.0, 3).unwrap());
+        for _ in 0..3 {
+            assert!(b.next_token_at() <= at_ms(0));
+            assert_eq!(b.try_take(at_ms(0)), Ok(()));
+        }
+        assert_eq!(b.next_token_at(), at_ms(100));
+        assert_eq!(b.try_take(at_ms(99)), Err(Duration::from_millis(1)));
+        assert_eq!(b.try_take(at_ms(100)), Ok(()));
+        assert_eq!(b.next_token_at(), at_ms(200));
+        // After a quiet spell the bucket refills, and the instant lies in the past.
+        assert!(b.next_token_at() <= at_ms(5_000));
+        for _ in 0..3 {
+            assert_eq!(b.try_take(at_ms(5_000)), Ok(()));
+        }
+        assert_eq!(b.next_token_at(), at_ms(5_100));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use vantage_api_pool::{
     CallPolicy, ErrorKind, EventKind, Fanout, Jitter, ResilientClient, RetryMode, RetryPolicy,
     TimeLimit, TransportErrorKind, TransportEvent, TransportObserver,
 };
-use vantage_api_pool_testkit::{DriveError, Reply};
+use vantage_api_pool_testkit::{DriveError, Reply, VirtualRuntime};
 
 #[test]
 fn retry_after_ms_is_honoured_to_the_millisecond_with_jitter_off() {
@@ -1175,4 +1175,115 @@ fn a_retry_due_exactly_at_the_end_of_the_budget_is_not_slept_for() {
     assert_eq!(w.now(), ms(0), "no sleep into the budget's end");
     assert!(scheduled(&w.events()).is_empty());
     w.assert_contract();
+}
+
+/// An observer that takes 5 s (virtual) on every `Started`.
+struct SlowOnStart(VirtualRuntime);
+
+impl TransportObserver for SlowOnStart {
+    fn on_event(&self, _api: &str, event: &TransportEvent) {
+        if matches!(event.kind, EventKind::Started { .. }) {
+            self.0.advance(secs(5));
+        }
+    }
+}
+
+/// DESIGN: "An attempt's time limit is the smaller of its timeout and the budget
+/// left"; ARCHITECTURE: "no call outlives its budget". A slow `Started` callback eats
+/// budget, so the send gets only what is left after it.
+#[test]
+fn a_slow_started_callback_shortens_a_budget_limited_send() {
+    let w = World::new();
+    w.transport.push(Reply::stall());
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", Arc::new(SlowOnStart(w.rt.clone())))
+        .build()
+        .unwrap();
+    let policy = CallPolicy::background()
+        .with_time_limits(secs(10), Some(secs(10)))
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(w.now(), secs(10), "the call outlived its 10 s budget");
+}
+
+/// DESIGN, "running out of time": "Before a retry sleep, if the next attempt could
+/// not start before the budget ends, the call returns the last attempt's error at
+/// once without sleeping." One rate token a minute: after the 503 at 0 s the next
+/// token is due at 60 s, past the 30 s budget, so the next attempt cannot start.
+#[test]
+fn a_retry_that_the_rate_bucket_cannot_serve_inside_the_budget_is_not_slept_for() {
+    let w = World::new();
+    w.transport.push(Reply::status(503).body("down"));
+    let client = w
+        .builder()
+        .rate_limit_with_burst(1.0 / 60.0, 1)
+        .build()
+        .unwrap();
+    let policy = bounded_within(3, secs(1), secs(10), secs(30));
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        (err.kind_name(), err.status().map(|s| s.as_u16()), w.now()),
+        ("status", Some(503), secs(0)),
+        "events: {:?}",
+        w.kinds()
+    );
+    // No retry was announced, as none could go out.
+    assert_eq!(w.kinds(), ["started", "failed"]);
+    assert_eq!(err.attempts(), 1);
+    w.assert_contract();
+}
+
+#[test]
+fn a_retry_whose_rate_token_comes_inside_the_budget_is_slept_for() {
+    // The same bucket with a budget that reaches the next token: the retry waits
+    // for it and goes out at 60 s.
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.push(Reply::ok());
+    let client = w
+        .builder()
+        .rate_limit_with_burst(1.0 / 60.0, 1)
+        .build()
+        .unwrap();
+    let policy = bounded_within(3, secs(1), secs(10), secs(61));
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(0), secs(60)]);
+    w.assert_contract();
+}
+
+/// README: "Jitter is added after the ceiling, so with the default a sleep can reach
+/// 1.25 x max." A Retry-After of 120 s under a 10 s ceiling, default jitter.
+#[test]
+fn jitter_is_added_after_the_ceiling() {
+    let mut longest = Duration::ZERO;
+    for seed in 0..20 {
+        let w = World::new();
+        let rt = w.rt.clone().with_seed(seed);
+        w.transport
+            .push(Reply::status(429).header("retry-after", "120"));
+        w.transport.push(Reply::ok());
+        let client = w.client();
+        let policy = CallPolicy::bounded(RetryPolicy::default())
+            .with_budget(None)
+            .unwrap();
+        rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+        let after = scheduled(&w.events())[0];
+        assert!(after >= secs(10) && after <= ms(12_500), "{after:?}");
+        longest = longest.max(after);
+    }
+    assert!(
+        longest > secs(11),
+        "jitter never went past the ceiling: {longest:?}"
+    );
 }

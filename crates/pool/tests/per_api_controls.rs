@@ -7,18 +7,19 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
+use futures::FutureExt;
 use http::{HeaderValue, StatusCode, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, SharedAuthError, token_fn};
 use vantage_api_pool::{
-    BreakerMode, BreakerState, CallPolicy, ErrorKind, EventKind, RetryMode, TimeLimit,
-    TransportEvent,
+    BreakerMode, BreakerState, CallPolicy, ErrorKind, EventKind, ResilientClient, RetryMode,
+    TimeLimit, TransportEvent, TransportObserver,
 };
-use vantage_api_pool_testkit::{Reply, VirtualRuntime};
+use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
 
 fn opened(events: &[TransportEvent]) -> Vec<Duration> {
     events
@@ -1777,4 +1778,167 @@ fn a_send_cut_with_exactly_half_its_timeout_left_counts_against_the_breaker() {
     assert_eq!(w.sent_at(), [ms(0), secs(1)]);
     assert_eq!(opened(&w.events()), [secs(5)], "{:?}", w.kinds());
     w.assert_contract();
+}
+
+/// Seed 000: "While a probe is in flight every other caller sees OpenFor(5 ms) and
+/// re-checks." A waiting caller must go out on the first 5 ms re-check after the
+/// probe closes the breaker.
+#[test]
+fn a_waiting_caller_rechecks_every_5_ms_while_the_probe_is_in_flight() {
+    let w = World::new();
+    w.transport.push(Reply::status(503)); // opens (threshold 1) at 0 for 1 s
+    w.transport.push(Reply::ok().after(ms(12))); // the probe: 1.000 -> 1.012
+    w.transport.push(Reply::ok()); // the waiter
+    let client = w.builder().breaker(1, secs(1), secs(8)).build().unwrap();
+    let _ = w.background_error(&client);
+    let a = w.spawn_call(&client, forever(ms(100)), "/a");
+    let b = w.spawn_call(&client, forever(ms(100)), "/b");
+    w.rt.run().unwrap();
+    assert!(a.is_finished() && b.is_finished());
+    assert_eq!(w.sent_at(), [ms(0), ms(1000), ms(1015)]);
+    w.assert_contract();
+}
+
+type C = ResilientClient<ScriptedTransport, VirtualRuntime>;
+
+/// Records `breaker_state()` as each terminal event is heard, and, on a terminal
+/// event, whether a fail-fast call made right then would be refused with
+/// `BreakerOpen` (i.e. whether the probe slot is still held).
+struct Watcher {
+    client: Mutex<Option<C>>,
+    nesting: AtomicBool,
+    probe_nested: AtomicBool,
+    seen: Mutex<Vec<(&'static str, BreakerState, Option<ErrorKind>)>>,
+}
+
+impl Watcher {
+    fn new(probe_nested: bool) -> Arc<Self> {
+        Arc::new(Watcher {
+            client: Mutex::new(None),
+            nesting: AtomicBool::new(false),
+            probe_nested: AtomicBool::new(probe_nested),
+            seen: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+impl TransportObserver for Watcher {
+    fn on_event(&self, _api: &str, event: &TransportEvent) {
+        if !event.kind.is_terminal() || self.nesting.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(client) = self.client.lock().unwrap().clone() else {
+            return;
+        };
+        let state = client.breaker_state();
+        let mut nested = None;
+        if self.probe_nested.load(Ordering::SeqCst) {
+            self.nesting.store(true, Ordering::SeqCst);
+            // Polled once: refused at the gate (Some(Err(BreakerOpen))) only if the
+            // probe slot is still held.
+            let r = client
+                .execute_with(&CallPolicy::background(), |h| h.get("/nested"))
+                .now_or_never();
+            self.nesting.store(false, Ordering::SeqCst);
+            nested = match r {
+                Some(Err(e)) => Some(e.kind()),
+                _ => None,
+            };
+        }
+        self.seen
+            .lock()
+            .unwrap()
+            .push((event.kind.name(), state, nested));
+    }
+}
+
+/// Seed 000, `record`: "Tell the breaker what the attempt proved, release the probe
+/// slot, then report the terminal event and any breaker transition, in that order."
+#[test]
+fn the_breaker_is_told_before_the_terminal_event_is_reported() {
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.push(Reply::ok());
+    let watcher = Watcher::new(false);
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", watcher.clone())
+        .breaker(1, secs(1), secs(8))
+        .build()
+        .unwrap();
+    *watcher.client.lock().unwrap() = Some(client.clone());
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap();
+    w.rt.advance(secs(1));
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap();
+    let seen = watcher.seen.lock().unwrap().clone();
+    watcher.client.lock().unwrap().take();
+    assert_eq!(
+        seen,
+        [
+            ("failed", BreakerState::Open { until: at(secs(1)) }, None),
+            ("succeeded", BreakerState::Closed, None),
+        ]
+    );
+}
+
+/// Seed 000, observer contract: "The probe slot is released before any callback
+/// runs." A prober dropped mid-send: when `Cancelled` is heard the slot is free.
+#[test]
+fn the_probe_slot_is_free_when_cancelled_is_heard() {
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.push(Reply::stall());
+    w.transport.default_reply(Reply::ok());
+    let watcher = Watcher::new(true);
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", watcher.clone())
+        .breaker(1, secs(1), secs(8))
+        .build()
+        .unwrap();
+    *watcher.client.lock().unwrap() = Some(client.clone());
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap();
+    w.rt.advance(secs(1));
+    let prober = w.spawn_call(&client, CallPolicy::background(), "/probe");
+    w.rt.run_until(at(secs(2))).unwrap();
+    prober.abort();
+    let seen = watcher.seen.lock().unwrap().clone();
+    watcher.client.lock().unwrap().take();
+    let at_cancel = seen.iter().find(|s| s.0 == "cancelled").expect("cancelled");
+    assert_ne!(at_cancel.2, Some(ErrorKind::BreakerOpen), "{seen:?}");
+}
+
+/// Same rule on a refusal path: the probe's draft cannot be prepared; when its
+/// synthetic `Failed` is heard the slot is free.
+#[test]
+fn the_probe_slot_is_free_when_a_refused_probes_failed_is_heard() {
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.default_reply(Reply::ok());
+    let watcher = Watcher::new(false);
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", watcher.clone())
+        .breaker(1, secs(1), secs(8))
+        .build()
+        .unwrap();
+    *watcher.client.lock().unwrap() = Some(client.clone());
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap();
+    w.rt.advance(secs(1));
+    watcher.probe_nested.store(true, Ordering::SeqCst);
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/p").invalid()))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind_name(), "transport");
+    let seen = watcher.seen.lock().unwrap().clone();
+    watcher.client.lock().unwrap().take();
+    let last = seen.last().expect("an event");
+    assert_eq!(last.0, "failed");
+    assert_ne!(last.2, Some(ErrorKind::BreakerOpen), "{seen:?}");
 }
