@@ -25,6 +25,8 @@
 //! | `RetryWhileInFlight` | `RetryScheduled` comes only while no send of the call is in flight |
 //! | `RetryNotAfterFailure` | `RetryScheduled` comes right after a sent `Failed` of the call (not a second time, and never after a 401, which is replayed at once or final) |
 //! | `RetryUnannounced` | a `Started` with the next attempt after a `Failed` comes after its `RetryScheduled`, unless that `Failed` was a 401 (a replay after a token refresh) |
+//! | `SecondReplay` | a call replays a 401 at most once (its first; a later 401 is final) |
+//! | `TooManyRedials` | a call redials at most [`MAX_REDIALS`](vantage_api_pool::classify::MAX_REDIALS) times (a later `NotSent` is taken as `Interrupted`) |
 //! | `UnsentFailureWithTime` | a `Failed` with `sent: false` (a send refused before it went out) reports `ms: 0` |
 //! | `EventAfterCallEnded` | after a call's `Succeeded`, `Cancelled` or `Failed` with `sent: false` (which always ends the call), no per-send event or `RetryScheduled` of that call |
 //! | `TransitionNotAfterTerminal` | `BreakerOpened` and `BreakerClosed` carry the call whose send caused them and come right after that send's `Succeeded` or sent `Failed` (no event of the call between), one per send |
@@ -57,6 +59,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use http::StatusCode;
+use vantage_api_pool::classify::MAX_REDIALS;
 use vantage_api_pool::{
     CallId, ErrorKind, EventKind, Instant, TransportErrorKind, TransportEvent, TransportObserver,
 };
@@ -380,6 +383,10 @@ pub enum ContractRule {
     RetryNotAfterFailure,
     /// A retry's `Started` without the `RetryScheduled` that announces it.
     RetryUnannounced,
+    /// A second `Started` of a call that replays a 401 without announcing a retry.
+    SecondReplay,
+    /// A `Redialing` past the call's free redials.
+    TooManyRedials,
     /// A `Failed` with `sent: false` that reports time spent sending.
     UnsentFailureWithTime,
     /// A per-send event or `RetryScheduled` after the call's `Succeeded`, `Cancelled`
@@ -437,6 +444,8 @@ impl ContractRule {
             ContractRule::RetryUnannounced => {
                 "a retry starts after its RetryScheduled (only a 401 replay needs none)"
             }
+            ContractRule::SecondReplay => "a call replays a 401 at most once",
+            ContractRule::TooManyRedials => "a call redials at most twice",
             ContractRule::UnsentFailureWithTime => "a Failed with sent: false reports ms 0",
             ContractRule::EventAfterCallEnded => {
                 "nothing is sent or scheduled for a call after its Succeeded, Cancelled or unsent Failed"
@@ -557,6 +566,10 @@ struct CallState {
     retry_announced: bool,
     /// A `Redialing` waiting for its `Started`: (send, attempt).
     redial: Option<(u32, u32)>,
+    /// `Redialing` events so far.
+    redials: u32,
+    /// A 401 was replayed.
+    replayed: bool,
     /// The call ended: `Succeeded`, `Cancelled` or an unsent `Failed`.
     ended: bool,
     /// The call's last event was a `Succeeded` or a sent `Failed`, with no breaker
@@ -657,12 +670,13 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
                 }
                 // Not a redial and not the first send: the previous send failed, and
                 // this is its retry (or the replay after a 401).
-                if send > 1
-                    && expected != state.last_attempt
-                    && !state.retry_announced
-                    && !state.last_failed.is_some_and(|failed| failed.unauthorized)
-                {
-                    return Err(violation(ContractRule::RetryUnannounced));
+                if send > 1 && expected != state.last_attempt && !state.retry_announced {
+                    if !state.last_failed.is_some_and(|failed| failed.unauthorized) {
+                        return Err(violation(ContractRule::RetryUnannounced));
+                    }
+                    if std::mem::replace(&mut state.replayed, true) {
+                        return Err(violation(ContractRule::SecondReplay));
+                    }
                 }
                 state.last_send = send;
                 state.last_attempt = attempt;
@@ -726,6 +740,10 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
                         }
                     }
                     _ => return Err(violation(ContractRule::RedialNotAfterFailure)),
+                }
+                state.redials = state.redials.saturating_add(1);
+                if state.redials > MAX_REDIALS {
+                    return Err(violation(ContractRule::TooManyRedials));
                 }
                 state.last_failed = None;
                 state.redial = Some((send, attempt));

@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+use vantage_api_pool::{
+    CallId, EventKind, Instant, TransportErrorKind, TransportEvent, TransportObserver,
+};
 use vantage_api_pool_testkit::{ContractRule, RecordingObserver, Reply};
 
 fn at(ms: u64) -> Instant {
@@ -453,6 +455,108 @@ fn a_401_replay_needs_no_announcement_and_gets_none() {
     assert_eq!(
         first_violation(timed(announced)),
         (ContractRule::RetryNotAfterFailure, 2, None)
+    );
+}
+
+/// `kind` (a per-send event) with another send and attempt number.
+fn renumber(kind: &EventKind, new_send: u32, new_attempt: u32) -> EventKind {
+    let mut kind = kind.clone();
+    match &mut kind {
+        EventKind::Started { send, attempt }
+        | EventKind::Succeeded { send, attempt, .. }
+        | EventKind::Failed { send, attempt, .. }
+        | EventKind::Cancelled { send, attempt }
+        | EventKind::Redialing { send, attempt } => {
+            (*send, *attempt) = (new_send, new_attempt);
+        }
+        other => panic!("not a per-send event: {other:?}"),
+    }
+    kind
+}
+
+#[test]
+fn a_call_replays_one_401_at_most() {
+    // A real call: started, failed (401), started (the replay), succeeded.
+    let real = recorded(&[Reply::status(401)], true);
+    let (failed_401, succeeded) = (&real[1], &real[3]);
+    let replays = |n: u32| {
+        let mut events = Vec::new();
+        for send in 1..=n {
+            events.push(started(send, send));
+            events.push(renumber(failed_401, send, send));
+        }
+        events.push(started(n + 1, n + 1));
+        events.push(renumber(succeeded, n + 1, n + 1));
+        timed(events)
+    };
+    assert!(observe(replays(1)).check_contract().is_ok());
+    // A second 401 in the call is final: a send after it breaks the rule.
+    assert_eq!(
+        first_violation(replays(2)),
+        (ContractRule::SecondReplay, 4, Some(3))
+    );
+    // Also when a retry came between the two 401s.
+    let mut events = vec![started(1, 1), renumber(failed_401, 1, 1), started(2, 2)];
+    let failed_503 = recorded(&[Reply::status(503)], false)[1].clone();
+    events.push(renumber(&failed_503, 2, 2));
+    events.push(retry(3));
+    events.push(started(3, 3));
+    events.push(renumber(failed_401, 3, 3));
+    events.push(started(4, 4));
+    assert_eq!(
+        first_violation(timed(events)),
+        (ContractRule::SecondReplay, 7, Some(4))
+    );
+}
+
+#[test]
+fn a_call_redials_twice_at_most() {
+    // A real call: started, failed (NotSent), redialing, started, succeeded.
+    let real = recorded(&[Reply::fail(TransportErrorKind::NotSent, "stale")], false);
+    assert_eq!(
+        real.iter().map(EventKind::name).collect::<Vec<_>>(),
+        ["started", "failed", "redialing", "started", "succeeded"]
+    );
+    let not_sent = &real[1];
+    let redials = |n: u32| {
+        let mut events = vec![started(1, 1), renumber(not_sent, 1, 1)];
+        for send in 2..=n + 1 {
+            events.push(EventKind::Redialing { send, attempt: 1 });
+            events.push(started(send, 1));
+            events.push(renumber(not_sent, send, 1));
+        }
+        timed(events)
+    };
+    assert_eq!(vantage_api_pool::classify::MAX_REDIALS, 2);
+    assert!(observe(redials(2)).check_contract().is_ok());
+    assert_eq!(
+        first_violation(redials(3)),
+        (ContractRule::TooManyRedials, 8, Some(4))
+    );
+    // The pool keeps it: three NotSent in a row make two redials, then a retry.
+    let real = recorded(
+        &[
+            Reply::fail(TransportErrorKind::NotSent, "stale"),
+            Reply::fail(TransportErrorKind::NotSent, "stale"),
+            Reply::fail(TransportErrorKind::NotSent, "stale"),
+        ],
+        false,
+    );
+    assert_eq!(
+        real.iter().map(EventKind::name).collect::<Vec<_>>(),
+        [
+            "started",
+            "failed",
+            "redialing",
+            "started",
+            "failed",
+            "redialing",
+            "started",
+            "failed",
+            "retry_scheduled",
+            "started",
+            "succeeded"
+        ]
     );
 }
 
