@@ -844,70 +844,17 @@ fn an_error_body_cut_by_a_stall_inside_a_character_drops_that_character() {
     assert_eq!(err.body_text().unwrap(), "aaaa");
 }
 
-/// The scripted transport whose error bodies break after their first chunk, as a
-/// connection reset mid-body would.
-struct BodyBreaks(vantage_api_pool_testkit::ScriptedTransport);
-
-#[derive(Debug)]
-struct BreakingBody {
-    inner: vantage_api_pool_testkit::ScriptedResponse,
-    chunks: u32,
-}
-
-impl vantage_api_pool::TransportResponse for BreakingBody {
-    fn status(&self) -> StatusCode {
-        vantage_api_pool::TransportResponse::status(&self.inner)
-    }
-    fn headers(&self) -> &http::HeaderMap {
-        vantage_api_pool::TransportResponse::headers(&self.inner)
-    }
-    async fn chunk(
-        &mut self,
-    ) -> Result<Option<vantage_api_pool::bytes::Bytes>, vantage_api_pool::TransportError> {
-        self.chunks += 1;
-        if self.chunks > 1 {
-            return Err(vantage_api_pool::TransportError::new(
-                TransportErrorKind::Interrupted,
-                "connection reset",
-            ));
-        }
-        vantage_api_pool::TransportResponse::chunk(&mut self.inner).await
-    }
-}
-
-impl vantage_api_pool::Transport for BodyBreaks {
-    type Handle = vantage_api_pool_testkit::ScriptedHttp;
-    type Draft = vantage_api_pool_testkit::ScriptedRequestBuilder;
-    type Request = vantage_api_pool_testkit::ScriptedRequest;
-    type Response = BreakingBody;
-
-    fn handle(&self) -> &Self::Handle {
-        self.0.handle()
-    }
-    fn prepare(
-        &self,
-        draft: Self::Draft,
-    ) -> Result<Self::Request, vantage_api_pool::TransportError> {
-        self.0.prepare(draft)
-    }
-    async fn send(
-        &self,
-        request: Self::Request,
-    ) -> Result<BreakingBody, vantage_api_pool::TransportError> {
-        let inner = self.0.send(request).await?;
-        Ok(BreakingBody { inner, chunks: 0 })
-    }
-}
-
 #[test]
 fn an_error_body_cut_by_a_read_error_inside_a_character_drops_that_character() {
     let w = World::new();
     // "aaaa" and the first byte of "€" come in the first chunk; the read then breaks.
-    w.transport
-        .default_reply(Reply::status(500).body("aaaa€bbbb").chunk_size(5));
-    let client = ResilientClient::builder(BodyBreaks(w.transport.clone()), w.rt.clone())
-        .build()
-        .unwrap();
+    w.transport.default_reply(
+        Reply::status(500)
+            .body("aaaa€bbbb")
+            .chunk_size(5)
+            .body_fails_after(5, TransportErrorKind::Interrupted, "connection reset"),
+    );
+    let client = w.client();
     let err = w.background_error(&client);
     assert_eq!(err.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
     assert_eq!(err.body(), Some(&b"aaaa"[..]));

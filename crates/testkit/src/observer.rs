@@ -279,15 +279,28 @@ impl RecordingObserver {
         self.shared.seen.load(Ordering::Relaxed)
     }
 
-    /// Forgets the recorded events.
+    /// Forgets the recorded events, and with them what the contract check knows:
+    /// [`check_contract`](RecordingObserver::check_contract) afterwards sees only later
+    /// events. So clear between calls. A call still in flight at the clear has its
+    /// `Started` forgotten, and its terminal then breaks
+    /// [`ContractRule::TerminalWithoutStarted`]. To keep a phase's verdict, check it
+    /// ([`check_contract_so_far`](RecordingObserver::check_contract_so_far)) before
+    /// clearing.
     ///
     /// ```
-    /// use vantage_api_pool::{EventKind, Instant, TransportEvent, TransportObserver};
-    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+    /// use vantage_api_pool_testkit::{ContractRule, RecordingObserver};
+    ///
     /// let observer = RecordingObserver::new();
-    /// observer.on_event("api", &TransportEvent::new(Instant::ORIGIN, None, EventKind::WritePushed));
+    /// let event = |kind| TransportEvent::new(Instant::ORIGIN, Some(CallId(1)), kind);
+    /// observer.on_event("api", &event(EventKind::Started { send: 1, attempt: 1 }));
+    /// assert!(observer.check_contract_so_far().is_ok());
     /// observer.clear();
     /// assert!(observer.is_empty());
+    /// // The call was in flight: its end now looks like the end of a send never started.
+    /// observer.on_event("api", &event(EventKind::Cancelled { send: 1, attempt: 1 }));
+    /// let broken = observer.check_contract().unwrap_err();
+    /// assert_eq!(broken.rule, ContractRule::TerminalWithoutStarted);
     /// ```
     pub fn clear(&self) -> &Self {
         self.state().events.clear();

@@ -73,20 +73,56 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// # let _ = (busy, slow, refused, hung, cut);
 /// ```
 #[must_use = "a Reply does nothing until given to a ScriptedTransport"]
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Reply {
     action: Action,
     delay: Duration,
 }
 
-#[derive(Debug, Clone)]
+impl fmt::Debug for Reply {
+    /// The status, header names, body length and shape, or the failure, and the
+    /// delay: no header value, no body, like the testkit's other types.
+    ///
+    /// ```
+    /// use vantage_api_pool_testkit::Reply;
+    /// let reply = Reply::status(401).header("www-authenticate", "Bearer realm=secret").body("session=abc");
+    /// let printed = format!("{reply:?}");
+    /// assert!(printed.contains("401") && printed.contains("www-authenticate"));
+    /// assert!(!printed.contains("secret") && !printed.contains("session"));
+    /// ```
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_struct("Reply");
+        match &self.action {
+            Action::Respond(spec) => {
+                out.field("status", &spec.status)
+                    .field(
+                        "headers",
+                        &HeaderNames(spec.headers.as_deref().unwrap_or_else(|| no_headers())),
+                    )
+                    .field("body_len", &spec.body.len());
+                if let Some(shape) = &spec.shape {
+                    out.field("shape", shape);
+                }
+            }
+            Action::Fail(error) => {
+                out.field("fail", &error.kind());
+            }
+            Action::Stall => {
+                out.field("stall", &true);
+            }
+        }
+        out.field("delay", &self.delay).finish()
+    }
+}
+
+#[derive(Clone)]
 enum Action {
     Respond(ResponseSpec),
     Fail(TransportError),
     Stall,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct ResponseSpec {
     status: StatusCode,
     /// `None`: no headers (most replies), so cloning a default reply is free.
@@ -97,11 +133,27 @@ struct ResponseSpec {
 }
 
 /// How a body is delivered, when not all at once.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 struct BodyShape {
     stall_after: Option<usize>,
+    /// The body breaks after this many bytes, with this error.
+    fail_after: Option<(usize, TransportError)>,
     chunk_size: usize,
     chunk_delay: Duration,
+}
+
+impl fmt::Debug for BodyShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BodyShape")
+            .field("stall_after", &self.stall_after)
+            .field(
+                "fail_after",
+                &self.fail_after.as_ref().map(|(n, error)| (n, error.kind())),
+            )
+            .field("chunk_size", &self.chunk_size)
+            .field("chunk_delay", &self.chunk_delay)
+            .finish()
+    }
 }
 
 fn no_headers() -> &'static HeaderMap {
@@ -279,6 +331,44 @@ impl Reply {
     /// ```
     pub fn body_stalls_after(mut self, n: usize) -> Reply {
         self.shape("body_stalls_after").stall_after = Some(n);
+        self
+    }
+
+    /// Makes the body break, as a connection reset mid-body would: reads return the
+    /// first `n` bytes (or the whole body if it is shorter), and every read after
+    /// that fails with a [`TransportError`] of `kind` and `message` instead of
+    /// returning more (or the end). If the body also stalls, the first of the two
+    /// cuts wins; at the same byte, the failure.
+    ///
+    /// # Panics
+    ///
+    /// On a failure or a stall: only responses have bodies.
+    ///
+    /// ```
+    /// use vantage_api_pool::{Transport, TransportErrorKind, TransportResponse};
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// transport.push(
+    ///     Reply::ok()
+    ///         .body("abcdef")
+    ///         .body_fails_after(4, TransportErrorKind::Interrupted, "connection reset"),
+    /// );
+    /// let request = transport.prepare(transport.handle().get("/"))?;
+    /// let mut response = rt.block_on(transport.send(request))??;
+    /// assert_eq!(rt.block_on(response.chunk())??.unwrap(), "abcd");
+    /// let broken = rt.block_on(response.chunk())?.unwrap_err();
+    /// assert_eq!(broken.kind(), TransportErrorKind::Interrupted);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn body_fails_after(
+        mut self,
+        n: usize,
+        kind: TransportErrorKind,
+        message: impl Into<Arc<str>>,
+    ) -> Reply {
+        self.shape("body_fails_after").fail_after = Some((n, TransportError::new(kind, message)));
         self
     }
 
@@ -794,8 +884,7 @@ impl ScriptedResponse {
     ///
     /// # Errors
     ///
-    /// None today (a scripted body never fails mid-way); the `Result` mirrors
-    /// [`TransportResponse::chunk`](vantage_api_pool::TransportResponse::chunk).
+    /// The error of a body that breaks part-way ([`Reply::body_fails_after`]).
     ///
     /// ```
     /// # use vantage_api_pool::Transport;
@@ -837,17 +926,29 @@ impl SendTransportResponse for ScriptedResponse {
             return Ok(Some(self.body.clone()));
         };
         let stall_at = shape.stall_after.map(|n| n.min(len));
-        if stall_at.is_some_and(|n| self.pos >= n) {
+        let fail_at = shape.fail_after.as_ref().map(|(n, _)| (*n).min(len));
+        // Where the body is cut, if it is: by the first of the two; at the same
+        // byte, by the failure.
+        let cut = match (stall_at, fail_at) {
+            (Some(stall), Some(fail)) => Some(stall.min(fail)),
+            (stall, fail) => stall.or(fail),
+        };
+        let at_cut = cut.is_some_and(|n| self.pos >= n);
+        let fails = at_cut && fail_at == cut;
+        if at_cut && !fails {
             return std::future::pending().await;
         }
-        if self.pos >= len {
+        if !at_cut && self.pos >= len {
             return Ok(None);
         }
         let chunk_size = shape.chunk_size;
         if let Some(runtime) = &self.runtime {
             runtime.sleep_ref(shape.chunk_delay).await;
         }
-        let limit = stall_at.unwrap_or(len);
+        if fails && let Some((_, error)) = &shape.fail_after {
+            return Err(error.clone());
+        }
+        let limit = cut.unwrap_or(len);
         let end = if chunk_size == 0 {
             limit
         } else {

@@ -167,6 +167,97 @@ fn a_body_stalls_after_n_bytes() {
     );
 }
 
+/// Every chunk read of one response to `reply`, until the end, an error, or a read
+/// that is still pending after a minute: `Ok(Some(bytes))`, `Ok(None)` for the end,
+/// `Err(kind)`, and the string "stalled".
+fn reads(reply: Reply) -> Vec<String> {
+    let (rt, transport) = setup();
+    transport.push(reply);
+    let mut response = rt
+        .block_on(transport.send(get(&transport, "/")))
+        .unwrap()
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let read = rt
+            .block_on(timeout_at(
+                &rt,
+                rt.now() + Duration::from_secs(60),
+                response.chunk(),
+            ))
+            .unwrap();
+        let (text, last) = match read {
+            Err(Elapsed) => ("stalled".to_owned(), true),
+            Ok(Ok(Some(chunk))) => (String::from_utf8(chunk.to_vec()).unwrap(), false),
+            Ok(Ok(None)) => ("end".to_owned(), true),
+            Ok(Err(e)) => (format!("{:?}: {}", e.kind(), e.message()), false),
+        };
+        seen.push(text);
+        if last {
+            break;
+        }
+    }
+    seen
+}
+
+#[test]
+fn a_body_fails_after_n_bytes_and_keeps_failing() {
+    let reset = |n| {
+        Reply::ok().body("abcdefgh").chunk_size(3).body_fails_after(
+            n,
+            TransportErrorKind::Interrupted,
+            "connection reset",
+        )
+    };
+    let broken = "Interrupted: connection reset";
+    assert_eq!(
+        reads(reset(5)),
+        ["abc", "de", broken, broken, broken, broken]
+    );
+    assert_eq!(reads(reset(0))[..2], [broken, broken]);
+    // Past the body's end: the whole body, then the failure instead of the end.
+    assert_eq!(reads(reset(100))[..4], ["abc", "def", "gh", broken]);
+    // With a stall: the first cut wins; at the same byte, the failure.
+    assert_eq!(reads(reset(5).body_stalls_after(2)), ["ab", "stalled"]);
+    assert_eq!(
+        reads(reset(5).body_stalls_after(7))[..3],
+        ["abc", "de", broken]
+    );
+    assert_eq!(
+        reads(reset(5).body_stalls_after(5))[..3],
+        ["abc", "de", broken]
+    );
+    // Without it, the same body ends.
+    assert_eq!(
+        reads(Reply::ok().body("abcdefgh").chunk_size(3)),
+        ["abc", "def", "gh", "end"]
+    );
+}
+
+#[test]
+fn a_slow_body_fails_after_its_chunk_delay_and_read_to_end_returns_the_error() {
+    let (rt, transport) = setup();
+    transport.push(
+        Reply::ok()
+            .body("abcdef")
+            .chunk_size(2)
+            .chunk_delay(Duration::from_secs(1))
+            .body_fails_after(4, TransportErrorKind::Interrupted, "reset"),
+    );
+    let mut response = rt
+        .block_on(transport.send(get(&transport, "/")))
+        .unwrap()
+        .unwrap();
+    let error = rt.block_on(response.read_to_end()).unwrap().unwrap_err();
+    assert_eq!(
+        (error.kind(), error.message()),
+        (TransportErrorKind::Interrupted, "reset")
+    );
+    assert_eq!(response.bytes_read(), 4);
+    // Two chunks and the failed read, a second each.
+    assert_eq!(rt.now(), at(3_000));
+}
+
 #[test]
 fn bodies_come_whole_or_in_chunks_on_the_clock() {
     let (rt, transport) = setup();
