@@ -1812,6 +1812,8 @@ struct Watcher {
 }
 
 impl Watcher {
+    // The client it holds is not `Send` on wasm32; observers are held in an `Arc`.
+    #[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
     fn new(probe_nested: bool) -> Arc<Self> {
         Arc::new(Watcher {
             client: Mutex::new(None),
