@@ -27,9 +27,9 @@
 //! rate and latency over a window, retries, last error), and the shipped
 //! [`TracingObserver`] writes the events at `DEBUG` and up (all but `Started`), with
 //! their API key, to a log file in the OS temp directory (its path is printed). On a
-//! terminal the view is redrawn in place four times a second, in 79 columns and 19
-//! lines; otherwise (CI, a pipe) plain-text snapshots are printed every couple of
-//! seconds. At the end a summary per API is printed, and the exit code is 0 when every
+//! terminal of 80 x 19 or more the view is redrawn in place four times a second, in 79
+//! columns and 19 lines; otherwise (CI, a pipe, a smaller terminal) plain-text
+//! snapshots are printed every couple of seconds. At the end a summary per API is printed, and the exit code is 0 when every
 //! API had a successful call and the story happened (the orders breaker opened and
 //! closed again, search retried its 429s no earlier than asked, a 401 refreshed the
 //! profile token). A watchdog ends the process if anything hangs, so the demo always
@@ -89,6 +89,8 @@ struct Settings {
     scale: f64,
     /// Redraw in place with ANSI escapes (a terminal), or print plain snapshots.
     live: bool,
+    /// A terminal too small for the live view (so plain snapshots instead).
+    small_terminal: bool,
     color: bool,
 }
 
@@ -106,11 +108,14 @@ impl Settings {
         }
         let terminal =
             std::io::stdout().is_terminal() && !std::env::var("TERM").is_ok_and(|t| t == "dumb");
-        let live = terminal && !plain;
+        // A terminal too small for the view would wrap and scroll every redraw.
+        let small_terminal = terminal && !plain && !terminal_fits();
+        let live = terminal && !plain && !small_terminal;
         Ok(Settings {
             quick,
             scale: if quick { 0.2 } else { 1.0 },
             live,
+            small_terminal,
             color: live && std::env::var_os("NO_COLOR").is_none(),
         })
     }
@@ -181,10 +186,13 @@ impl Script {
             "healthy"
         };
         let quota = Script::search_quota(t);
+        // The server counts its quota in whole seconds, so a burst of the client's
+        // bucket, or retries that waited out the same Retry-After, can meet a 429
+        // even at the higher quota.
         let above = if quota < SEARCH_QUOTA {
             ", 429 above"
         } else {
-            ""
+            ", 429 on bursts"
         };
         let profile = if Script::profile_broken(t) {
             "FAILING 500".to_owned()
@@ -792,6 +800,16 @@ fn say(text: &str) {
 /// The widest line the live view draws: it fits an 80-column terminal.
 const WIDTH: usize = 79;
 
+/// The most lines the live view draws.
+const HEIGHT: usize = 19;
+
+/// Whether the terminal on stdout is at least `WIDTH + 1` columns by `HEIGHT` lines
+/// (the last column stays free, so a full line never wraps). Unknown: no.
+fn terminal_fits() -> bool {
+    rustix::termios::tcgetwinsize(std::io::stdout())
+        .is_ok_and(|size| usize::from(size.ws_col) > WIDTH && usize::from(size.ws_row) >= HEIGHT)
+}
+
 /// `text` cut to [`WIDTH`] characters (before any colour is added).
 fn fit(text: &str) -> String {
     fit_to(text, WIDTH)
@@ -903,8 +921,8 @@ impl View {
         let health: HashMap<Arc<str>, ApiHealth> =
             self.health.snapshots_at(self.now()).into_iter().collect();
         let mut lines = Vec::new();
-        // Every line fits 79 columns, and the frame 19 lines, so an 80 x 24 terminal
-        // shows all of it without scrolling (colour is added after the cut).
+        // Every line fits WIDTH columns, and the frame HEIGHT lines, so an 80 x 24
+        // terminal shows all of it without scrolling (colour is added after the cut).
         let title = format!(
             "vantage-api-pool demo  t = {} of {}{}   server {}",
             secs(now.min(self.settings.run_for())),
@@ -924,7 +942,7 @@ impl View {
             BOLD,
             &format!(
                 "{:<11} {:<17} {:>4} {:<14} {:>13} {:>5} {:>7}",
-                "API", "BREAKER", "INFL", window, "LATENCY ms", "RETRY", refused
+                "API", "BREAKER", "INFL", window, "MEAN/MAX ms", "RETRY", refused
             ),
         ));
         for api in &self.apis {
@@ -1058,9 +1076,14 @@ fn draw(view: &View) {
 
 /// Sets up a `tracing` subscriber that writes to a log file in the temp directory.
 fn log_to_file() -> Result<PathBuf, BoxError> {
-    // One file, overwritten by each run, so runs do not pile up logs.
-    let path = std::env::temp_dir().join("vantage-api-pool-demo.log");
-    let file = std::fs::File::create(&path)?;
+    // A file per run (two runs at once must not count each other's lines), made
+    // new: never one that was there, nor a link someone left at that name.
+    let path =
+        std::env::temp_dir().join(format!("vantage-api-pool-demo-{}.log", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
     // Only the pool's events (hyper and reqwest log too): the log is what the
     // TracingObserver wrote, and the summary counts its lines.
     let subscriber = tracing_subscriber::registry()
@@ -1244,6 +1267,12 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
             secs(settings.run_for()),
             if settings.quick { " (--quick)" } else { "" }
         ));
+        if settings.small_terminal {
+            say(&format!(
+                "(the live view needs a terminal of {} x {HEIGHT} at least: plain snapshots instead)\n",
+                WIDTH + 1
+            ));
+        }
         if let Some(log) = &log {
             say(&format!(
                 "tracing events (DEBUG and up) -> {}\n",

@@ -8,14 +8,22 @@
 # concurrency. Prints both tables in Markdown at the end.
 #
 # Usage: crates/transport-reqwest/benches/peers.sh
-# Environment: PEERS_CPU (the core to pin to, default 0), PEERS_ROUNDS and
+# Environment: PEERS_CPU (the core to pin to, default the first this process may
+# use), PEERS_ROUNDS and
 # PEERS_SCALE (passed to the bench), PEERS_VALGRIND_REQUESTS (requests per callgrind
 # run, a multiple of 128, default 2048), PEERS_SKIP_CPU=1 / PEERS_SKIP_VALGRIND=1.
 # About 4 minutes on a 2-core machine once built.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 
-cpu=${PEERS_CPU:-0}
+# The first core this process may run on (in a container's cpuset it need not be 0).
+first_cpu() {
+    local allowed
+    allowed=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status 2>/dev/null || true)
+    allowed=${allowed%%[,-]*}
+    printf '%s' "${allowed:-0}"
+}
+cpu=${PEERS_CPU:-$(first_cpu)}
 vg_requests=${PEERS_VALGRIND_REQUESTS:-2048}
 kinds=(floor reqwest timeout parts resilient middleware tower)
 concs=(1 16 128)
