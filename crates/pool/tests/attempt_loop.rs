@@ -7,6 +7,7 @@ mod common;
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
@@ -1233,4 +1234,49 @@ fn jitter_is_added_after_the_ceiling() {
         longest > secs(11),
         "jitter never went past the ceiling: {longest:?}"
     );
+}
+
+/// Moves the virtual clock on by a minute when it hears the first `Failed`.
+struct SlowOnFirstFailure(VirtualRuntime, AtomicBool);
+
+impl TransportObserver for SlowOnFirstFailure {
+    fn on_event(&self, _api: &str, event: &TransportEvent) {
+        if matches!(event.kind, EventKind::Failed { .. }) && !self.1.swap(true, Ordering::SeqCst) {
+            self.0.advance(secs(60));
+        }
+    }
+}
+
+#[test]
+fn a_redial_that_finds_the_budget_spent_builds_no_request() {
+    // A NotSent answer, then a `Failed` callback that takes a minute: the redial finds
+    // the budget spent at the top of the gate, before the request closure runs again.
+    let w = World::new();
+    w.transport
+        .push(Reply::fail(TransportErrorKind::NotSent, "stale").after(secs(1)));
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer(
+            "api",
+            Arc::new(SlowOnFirstFailure(w.rt.clone(), AtomicBool::new(false))),
+        )
+        .build()
+        .unwrap();
+    let built = std::cell::Cell::new(0);
+    let err =
+        w.rt.block_on(
+            client.execute_with(&bounded_within(3, ms(10), secs(5), secs(5)), |h| {
+                built.set(built.get() + 1);
+                h.get("/x")
+            }),
+        )
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
+    assert_eq!(
+        built.get(),
+        1,
+        "the redial built a request with no time left"
+    );
+    assert_eq!(w.transport.request_count(), 1);
 }

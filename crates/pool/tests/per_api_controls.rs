@@ -1809,6 +1809,8 @@ struct Watcher {
     nesting: AtomicBool,
     probe_nested: AtomicBool,
     seen: Mutex<Vec<(&'static str, BreakerState, Option<ErrorKind>)>>,
+    /// Moves this clock on by this much at every `Started`: a slow callback.
+    slow_start: Mutex<Option<(VirtualRuntime, Duration)>>,
 }
 
 impl Watcher {
@@ -1820,12 +1822,18 @@ impl Watcher {
             nesting: AtomicBool::new(false),
             probe_nested: AtomicBool::new(probe_nested),
             seen: Mutex::new(Vec::new()),
+            slow_start: Mutex::new(None),
         })
     }
 }
 
 impl TransportObserver for Watcher {
     fn on_event(&self, _api: &str, event: &TransportEvent) {
+        if matches!(event.kind, EventKind::Started { .. })
+            && let Some((rt, by)) = &*self.slow_start.lock().unwrap()
+        {
+            rt.advance(*by);
+        }
         if !event.kind.is_terminal() || self.nesting.load(Ordering::SeqCst) {
             return;
         }
@@ -1943,4 +1951,72 @@ fn the_probe_slot_is_free_when_a_refused_probes_failed_is_heard() {
     let last = seen.last().expect("an event");
     assert_eq!(last.0, "failed");
     assert_ne!(last.2, Some(ErrorKind::BreakerOpen), "{seen:?}");
+}
+
+/// The probe slot is free when the probe's refusal is heard, on the two refusal paths
+/// between its grant and its send: the budget ending while it waits for a permit, and
+/// a `Started` callback that uses up the budget.
+#[test]
+fn the_probe_slot_is_free_when_a_probe_refused_after_its_grant_is_heard() {
+    for slow_started in [false, true] {
+        let w = World::new();
+        let watcher = Watcher::new(false);
+        let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+            .observer("api", watcher.clone())
+            .breaker(1, secs(1), secs(8))
+            .max_parallel(1)
+            .build()
+            .unwrap();
+        *watcher.client.lock().unwrap() = Some(client.clone());
+        if slow_started {
+            // A 503 opens the breaker at 0 for 1 s.
+            w.transport.push(Reply::status(503));
+            let _ = w.background_error(&client);
+        } else {
+            // Only a send from before the opening can hold the permit while the probe
+            // waits: the 503 whose error body stalls gives its permit back at the
+            // head (to the stalled send behind it) and opens the breaker at 1 s, when
+            // its time limit cuts the body.
+            w.transport.push_many([
+                Reply::status(503)
+                    .body("x".repeat(100))
+                    .body_stalls_after(10),
+                Reply::stall(),
+            ]);
+            let opener = CallPolicy::background()
+                .with_attempt_timeout(secs(1))
+                .unwrap();
+            w.spawn_call(&client, opener, "/open").detach();
+            w.spawn_call(&client, CallPolicy::background(), "/hold")
+                .detach();
+            w.rt.run_until(at(secs(1))).unwrap();
+            assert_eq!(w.transport.in_flight(), 1);
+        }
+        assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+        w.rt.advance(secs(1));
+        watcher.probe_nested.store(true, Ordering::SeqCst);
+        if slow_started {
+            *watcher.slow_start.lock().unwrap() = Some((w.rt.clone(), secs(5)));
+        }
+        w.transport.default_reply(Reply::ok());
+        let policy = CallPolicy::background()
+            .with_time_limits(secs(2), Some(secs(2)))
+            .unwrap();
+        let probe = w.spawn_call(&client, policy, "/probe");
+        let err = w.rt.block_on(probe).unwrap().unwrap_err();
+        assert_eq!(
+            err.kind(),
+            ErrorKind::TimedOut,
+            "slow Started: {slow_started}"
+        );
+        let seen = watcher.seen.lock().unwrap().clone();
+        watcher.client.lock().unwrap().take();
+        let last = seen.last().expect("an event");
+        assert_eq!(last.0, "failed");
+        assert_ne!(
+            last.2,
+            Some(ErrorKind::BreakerOpen),
+            "slow Started: {slow_started}: {seen:?}"
+        );
+    }
 }

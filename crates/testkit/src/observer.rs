@@ -26,7 +26,7 @@
 //! | `RetryNotAfterFailure` | `RetryScheduled` comes right after a sent `Failed` of the call (not a second time, and never after a 401, which is replayed at once or final) |
 //! | `RetryUnannounced` | a `Started` with the next attempt after a `Failed` comes after its `RetryScheduled`, unless that `Failed` was a 401 (a replay after a token refresh) |
 //! | `SecondReplay` | a call replays a 401 at most once (its first; a later 401 is final) |
-//! | `TooManyRedials` | a call redials at most [`MAX_REDIALS`](vantage_api_pool::classify::MAX_REDIALS) times (a later `NotSent` is taken as `Interrupted`) |
+//! | `TooManyRedials` | a call redials at most [`MAX_REDIALS`] times (a later `NotSent` is taken as `Interrupted`) |
 //! | `UnsentFailureWithTime` | a `Failed` with `sent: false` (a send refused before it went out) reports `ms: 0` |
 //! | `EventAfterCallEnded` | after a call's `Succeeded`, `Cancelled` or `Failed` with `sent: false` (which always ends the call), no per-send event or `RetryScheduled` of that call |
 //! | `TransitionNotAfterTerminal` | `BreakerOpened` and `BreakerClosed` carry the call whose send caused them and come right after that send's `Succeeded` or sent `Failed` (no event of the call between), one per send |
