@@ -83,6 +83,8 @@ pub(crate) struct Call<'c, T, R, A, P> {
     gate_reached: bool,
     /// When the budget ends; pushed later by time spent in `admit()`.
     deadline: Option<Instant>,
+    /// Whether an admission of this call waited (so `deadline` may move again).
+    admission_waited: bool,
     /// The error of the last failed send that the call went on from (retry, redial,
     /// replay): the `source()` of a refusal that ends the call before its next send.
     last_failure: Option<Arc<ClientError>>,
@@ -190,6 +192,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             token_generation: None,
             gate_reached: false,
             deadline: None,
+            admission_waited: false,
             last_failure: None,
         }
     }
@@ -351,6 +354,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // move (a virtual or paused clock, a coarse browser clock).
         let admission_waited = poll_once(admit.as_mut()).await.is_pending();
         if admission_waited {
+            self.admission_waited = true;
             admit.await;
             let after = self.now();
             if let Some(deadline) = self.deadline.as_mut() {
@@ -848,10 +852,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 let delay = self.retry_delay(server_wait);
                 let wake = ended.saturating_add(delay);
                 // The retry cannot start before its wake-up, nor before the bucket's
-                // next token, which other callers can only push later.
+                // next token, which other callers can only push later. The token is
+                // taken after the admission, whose wait moves the deadline on: once an
+                // admission of this call has waited, the gate decides instead.
                 let starts = match &self.client.bucket {
-                    Some(bucket) => wake.max(bucket.next_token_at()),
-                    None => wake,
+                    Some(bucket) if !self.admission_waited => wake.max(bucket.next_token_at()),
+                    _ => wake,
                 };
                 if self.deadline.is_some_and(|deadline| starts >= deadline) {
                     return Next::Return(error);

@@ -1208,6 +1208,24 @@ fn a_retry_whose_rate_token_comes_inside_the_budget_is_slept_for() {
     w.assert_contract();
 }
 
+#[test]
+fn a_retry_whose_admission_waited_is_left_to_the_gate() {
+    // Time in admit() is not charged to the budget: each admission wait moves its end
+    // on. The 503's retry needs a token at 4 s, past the budget's end as it stands at
+    // the failure (3.5 s), but the retry's own admission moves that end to 5.6 s.
+    let w = World::new();
+    w.transport.admit_delay(secs(2));
+    w.transport.push(Reply::status(503));
+    w.transport.push(Reply::ok());
+    let client = w.builder().rate_limit_with_burst(0.5, 1).build().unwrap();
+    let policy = bounded_within(3, ms(100), secs(1), ms(1500));
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(2), ms(4100)]);
+    w.assert_contract();
+}
+
 /// README: "Jitter is added after the ceiling, so with the default a sleep can reach
 /// 1.25 x max." A Retry-After of 120 s under a 10 s ceiling, default jitter.
 #[test]

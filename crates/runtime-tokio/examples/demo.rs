@@ -192,7 +192,7 @@ impl Script {
         let above = if quota < SEARCH_QUOTA {
             ", 429 above"
         } else {
-            ", 429 on bursts"
+            ", 429 on burst"
         };
         let profile = if Script::profile_broken(t) {
             "FAILING 500".to_owned()
@@ -805,9 +805,16 @@ const HEIGHT: usize = 19;
 
 /// Whether the terminal on stdout is at least `WIDTH + 1` columns by `HEIGHT` lines
 /// (the last column stays free, so a full line never wraps). Unknown: no.
+#[cfg(unix)]
 fn terminal_fits() -> bool {
     rustix::termios::tcgetwinsize(std::io::stdout())
         .is_ok_and(|size| usize::from(size.ws_col) > WIDTH && usize::from(size.ws_row) >= HEIGHT)
+}
+
+/// Elsewhere the size is not read: plain snapshots.
+#[cfg(not(unix))]
+fn terminal_fits() -> bool {
+    false
 }
 
 /// `text` cut to [`WIDTH`] characters (before any colour is added).
@@ -1077,13 +1084,27 @@ fn draw(view: &View) {
 /// Sets up a `tracing` subscriber that writes to a log file in the temp directory.
 fn log_to_file() -> Result<PathBuf, BoxError> {
     // A file per run (two runs at once must not count each other's lines), made
-    // new: never one that was there, nor a link someone left at that name.
-    let path =
-        std::env::temp_dir().join(format!("vantage-api-pool-demo-{}.log", std::process::id()));
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)?;
+    // new: never one that was there, nor a link someone left at that name. A name
+    // taken (a pid reused, in a container say) moves on to the next.
+    let (path, file) = {
+        let mut n = 0u32;
+        loop {
+            let name = match n {
+                0 => format!("vantage-api-pool-demo-{}.log", std::process::id()),
+                n => format!("vantage-api-pool-demo-{}-{n}.log", std::process::id()),
+            };
+            let path = std::env::temp_dir().join(name);
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(file) => break (path, file),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => n += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
     // Only the pool's events (hyper and reqwest log too): the log is what the
     // TracingObserver wrote, and the summary counts its lines.
     let subscriber = tracing_subscriber::registry()

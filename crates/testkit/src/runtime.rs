@@ -389,7 +389,8 @@ impl fmt::Debug for VirtualRuntime {
 
 impl VirtualRuntime {
     /// A runtime at [`Instant::ORIGIN`], seeded with [`DEFAULT_SEED`], whose wall
-    /// clock reads 2026-01-01T00:00:00Z, with a step limit of [`DEFAULT_STEP_LIMIT`].
+    /// clock reads 2026-01-01T00:00:00Z, with a step limit of [`DEFAULT_STEP_LIMIT`]
+    /// and a time limit of [`DEFAULT_TIME_LIMIT`].
     ///
     /// ```
     /// use vantage_api_pool::Instant;
