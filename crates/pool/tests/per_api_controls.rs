@@ -183,9 +183,7 @@ fn a_reachable_answer_closes_but_keeps_the_failure_run() {
     // A 401 (reachable) closes it, once.
     w.transport.push(Reply::status(401));
     w.rt.run_for(secs(5)).unwrap();
-    let _ =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap();
+    background_get(&w, &client);
     assert_eq!(closed_count(&w.events()), 1);
     assert_eq!(client.breaker_state(), BreakerState::Closed);
 }
@@ -202,9 +200,7 @@ fn a_408_or_429_leaves_the_breaker_untouched() {
                 .unwrap();
     }
     assert_eq!(client.breaker_state(), BreakerState::Closed);
-    let _ =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap();
+    background_get(&w, &client);
     assert_eq!(
         opened(&w.events()),
         [secs(5)],
@@ -1827,6 +1823,34 @@ impl Watcher {
     }
 }
 
+impl Watcher {
+    /// A client observed by this watcher (which keeps a clone of it), with a breaker
+    /// that opens on one failure for a second and `max_parallel` permits.
+    fn client_of(self: &Arc<Self>, w: &World, max_parallel: usize) -> C {
+        let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+            .observer("api", self.clone())
+            .breaker(1, secs(1), secs(8))
+            .max_parallel(max_parallel)
+            .build()
+            .unwrap();
+        *self.client.lock().unwrap() = Some(client.clone());
+        client
+    }
+
+    /// What it saw; it lets go of its client (which holds it).
+    fn finish(&self) -> Vec<(&'static str, BreakerState, Option<ErrorKind>)> {
+        self.client.lock().unwrap().take();
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// One `background()` GET of `/x`, whatever its outcome.
+fn background_get(w: &World, client: &C) {
+    let _ =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap();
+}
+
 impl TransportObserver for Watcher {
     fn on_event(&self, _api: &str, event: &TransportEvent) {
         if matches!(event.kind, EventKind::Started { .. })
@@ -1870,21 +1894,11 @@ fn the_breaker_is_told_before_the_terminal_event_is_reported() {
     w.transport.push(Reply::status(503));
     w.transport.push(Reply::ok());
     let watcher = Watcher::new(false);
-    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("api", watcher.clone())
-        .breaker(1, secs(1), secs(8))
-        .build()
-        .unwrap();
-    *watcher.client.lock().unwrap() = Some(client.clone());
-    let _ =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap();
+    let client = watcher.client_of(&w, 8);
+    background_get(&w, &client);
     w.rt.advance(secs(1));
-    let _ =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap();
-    let seen = watcher.seen.lock().unwrap().clone();
-    watcher.client.lock().unwrap().take();
+    background_get(&w, &client);
+    let seen = watcher.finish();
     assert_eq!(
         seen,
         [
@@ -1903,21 +1917,13 @@ fn the_probe_slot_is_free_when_cancelled_is_heard() {
     w.transport.push(Reply::stall());
     w.transport.default_reply(Reply::ok());
     let watcher = Watcher::new(true);
-    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("api", watcher.clone())
-        .breaker(1, secs(1), secs(8))
-        .build()
-        .unwrap();
-    *watcher.client.lock().unwrap() = Some(client.clone());
-    let _ =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap();
+    let client = watcher.client_of(&w, 8);
+    background_get(&w, &client);
     w.rt.advance(secs(1));
     let prober = w.spawn_call(&client, CallPolicy::background(), "/probe");
     w.rt.run_until(at(secs(2))).unwrap();
     prober.abort();
-    let seen = watcher.seen.lock().unwrap().clone();
-    watcher.client.lock().unwrap().take();
+    let seen = watcher.finish();
     let at_cancel = seen.iter().find(|s| s.0 == "cancelled").expect("cancelled");
     assert_ne!(at_cancel.2, Some(ErrorKind::BreakerOpen), "{seen:?}");
 }
@@ -1930,15 +1936,8 @@ fn the_probe_slot_is_free_when_a_refused_probes_failed_is_heard() {
     w.transport.push(Reply::status(503));
     w.transport.default_reply(Reply::ok());
     let watcher = Watcher::new(false);
-    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("api", watcher.clone())
-        .breaker(1, secs(1), secs(8))
-        .build()
-        .unwrap();
-    *watcher.client.lock().unwrap() = Some(client.clone());
-    let _ =
-        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .unwrap();
+    let client = watcher.client_of(&w, 8);
+    background_get(&w, &client);
     w.rt.advance(secs(1));
     watcher.probe_nested.store(true, Ordering::SeqCst);
     let err =
@@ -1946,8 +1945,7 @@ fn the_probe_slot_is_free_when_a_refused_probes_failed_is_heard() {
             .unwrap()
             .unwrap_err();
     assert_eq!(err.kind_name(), "transport");
-    let seen = watcher.seen.lock().unwrap().clone();
-    watcher.client.lock().unwrap().take();
+    let seen = watcher.finish();
     let last = seen.last().expect("an event");
     assert_eq!(last.0, "failed");
     assert_ne!(last.2, Some(ErrorKind::BreakerOpen), "{seen:?}");
@@ -1961,13 +1959,7 @@ fn the_probe_slot_is_free_when_a_probe_refused_after_its_grant_is_heard() {
     for slow_started in [false, true] {
         let w = World::new();
         let watcher = Watcher::new(false);
-        let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
-            .observer("api", watcher.clone())
-            .breaker(1, secs(1), secs(8))
-            .max_parallel(1)
-            .build()
-            .unwrap();
-        *watcher.client.lock().unwrap() = Some(client.clone());
+        let client = watcher.client_of(&w, 1);
         if slow_started {
             // A 503 opens the breaker at 0 for 1 s.
             w.transport.push(Reply::status(503));
@@ -2009,8 +2001,7 @@ fn the_probe_slot_is_free_when_a_probe_refused_after_its_grant_is_heard() {
             ErrorKind::TimedOut,
             "slow Started: {slow_started}"
         );
-        let seen = watcher.seen.lock().unwrap().clone();
-        watcher.client.lock().unwrap().take();
+        let seen = watcher.finish();
         let last = seen.last().expect("an event");
         assert_eq!(last.0, "failed");
         assert_ne!(
