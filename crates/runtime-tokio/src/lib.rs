@@ -32,6 +32,15 @@
 //! socket included, so over a real network each send's time limit would end it at
 //! once.
 //!
+//! A `TokioRuntime` reads the clock of whichever tokio runtime is current, against
+//! the origin it took when it was made. Real clocks share one timeline, so a runtime
+//! (or a client over it) can serve any number of tokio runtimes. A paused clock is a
+//! timeline of its own, which starts at the real time its runtime was built and
+//! moves by jumps: a `TokioRuntime` made or used under one belongs to that test. Used
+//! under another clock, its readings stand still (clamped at its origin) or move
+//! back, and its sleeps end on the wrong timeline. So with `start_paused`, build the
+//! runtime and the client inside each test, not in a `static` shared by tests.
+//!
 //! The futures are `Send`, so a call on this runtime (with a `Send` transport) can be
 //! `tokio::spawn`ed. Sleeping needs a tokio runtime with its time driver enabled
 //! (`enable_time` or `enable_all`); [`Runtime::now`](vantage_api_pool::Runtime::now) and

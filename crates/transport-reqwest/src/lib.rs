@@ -391,6 +391,15 @@ impl ReqwestTransport {
     /// event times of clients built apart are not comparable. To read several clients
     /// against one clock (one `HealthObserver` read with `snapshots_at`), build them
     /// over clones of one runtime with `ResilientClient::builder`.
+    ///
+    /// The client belongs to one tokio runtime: hyper's pooled connections live on the
+    /// runtime that opened them, and a request in flight on one fails (`Interrupted`)
+    /// when that runtime shuts down. Build one per test in `#[tokio::test]`s.
+    ///
+    /// # Panics
+    ///
+    /// Not here, but the first wait of a call (a back-off, a time limit) panics when
+    /// no tokio runtime with its time driver is current, as tokio's timers do.
     pub fn tokio_builder(
         client: reqwest::Client,
     ) -> vantage_api_pool::ClientBuilder<ReqwestTransport, TokioRuntime> {
@@ -404,7 +413,8 @@ impl ReqwestTransport {
     /// builds ([`with_defaults`](ReqwestTransport::with_defaults): 30 s read timeout,
     /// no reqwest retries, rebuilt when a connection is distrusted) and a fresh
     /// [`TokioRuntime`] (its own clock: see
-    /// [`tokio_builder`](ReqwestTransport::tokio_builder) for clients built apart).
+    /// [`tokio_builder`](ReqwestTransport::tokio_builder) for clients built apart, for
+    /// one client per tokio runtime, and for what needs a tokio runtime).
     ///
     /// Fails with [`TransportErrorKind::Config`] when reqwest cannot build the client.
     pub fn tokio_default()
