@@ -21,7 +21,7 @@
 //! | `SecondTerminal` | a send has at most one terminal |
 //! | `AttemptMismatch` | a call's first `Started` has attempt 1; a `Started` right after `Redialing` repeats the redialed attempt; any other `Started` (and a `RetryScheduled`) has the previous attempt + 1; a terminal has its `Started`'s attempt |
 //! | `RedialNotAfterFailure` | `Redialing { send: s }` comes right after a `Failed` of send s − 1 (no per-send event or `RetryScheduled` between), with the same attempt, and that failure is `Transport(NotSent)` |
-//! | `RedialNotFollowedByStart` | the next per-send event after `Redialing { send: s }`, if any, is `Started { send: s }` (none at all is fine: the caller may drop the call while the redial waits at the gate) |
+//! | `RedialNotFollowedByStart` | the next per-send event or `RetryScheduled` after `Redialing { send: s }`, if any, is `Started { send: s }` (none at all is fine: the caller may drop the call while the redial waits at the gate) |
 //! | `RetryWhileInFlight` | `RetryScheduled` comes only while no send of the call is in flight |
 //! | `RetryNotAfterFailure` | `RetryScheduled` comes right after a sent `Failed` of the call (not a second time, and never after a 401, which is replayed at once or final) |
 //! | `RetryUnannounced` | a `Started` with the next attempt after a `Failed` comes after its `RetryScheduled`, unless that `Failed` was a 401 (a replay after a token refresh) |

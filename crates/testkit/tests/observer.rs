@@ -698,6 +698,27 @@ fn a_breaker_transition_comes_right_after_the_send_that_caused_it() {
 }
 
 #[test]
+fn no_breaker_transition_after_an_unsent_failure() {
+    // A 503 opens the breaker; the retry is refused at the gate (sent: false), which
+    // told the breaker nothing, so no transition may follow it.
+    let mut real = recorded_with(&[Reply::status(503)], false, true);
+    assert!(matches!(real[5], EventKind::Failed { sent: false, .. }));
+    for transition in [
+        EventKind::BreakerClosed,
+        EventKind::BreakerOpened {
+            cooldown: Duration::from_secs(60),
+        },
+    ] {
+        real.truncate(6);
+        real.push(transition);
+        assert_eq!(
+            first_violation(timed(real.clone())),
+            (ContractRule::TransitionNotAfterTerminal, 6, None)
+        );
+    }
+}
+
+#[test]
 fn a_report_carries_no_call() {
     for kind in [EventKind::RowsPulled { n: 3 }, EventKind::WritePushed] {
         let observer = RecordingObserver::new();

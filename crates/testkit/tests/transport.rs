@@ -259,6 +259,42 @@ fn a_slow_body_fails_after_its_chunk_delay_and_read_to_end_returns_the_error() {
 }
 
 #[test]
+fn a_stalled_send_polled_again_stays_in_flight() {
+    // A stalled send raced against a sleep is polled again at every wake of its task.
+    let (rt, transport) = setup();
+    transport.push(Reply::stall());
+    let request = get(&transport, "/hang");
+    let counts = rt
+        .block_on(async {
+            let mut send = std::pin::pin!(transport.send(request));
+            let mut counts = Vec::new();
+            for _ in 0..3 {
+                let sleep = std::pin::pin!(rt.sleep(Duration::from_secs(1)));
+                let slept = futures::future::select(send.as_mut(), sleep).await;
+                assert!(matches!(slept, futures::future::Either::Right(_)));
+                counts.push(transport.in_flight());
+            }
+            counts
+        })
+        .unwrap();
+    assert_eq!(counts, [1, 1, 1], "still stalled, so still in flight");
+    assert_eq!(transport.in_flight(), 0, "dropped at the end of block_on");
+}
+
+#[test]
+fn a_delayed_stall_starts_after_its_delay() {
+    let (rt, transport) = setup();
+    transport.push(Reply::stall().after(Duration::from_secs(5)));
+    let send = transport.send(get(&transport, "/"));
+    let err = rt.block_on(send).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "deadlock at +5s: 1 task parked and no timer to wait for"
+    );
+    assert_eq!(rt.now(), at(5_000));
+}
+
+#[test]
 fn bodies_come_whole_or_in_chunks_on_the_clock() {
     let (rt, transport) = setup();
     transport.push(Reply::ok().body("hello world"));
