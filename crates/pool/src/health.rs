@@ -13,7 +13,8 @@
 //! those of the latest `at` (on a tie, the one heard last). A send's `at` is read
 //! just before the breaker hears of it, so two sends told apart by less than that
 //! gap, on two threads, can still show their breaker changes in the wrong order
-//! until the next change; [`ResilientClient::breaker_state`] is exact.
+//! until the next answer (a `Succeeded` shows the breaker closed: an answer closes
+//! it) or breaker change; [`ResilientClient::breaker_state`] is exact.
 //!
 //! [`ResilientClient::breaker_state`]: crate::ResilientClient::breaker_state
 
@@ -61,6 +62,9 @@ pub struct ApiHealth {
     /// Sends started and not yet ended.
     pub in_flight: u32,
     /// Sends that got an answer or failed in the window (synthetic failures excluded).
+    /// A `NotSent` failure (a pooled connection the server had closed; the call
+    /// redials it for free) is a sent `Failed` in the event contract, so it counts
+    /// here as a failed send, and its few milliseconds in the latency.
     pub sends_in_window: u32,
     /// Of those, the ones that succeeded.
     pub successes_in_window: u32,
@@ -150,11 +154,18 @@ impl ApiState {
     }
 
     fn prune(&mut self, now: Instant, window: Duration) {
-        let horizon = now.saturating_sub(window);
-        while self.samples.front().is_some_and(|s| s.at < horizon) {
+        while self
+            .samples
+            .front()
+            .is_some_and(|s| outside(s.at, now, window))
+        {
             self.samples.pop_front();
         }
-        while self.refused.front().is_some_and(|t| *t < horizon) {
+        while self
+            .refused
+            .front()
+            .is_some_and(|t| outside(*t, now, window))
+        {
             self.refused.pop_front();
         }
     }
@@ -191,7 +202,14 @@ pub struct HealthObserver {
 }
 
 impl HealthObserver {
-    /// Figures over a sliding `window` of event time (success rate, latency).
+    /// Figures over a sliding `window` of event time (success rate, latency): the
+    /// sends whose `at` lies in `(end - window, end]`, where the window ends at the
+    /// latest event (or at the time a `snapshot_at` names).
+    ///
+    /// Each send in the window is kept (24 bytes), and a snapshot reads them all
+    /// under the lock every client's events take: memory and a snapshot's time grow
+    /// with rate × window. A minute at a few hundred sends a second is a few hundred
+    /// kilobytes; `Duration::MAX` keeps every send for ever.
     #[must_use]
     pub fn new(window: Duration) -> Self {
         HealthObserver {
@@ -211,7 +229,7 @@ impl HealthObserver {
     pub fn snapshot(&self, api: &str) -> Option<ApiHealth> {
         let apis = self.lock();
         let state = apis.get(api)?;
-        Some(figures(state, self.horizon(state, None)))
+        Some(figures(state, self.window_end(state, None), self.window))
     }
 
     /// The figures of `api` with the window ending at `now` (the clock of the
@@ -228,7 +246,11 @@ impl HealthObserver {
     pub fn snapshot_at(&self, api: &str, now: Instant) -> Option<ApiHealth> {
         let apis = self.lock();
         let state = apis.get(api)?;
-        Some(figures(state, self.horizon(state, Some(now))))
+        Some(figures(
+            state,
+            self.window_end(state, Some(now)),
+            self.window,
+        ))
     }
 
     /// The figures of every API seen, sorted by name, each with the window ending at
@@ -248,22 +270,31 @@ impl HealthObserver {
         self.collect(Some(now))
     }
 
-    /// Where the window of `state` starts: it ends at `now`, or at the API's latest
-    /// event when `now` is earlier or not given.
-    fn horizon(&self, state: &ApiState, now: Option<Instant>) -> Instant {
+    /// Where the window of `state` ends: at `now`, or at the API's latest event when
+    /// `now` is earlier or not given.
+    fn window_end(&self, state: &ApiState, now: Option<Instant>) -> Instant {
         now.map_or(state.updated_at, |n| n.max(state.updated_at))
-            .saturating_sub(self.window)
     }
 
     fn collect(&self, now: Option<Instant>) -> Vec<(Arc<str>, ApiHealth)> {
         let apis = self.lock();
         let mut all: Vec<_> = apis
             .iter()
-            .map(|(name, state)| (Arc::clone(name), figures(state, self.horizon(state, now))))
+            .map(|(name, state)| {
+                let end = self.window_end(state, now);
+                (Arc::clone(name), figures(state, end, self.window))
+            })
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }
+}
+
+/// Whether `at` lies outside the window of length `window` that ends at `now`: the
+/// window is `(now - window, now]`, so a 10 s window holds 10 s of sends, not one
+/// more at its far edge.
+fn outside(at: Instant, now: Instant, window: Duration) -> bool {
+    now.saturating_duration_since(at) >= window
 }
 
 /// Inserts `item` after every element whose time is at or before its own: at the end
@@ -274,12 +305,14 @@ fn push_in_order<T>(queue: &mut VecDeque<T>, item: T, at: impl Fn(&T) -> Instant
     queue.insert(pos, item);
 }
 
-/// The figures of `state` over the sends at or after `horizon` (the kept samples are
-/// in time order, so the window is their tail).
-fn figures(state: &ApiState, horizon: Instant) -> ApiHealth {
-    let first = state.samples.partition_point(|s| s.at < horizon);
+/// The figures of `state` over the sends in the `window` that ends at `end` (the kept
+/// samples are in time order, so the window is their tail).
+fn figures(state: &ApiState, end: Instant, window: Duration) -> ApiHealth {
+    let first = state
+        .samples
+        .partition_point(|s| outside(s.at, end, window));
     let samples = || state.samples.range(first..);
-    let refused = state.refused.len() - state.refused.partition_point(|t| *t < horizon);
+    let refused = state.refused.len() - state.refused.partition_point(|t| outside(*t, end, window));
     let sends = u32::try_from(samples().len()).unwrap_or(u32::MAX);
     let successes = u32::try_from(samples().filter(|s| s.ok).count()).unwrap_or(u32::MAX);
     let total_ms: u128 = samples().map(|s| u128::from(s.ms)).sum();
@@ -316,6 +349,10 @@ impl TransportObserver for HealthObserver {
             EventKind::Succeeded { status, ms, .. } => {
                 state.in_flight -= 1;
                 state.saw_status(*status, event.at);
+                // An answer for the caller closes an open breaker (of any epoch), with
+                // or without its own `BreakerClosed`: a close reported before an
+                // earlier opening from another thread is not left showing `Open`.
+                state.saw_breaker(BreakerView::Closed, event.at);
                 push_in_order(
                     &mut state.samples,
                     Sample {
@@ -751,5 +788,110 @@ mod tests {
             ),
         );
         assert_eq!(h.snapshot("a").unwrap().in_flight, 0);
+    }
+
+    #[test]
+    fn the_window_holds_its_length_of_sends_and_not_one_more() {
+        // One send a second into a 10 s window: ten sends in it, whichever second.
+        let h = HealthObserver::new(Duration::from_secs(10));
+        for i in 0..=30 {
+            h.on_event(
+                "a",
+                &ev(
+                    i * 1000,
+                    EventKind::Started {
+                        send: 1,
+                        attempt: 1,
+                    },
+                ),
+            );
+            h.on_event("a", &ev(i * 1000, ok(5, StatusCode::OK)));
+            let expected = u32::try_from(i + 1).unwrap().min(10);
+            assert_eq!(
+                h.snapshot("a").unwrap().sends_in_window,
+                expected,
+                "at {i} s"
+            );
+        }
+        // Reading later: a send exactly a window before the reading is out.
+        let a = |ms| h.snapshot_at("a", at(ms)).unwrap().sends_in_window;
+        assert_eq!((a(39_999), a(40_000)), (1, 0));
+        // Refusals too.
+        let h = HealthObserver::new(Duration::from_secs(10));
+        let refused = ClientError::new(ErrorKind::BreakerOpen, 0);
+        h.on_event(
+            "a",
+            &ev(
+                0,
+                EventKind::Started {
+                    send: 1,
+                    attempt: 1,
+                },
+            ),
+        );
+        h.on_event("a", &ev(0, failed(0, false, refused)));
+        let r = |ms| h.snapshot_at("a", at(ms)).unwrap().refused_in_window;
+        assert_eq!((r(0), r(9_999), r(10_000)), (1, 1, 0));
+    }
+
+    #[test]
+    fn an_answer_closes_a_breaker_whose_close_was_heard_before_its_opening() {
+        // Thread B's 503 (at 2.000 s) opens the breaker, then thread A's 200 (head at
+        // 1.990 s) closes it; their events arrive in time order, so the close first.
+        let h = HealthObserver::new(Duration::from_secs(10));
+        h.on_event(
+            "a",
+            &ev(
+                2_000,
+                EventKind::BreakerOpened {
+                    cooldown: Duration::from_secs(5),
+                },
+            ),
+        );
+        h.on_event("a", &ev(1_990, EventKind::BreakerClosed));
+        assert!(matches!(
+            h.snapshot("a").unwrap().breaker,
+            BreakerView::Open { .. }
+        ));
+        // The next answer shows the breaker as it is: closed (2xx never reports a
+        // transition on a closed breaker).
+        h.on_event(
+            "a",
+            &ev(
+                3_000,
+                EventKind::Started {
+                    send: 1,
+                    attempt: 1,
+                },
+            ),
+        );
+        h.on_event("a", &ev(3_000, ok(5, StatusCode::OK)));
+        assert_eq!(h.snapshot("a").unwrap().breaker, BreakerView::Closed);
+        // An answer from before the opening does not close it.
+        let h = HealthObserver::new(Duration::from_secs(10));
+        h.on_event(
+            "a",
+            &ev(
+                2_000,
+                EventKind::BreakerOpened {
+                    cooldown: Duration::from_secs(5),
+                },
+            ),
+        );
+        h.on_event(
+            "a",
+            &ev(
+                1_990,
+                EventKind::Started {
+                    send: 1,
+                    attempt: 1,
+                },
+            ),
+        );
+        h.on_event("a", &ev(1_990, ok(5, StatusCode::OK)));
+        assert!(matches!(
+            h.snapshot("a").unwrap().breaker,
+            BreakerView::Open { .. }
+        ));
     }
 }
