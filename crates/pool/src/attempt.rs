@@ -713,15 +713,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     .is_some_and(is_idempotency_key),
                 false,
             );
-        self.token_generation = token.map(|t| {
-            request.set_header(t.name, t.value);
-            t.generation
-        });
+        // The retry count first, so a token under the same name replaces it, never
+        // the other way round.
         if self.retries > 0
             && let Some(name) = &client.retry_count_header
         {
             request.set_header(name.clone(), HeaderValue::from(self.retries));
         }
+        self.token_generation = token.map(|t| {
+            request.set_header(t.name, t.value);
+            t.generation
+        });
         Ok((request, idempotent))
     }
 

@@ -18,6 +18,26 @@ use crate::rate::{RateLimit, TokenBucket};
 use crate::runtime::Runtime;
 use crate::transport::Transport;
 
+/// The header names [`ClientBuilder::retry_count_header`] refuses: the idempotency
+/// key, credentials, and the headers that frame the message or the connection.
+pub const RESERVED_RETRY_COUNT_HEADERS: [HeaderName; 15] = [
+    HeaderName::from_static("idempotency-key"),
+    HeaderName::from_static("authorization"),
+    HeaderName::from_static("proxy-authorization"),
+    HeaderName::from_static("cookie"),
+    HeaderName::from_static("host"),
+    HeaderName::from_static("content-length"),
+    HeaderName::from_static("content-type"),
+    HeaderName::from_static("content-encoding"),
+    HeaderName::from_static("transfer-encoding"),
+    HeaderName::from_static("connection"),
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("te"),
+    HeaderName::from_static("trailer"),
+    HeaderName::from_static("upgrade"),
+];
+
 /// The default header read for [`ClientError::request_id`](crate::ClientError::request_id).
 pub const DEFAULT_REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -116,6 +136,12 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     /// Adds header `name` to every retry, carrying the retry's number (`1` on the
     /// first retry, `2` on the second). The first attempt carries none; a redial or
     /// a 401 replay carries the number of the attempt it repeats. Off by default.
+    ///
+    /// It replaces a header of that name the request closure set, but not the auth
+    /// token's: a token under the same name goes out instead. `build()` refuses the
+    /// names it must never replace ([`RESERVED_RETRY_COUNT_HEADERS`]): a retry with
+    /// a new `Idempotency-Key` is a new operation to the server, and credentials or
+    /// the message's framing would be lost.
     pub fn retry_count_header(mut self, name: HeaderName) -> Self {
         self.retry_count_header = Some(name);
         self
@@ -222,8 +248,20 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     /// [`MAX_PERMITS`](crate::concurrency::MAX_PERMITS); a `rate_limit` that is not a
     /// finite number above zero or too slow to refill its burst (`rate_limit.burst`
     /// for a burst of 0); a breaker threshold of 0 (`breaker.threshold`), a zero
-    /// cooldown or one above its max (`breaker.cooldown`).
+    /// cooldown or one above its max (`breaker.cooldown`); a `retry_count_header`
+    /// among [`RESERVED_RETRY_COUNT_HEADERS`].
     pub fn build(self) -> Result<ResilientClient<T, R, A>, ConfigError> {
+        if self
+            .retry_count_header
+            .as_ref()
+            .is_some_and(|name| RESERVED_RETRY_COUNT_HEADERS.contains(name))
+        {
+            return Err(ConfigError::new(
+                "retry_count_header",
+                "must not name a header the request depends on (idempotency key, \
+                 credentials, framing)",
+            ));
+        }
         if self.default_retry.max < self.default_retry.base {
             return Err(ConfigError::new(
                 "default_retry.max",

@@ -209,7 +209,8 @@ impl HealthObserver {
     /// Each send in the window is kept (24 bytes), and a snapshot reads them all
     /// under the lock every client's events take: memory and a snapshot's time grow
     /// with rate × window. A minute at a few hundred sends a second is a few hundred
-    /// kilobytes; `Duration::MAX` keeps every send for ever.
+    /// kilobytes; `Duration::MAX` keeps every send for ever. A zero window holds no
+    /// send: its rates and latencies read `None`.
     #[must_use]
     pub fn new(window: Duration) -> Self {
         HealthObserver {

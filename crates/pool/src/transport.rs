@@ -238,12 +238,28 @@ pub trait TransportResponse {
         content_length_header(self.headers())
     }
 
-    /// The next chunk of the body, `Ok(None)` at its end.
+    /// The next chunk of the body, `Ok(None)` at its end. An empty chunk carries
+    /// nothing: the loop's error-body read takes it as the end, and
+    /// [`read_body`] skips it, giving way once.
     ///
     /// The loop calls this only for error responses, to keep up to 2048 bytes of the
     /// body, and always inside the send's time limit. Dropping the future abandons the
     /// read; the bytes already returned stay valid.
     fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>>;
+}
+
+/// Returns `Pending` once, waking its task at once, then `Ready`.
+fn yield_once() -> impl Future<Output = ()> {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
 }
 
 /// Reads the rest of `response`'s body, at most `limit` bytes: the body of a success,
@@ -284,6 +300,10 @@ pub async fn read_body<R: TransportResponse + ?Sized>(
     let mut len = 0usize;
     while let Some(chunk) = response.chunk().await? {
         if chunk.is_empty() {
+            // Skipped, but after giving way once: a response that keeps handing out
+            // ready empty chunks must not keep this poll (and a `timeout_at` around
+            // it, which polls its timer after the work) spinning for ever.
+            yield_once().await;
             continue;
         }
         len = len.saturating_add(chunk.len());

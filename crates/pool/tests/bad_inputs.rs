@@ -287,3 +287,55 @@ fn extreme_cooldowns_saturate_without_panicking() {
         vantage_api_pool::BreakerState::Closed
     );
 }
+
+/// A response whose body is `empties` ready empty chunks, then its end.
+struct EmptyChunks {
+    empties: usize,
+    handed_out: usize,
+    headers: http::HeaderMap,
+}
+
+impl vantage_api_pool::TransportResponse for EmptyChunks {
+    fn status(&self) -> StatusCode {
+        StatusCode::OK
+    }
+    fn headers(&self) -> &http::HeaderMap {
+        &self.headers
+    }
+    async fn chunk(
+        &mut self,
+    ) -> Result<Option<vantage_api_pool::bytes::Bytes>, vantage_api_pool::TransportError> {
+        if self.handed_out == self.empties {
+            return Ok(None);
+        }
+        self.handed_out += 1;
+        Ok(Some(vantage_api_pool::bytes::Bytes::new()))
+    }
+}
+
+#[test]
+fn read_body_gives_way_after_each_empty_chunk() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    // A transport that keeps handing out ready empty chunks must not hold one poll
+    // (and a timeout_at around it, which polls its timer after the work) for ever.
+    let mut response = EmptyChunks {
+        empties: 1_000,
+        handed_out: 0,
+        headers: http::HeaderMap::new(),
+    };
+    {
+        let mut read = std::pin::pin!(vantage_api_pool::transport::read_body(&mut response, 10));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(read.as_mut().poll(&mut cx).is_pending());
+    }
+    assert_eq!(response.handed_out, 1, "one empty chunk per poll");
+    // Driven to the end, the empty chunks are skipped: an empty body.
+    let rt = vantage_api_pool_testkit::VirtualRuntime::new();
+    let body = rt
+        .block_on(vantage_api_pool::transport::read_body(&mut response, 10))
+        .unwrap()
+        .unwrap();
+    assert!(body.is_empty());
+    assert_eq!(response.handed_out, 1_000);
+}

@@ -66,6 +66,53 @@ fn no_retry_count_header_is_set_unless_asked() {
 }
 
 #[test]
+fn a_retry_count_header_the_request_depends_on_is_refused() {
+    let w = World::new();
+    for name in vantage_api_pool::builder::RESERVED_RETRY_COUNT_HEADERS {
+        let err = w
+            .builder()
+            .retry_count_header(name.clone())
+            .build()
+            .unwrap_err();
+        assert_eq!(err.setting(), "retry_count_header", "{name}");
+    }
+    // Any other name is taken.
+    let ok = w
+        .builder()
+        .retry_count_header(HeaderName::from_static("x-retry-count"))
+        .build();
+    assert!(ok.is_ok());
+}
+
+#[test]
+fn a_token_under_the_retry_count_headers_name_goes_out_on_the_retry() {
+    let w = World::new();
+    let key = HeaderName::from_static("x-api-key");
+    let client = w
+        .builder()
+        .retry_count_header(key.clone())
+        .auth(send_token_fn(|| async {
+            Ok::<_, AuthError>((
+                HeaderName::from_static("x-api-key"),
+                HeaderValue::from_static("k-1"),
+            ))
+        }))
+        .build()
+        .unwrap();
+    w.transport.push_many([Reply::status(503), Reply::ok()]);
+    w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let sent: Vec<_> = w
+        .transport
+        .requests()
+        .iter()
+        .map(|r| r.headers[&key].clone())
+        .collect();
+    assert_eq!(sent, ["k-1", "k-1"]);
+}
+
+#[test]
 fn auth_keeps_the_settings_made_before_it() {
     let w = World::new();
     let p = RetryPolicy {

@@ -270,6 +270,12 @@ impl ReqwestTransport {
     /// taken for an unsent request) and `referer(false)` (so a redirect does not tell
     /// another origin the API's URL), as
     /// [`default_client_builder`](ReqwestTransport::default_client_builder) does.
+    ///
+    /// Keep the `read_timeout` finite: reqwest adds it to the clock at each body read
+    /// without a check, so `Duration::MAX` (or any timeout that overflows an instant)
+    /// panics at the first read, the loop's read of an error body included. To have
+    /// no read timeout, leave it unset. A request's own `timeout(Duration::MAX)` is
+    /// fine.
     #[must_use]
     pub fn new(client: reqwest::Client) -> Self {
         ReqwestTransport {
@@ -295,6 +301,8 @@ impl ReqwestTransport {
     /// of [`DEFAULT_READ_TIMEOUT`], [`reqwest::retry::never`] and no `Referer` header
     /// (reqwest would send the URL a redirect came from, path and query included, to
     /// the origin it leads to).
+    ///
+    /// A `read_timeout` you set must be finite (see [`new`](ReqwestTransport::new)).
     ///
     /// Start from it to change something:
     ///
