@@ -316,7 +316,7 @@ impl vantage_api_pool::TransportResponse for EmptyChunks {
 #[test]
 fn read_body_gives_way_after_each_empty_chunk() {
     use std::future::Future;
-    use std::task::{Context, Poll, Waker};
+    use std::task::{Context, Waker};
     // A transport that keeps handing out ready empty chunks must not hold one poll
     // (and a timeout_at around it, which polls its timer after the work) for ever.
     let mut response = EmptyChunks {
