@@ -434,16 +434,7 @@ mod tests {
     fn keeps_figures_per_api_over_a_window() {
         let h = HealthObserver::new(Duration::from_secs(10));
         let err = ClientError::new(ErrorKind::Status(StatusCode::BAD_GATEWAY), 1);
-        h.on_event(
-            "a",
-            &ev(
-                0,
-                EventKind::Started {
-                    send: 1,
-                    attempt: 1,
-                },
-            ),
-        );
+        h.on_event("a", &ev(0, started()));
         assert_eq!(h.snapshot("a").unwrap().in_flight, 1);
         h.on_event(
             "a",
@@ -532,21 +523,25 @@ mod tests {
         assert_eq!((later.sends_in_window, later.successes_in_window), (1, 1));
         assert_eq!(h.snapshots_at(at(60_000))[0].1.sends_in_window, 0);
         // Samples older than the window drop out.
-        h.on_event(
-            "a",
-            &ev(
-                20_000,
-                EventKind::Started {
-                    send: 1,
-                    attempt: 1,
-                },
-            ),
-        );
+        h.on_event("a", &ev(20_000, started()));
         let a = h.snapshot("a").unwrap();
         assert_eq!((a.sends_in_window, a.success_rate), (0, None));
         assert_eq!(h.snapshots().len(), 2);
         h.on_event("b", &ev(20_000, EventKind::BreakerClosed));
         assert_eq!(h.snapshot("b").unwrap().breaker, BreakerView::Closed);
+    }
+
+    fn opened_for_5_s() -> EventKind {
+        EventKind::BreakerOpened {
+            cooldown: Duration::from_secs(5),
+        }
+    }
+
+    fn started() -> EventKind {
+        EventKind::Started {
+            send: 1,
+            attempt: 1,
+        }
     }
 
     fn ok(ms: u64, status: StatusCode) -> EventKind {
@@ -697,16 +692,7 @@ mod tests {
     fn synthetic_failures_are_refusals_not_sends() {
         let h = HealthObserver::new(Duration::from_secs(10));
         let err = ClientError::new(ErrorKind::BreakerOpen, 0);
-        h.on_event(
-            "a",
-            &ev(
-                0,
-                EventKind::Started {
-                    send: 1,
-                    attempt: 1,
-                },
-            ),
-        );
+        h.on_event("a", &ev(0, started()));
         h.on_event(
             "a",
             &ev(
@@ -777,17 +763,7 @@ mod tests {
             bytes: None,
         };
         h.on_event("a", &TransportEvent::new(at(30), call, ok));
-        h.on_event(
-            "a",
-            &TransportEvent::new(
-                at(10),
-                call,
-                EventKind::Started {
-                    send: 1,
-                    attempt: 1,
-                },
-            ),
-        );
+        h.on_event("a", &TransportEvent::new(at(10), call, started()));
         assert_eq!(h.snapshot("a").unwrap().in_flight, 0);
     }
 
@@ -796,16 +772,7 @@ mod tests {
         // One send a second into a 10 s window: ten sends in it, whichever second.
         let h = HealthObserver::new(Duration::from_secs(10));
         for i in 0..=30 {
-            h.on_event(
-                "a",
-                &ev(
-                    i * 1000,
-                    EventKind::Started {
-                        send: 1,
-                        attempt: 1,
-                    },
-                ),
-            );
+            h.on_event("a", &ev(i * 1000, started()));
             h.on_event("a", &ev(i * 1000, ok(5, StatusCode::OK)));
             let expected = u32::try_from(i + 1).unwrap().min(10);
             assert_eq!(
@@ -820,16 +787,7 @@ mod tests {
         // Refusals too.
         let h = HealthObserver::new(Duration::from_secs(10));
         let refused = ClientError::new(ErrorKind::BreakerOpen, 0);
-        h.on_event(
-            "a",
-            &ev(
-                0,
-                EventKind::Started {
-                    send: 1,
-                    attempt: 1,
-                },
-            ),
-        );
+        h.on_event("a", &ev(0, started()));
         h.on_event("a", &ev(0, failed(0, false, refused)));
         let r = |ms| h.snapshot_at("a", at(ms)).unwrap().refused_in_window;
         assert_eq!((r(0), r(9_999), r(10_000)), (1, 1, 0));
@@ -838,17 +796,10 @@ mod tests {
     #[test]
     fn an_answer_closes_a_breaker_whose_close_was_heard_before_its_opening() {
         // Thread B's 503 (at 2.000 s) opens the breaker, then thread A's 200 (head at
-        // 1.990 s) closes it; their events arrive in time order, so the close first.
+        // 1.990 s) closes it: the close is heard last but carries the earlier time,
+        // so the view keeps the opening.
         let h = HealthObserver::new(Duration::from_secs(10));
-        h.on_event(
-            "a",
-            &ev(
-                2_000,
-                EventKind::BreakerOpened {
-                    cooldown: Duration::from_secs(5),
-                },
-            ),
-        );
+        h.on_event("a", &ev(2_000, opened_for_5_s()));
         h.on_event("a", &ev(1_990, EventKind::BreakerClosed));
         assert!(matches!(
             h.snapshot("a").unwrap().breaker,
@@ -856,39 +807,13 @@ mod tests {
         ));
         // The next answer shows the breaker as it is: closed (2xx never reports a
         // transition on a closed breaker).
-        h.on_event(
-            "a",
-            &ev(
-                3_000,
-                EventKind::Started {
-                    send: 1,
-                    attempt: 1,
-                },
-            ),
-        );
+        h.on_event("a", &ev(3_000, started()));
         h.on_event("a", &ev(3_000, ok(5, StatusCode::OK)));
         assert_eq!(h.snapshot("a").unwrap().breaker, BreakerView::Closed);
         // An answer from before the opening does not close it.
         let h = HealthObserver::new(Duration::from_secs(10));
-        h.on_event(
-            "a",
-            &ev(
-                2_000,
-                EventKind::BreakerOpened {
-                    cooldown: Duration::from_secs(5),
-                },
-            ),
-        );
-        h.on_event(
-            "a",
-            &ev(
-                1_990,
-                EventKind::Started {
-                    send: 1,
-                    attempt: 1,
-                },
-            ),
-        );
+        h.on_event("a", &ev(2_000, opened_for_5_s()));
+        h.on_event("a", &ev(1_990, started()));
         h.on_event("a", &ev(1_990, ok(5, StatusCode::OK)));
         assert!(matches!(
             h.snapshot("a").unwrap().breaker,
