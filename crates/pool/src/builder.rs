@@ -3,12 +3,13 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use http::HeaderName;
+use http::{HeaderName, header};
 
 use std::time::Duration;
 
 use crate::auth::{AuthState, NoAuth, TokenSource};
 use crate::breaker::{BreakerConfig, CircuitBreaker};
+use crate::classify::IDEMPOTENCY_KEY;
 use crate::client::{Events, ResilientClient, Shared};
 use crate::concurrency::Limiter;
 use crate::error::ConfigError;
@@ -21,21 +22,21 @@ use crate::transport::Transport;
 /// The header names [`ClientBuilder::retry_count_header`] refuses: the idempotency
 /// key, credentials, and the headers that frame the message or the connection.
 pub const RESERVED_RETRY_COUNT_HEADERS: [HeaderName; 15] = [
-    HeaderName::from_static("idempotency-key"),
-    HeaderName::from_static("authorization"),
-    HeaderName::from_static("proxy-authorization"),
-    HeaderName::from_static("cookie"),
-    HeaderName::from_static("host"),
-    HeaderName::from_static("content-length"),
-    HeaderName::from_static("content-type"),
-    HeaderName::from_static("content-encoding"),
-    HeaderName::from_static("transfer-encoding"),
-    HeaderName::from_static("connection"),
+    IDEMPOTENCY_KEY,
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
+    header::COOKIE,
+    header::HOST,
+    header::CONTENT_LENGTH,
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
-    HeaderName::from_static("te"),
-    HeaderName::from_static("trailer"),
-    HeaderName::from_static("upgrade"),
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
 ];
 
 /// The default header read for [`ClientError::request_id`](crate::ClientError::request_id).

@@ -1851,6 +1851,8 @@ fn background_get(w: &World, client: &C) {
             .unwrap();
 }
 
+// It calls back into the client from its callback, which observers must not do
+// (ARCHITECTURE), on purpose: that is how the test sees whether the slot is free.
 impl TransportObserver for Watcher {
     fn on_event(&self, _api: &str, event: &TransportEvent) {
         if matches!(event.kind, EventKind::Started { .. })

@@ -1156,15 +1156,14 @@ impl VirtualRuntime {
         let mut wakers: Vec<Waker> = Vec::new();
         // The clock moves no further than `until`'s own end, or for a call that has
         // none (block_on, run), than the time limit past where it stands now.
+        let limit_nanos = shared.time_limit_nanos.load(Ordering::Relaxed);
         let time_limit = match until {
             Until::Time(t) => Some(t),
             Until::Idle => None,
-            Until::MainDone | Until::AllTasksDone => {
-                match shared.time_limit_nanos.load(Ordering::Relaxed) {
-                    u64::MAX => None,
-                    nanos => Some(self.now().saturating_add(Duration::from_nanos(nanos))),
-                }
-            }
+            Until::MainDone | Until::AllTasksDone => match limit_nanos {
+                u64::MAX => None,
+                nanos => Some(self.now().saturating_add(Duration::from_nanos(nanos))),
+            },
         };
 
         loop {
@@ -1200,9 +1199,8 @@ impl VirtualRuntime {
                     continue; // woken from another thread just now
                 }
                 if let Fired::Beyond = fired {
-                    let nanos = shared.time_limit_nanos.load(Ordering::Relaxed);
                     return Err(DriveError::TimeLimit {
-                        limit: Duration::from_nanos(nanos),
+                        limit: Duration::from_nanos(limit_nanos),
                         now: self.now(),
                     });
                 }

@@ -929,10 +929,7 @@ impl SendTransportResponse for ScriptedResponse {
         let fail_at = shape.fail_after.as_ref().map(|(n, _)| (*n).min(len));
         // Where the body is cut, if it is: by the first of the two; at the same
         // byte, by the failure.
-        let cut = match (stall_at, fail_at) {
-            (Some(stall), Some(fail)) => Some(stall.min(fail)),
-            (stall, fail) => stall.or(fail),
-        };
+        let cut = stall_at.into_iter().chain(fail_at).min();
         let at_cut = cut.is_some_and(|n| self.pos >= n);
         let fails = at_cut && fail_at == cut;
         if at_cut && !fails {
