@@ -404,9 +404,15 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         Box::pin(self.fetch_token(stale)).await
     }
 
-    /// Fetches a token (single-flight), raced against the budget's end.
+    /// Fetches a token (single-flight), raced against the budget's end. With the
+    /// budget already spent (a 401 whose error body ran to its end), no fetch starts:
+    /// `timeout_at` polls its work once before it looks at the clock, and that poll
+    /// would already reach the token endpoint, only to be dropped.
     async fn fetch_token(&self, stale: Option<u64>) -> Result<Option<Token>, ClientError> {
         let client = self.client;
+        if self.deadline.is_some_and(|deadline| self.now() >= deadline) {
+            return Err(self.timed_out_at_gate());
+        }
         let fetch = client.auth_state.token(&client.auth, stale);
         let result = match self.deadline {
             Some(deadline) => match timeout_at(&client.runtime, deadline, fetch).await {

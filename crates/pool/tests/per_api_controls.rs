@@ -1227,6 +1227,41 @@ fn a_token_wait_ends_with_the_budget() {
 }
 
 #[test]
+fn a_401_whose_body_ends_the_budget_starts_no_refresh() {
+    // Token at 50 ms, the 401's head at 150 ms, then its body stalls until the send's
+    // time limit, the end of the 1 s budget: the replay finds no time left and fetches
+    // nothing (a fetch polled once and then dropped would still reach the endpoint).
+    let w = World::new();
+    w.transport.push(
+        Reply::status(401)
+            .body("denied")
+            .body_stalls_after(2)
+            .after(ms(100)),
+    );
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b);
+    let err =
+        w.rt.block_on(
+            client.execute_with(&bounded_within(3, ms(10), secs(1), secs(1)), |h| {
+                h.get("/x")
+            }),
+        )
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        fetches.load(Ordering::SeqCst),
+        1,
+        "a refresh started after the budget"
+    );
+    assert_eq!(client.token_fetches(), 1);
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
+    assert_eq!(w.now(), secs(1));
+    assert_eq!(w.transport.request_count(), 1);
+    assert_eq!(w.kinds(), ["started", "failed", "started", "failed"]);
+    w.assert_contract();
+}
+
+#[test]
 fn a_token_source_error_is_final_with_a_synthetic_pair() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
