@@ -20,6 +20,7 @@
 //! | a hyper-util client error that is not a connect error and has no [`connect_info`](hyper_util::client::legacy::Error::connect_info) | `NotSent` | hyper-util attaches the connection's info to every error raised once a connection had the request; without it, the error came while a fresh connection was being set up (for example the server closed it before hyper's first read) |
 //! | an [`h2::Error`] from the server: a `REFUSED_STREAM` reset, or a `GOAWAY` with `NO_ERROR` | `NotSent` | RFC 9113 §8.7: the server did not process the stream (reqwest's default retry would resend these itself; see the crate docs) |
 //! | a [`hyper::Error`] in the chain with `is_parse_too_large()` | `TooLarge` | the response head was over hyper's limits (more than 100 headers, or a head larger than its read buffer) |
+//! | a TLS alert from the server refusing the handshake (`handshake_failure`, `access_denied`, `decrypt_error`, or one about a certificate: `certificate_required`, `bad_certificate`, `unknown_ca`, …) | `Tls` | under TLS 1.3 the server checks a client certificate only after the client has finished its side of the handshake and written the request, so the refusal comes on the first read and not as a connect error; the server never let the request through |
 //! | `is_connect()` with an `io::ErrorKind::InvalidData` in the chain | `Tls` | rustls reports handshake and certificate failures as `InvalidData` through tokio-rustls |
 //! | `is_connect()` otherwise (refused, DNS, connect timeout, unreachable, reset during the TCP or TLS handshake) | `Connect` | no connection, nothing reached the server |
 //! | `is_timeout()` (the request's or client's `timeout`, `read_timeout`) | `TimedOut` | the exchange was cut; the server may have acted |
@@ -66,6 +67,11 @@ use vantage_api_pool::{TransportError, TransportErrorKind};
 /// The longest message kept, in bytes.
 const MAX_MESSAGE: usize = 512;
 
+/// The whole message of a `Tls` error: rustls's own text names the expected server
+/// and the certificate's names, and host names stay out of error messages.
+const TLS_FAILED: &str = "the TLS handshake failed (a certificate check on either side, \
+                          or no protocol both sides accept)";
+
 /// Turns a reqwest error raised before the response head into a [`TransportError`]:
 /// the kind from the table in the [module docs](self), the message from
 /// [`reqwest::Error::without_url`] with its sources, never containing a URL.
@@ -89,7 +95,7 @@ pub fn transport_error(err: reqwest::Error) -> TransportError {
     // A TLS failure's text names the expected server and the certificate's names:
     // host names stay out of error messages, so it gets a fixed text.
     let message = if kind == TransportErrorKind::Tls {
-        "the TLS handshake or the server's certificate check failed".to_owned()
+        TLS_FAILED.to_owned()
     } else {
         describe(&err)
     };
@@ -156,6 +162,10 @@ fn kind_of(err: &reqwest::Error) -> TransportErrorKind {
         return kind;
     }
     #[cfg(not(target_arch = "wasm32"))]
+    if native::handshake_refused(err) {
+        return TransportErrorKind::Tls;
+    }
+    #[cfg(not(target_arch = "wasm32"))]
     if err.is_connect() {
         return if io_kinds(err).any(|kind| kind == io::ErrorKind::InvalidData) {
             TransportErrorKind::Tls
@@ -182,8 +192,39 @@ fn kind_of(err: &reqwest::Error) -> TransportErrorKind {
 #[cfg(not(target_arch = "wasm32"))]
 mod native {
     use hyper_util::client::legacy::Error as LegacyError;
+    use rustls::AlertDescription as Alert;
 
-    use super::{StdError, TransportErrorKind, sources};
+    use super::{StdError, TransportErrorKind, inner_errors, sources};
+
+    /// Whether the chain holds a TLS alert by which the server refused the handshake:
+    /// a certificate it would not take (or none where it requires one), access
+    /// denied, or a failed handshake. A server sends these only before its side of
+    /// the handshake is complete, so it has let no request through. Other alerts
+    /// (`bad_record_mac`, `close_notify`, …) can come mid-exchange and say nothing
+    /// about what the server did.
+    pub(super) fn handshake_refused(err: &reqwest::Error) -> bool {
+        inner_errors(err).any(|e| {
+            matches!(
+                e.downcast_ref::<rustls::Error>(),
+                Some(rustls::Error::AlertReceived(
+                    Alert::HandshakeFailure
+                        | Alert::AccessDenied
+                        | Alert::DecryptError
+                        | Alert::NoCertificate
+                        | Alert::BadCertificate
+                        | Alert::UnsupportedCertificate
+                        | Alert::CertificateRevoked
+                        | Alert::CertificateExpired
+                        | Alert::CertificateUnknown
+                        | Alert::UnknownCA
+                        | Alert::CertificateRequired
+                        | Alert::CertificateUnobtainable
+                        | Alert::BadCertificateStatusResponse
+                        | Alert::BadCertificateHashValue
+                ))
+            )
+        })
+    }
 
     /// `NotSent`, `TooLarge` or `Config` when a hyper, h2 or hyper-util error in the
     /// chain says so.
@@ -228,16 +269,24 @@ mod native {
     }
 }
 
-/// The kinds of the `io::Error`s in `err`'s source chain, outermost first,
-/// including those wrapped inside another `io::Error` (whose `source()` skips the
-/// wrapped error: tokio-rustls's `InvalidData` sits inside hyper-util's `Other`).
-fn io_kinds(err: &reqwest::Error) -> impl Iterator<Item = io::ErrorKind> + '_ {
+/// `err`'s sources, outermost first, each followed by the errors wrapped inside it
+/// when it is an `io::Error` (whose `source()` skips the wrapped error:
+/// tokio-rustls's `InvalidData`, holding a `rustls::Error`, sits inside hyper-util's
+/// `Other`).
+fn inner_errors(err: &reqwest::Error) -> impl Iterator<Item = &(dyn StdError + 'static)> {
     sources(err).flat_map(|e| {
-        std::iter::successors(e.downcast_ref::<io::Error>(), |io| {
-            io.get_ref()?.downcast_ref::<io::Error>()
+        std::iter::successors(Some(e), |&e| {
+            let inner = e.downcast_ref::<io::Error>()?.get_ref()?;
+            Some(inner as &(dyn StdError + 'static))
         })
-        .map(io::Error::kind)
     })
+}
+
+/// The kinds of the `io::Error`s among [`inner_errors`], outermost first.
+fn io_kinds(err: &reqwest::Error) -> impl Iterator<Item = io::ErrorKind> + '_ {
+    inner_errors(err)
+        .filter_map(|e| e.downcast_ref::<io::Error>())
+        .map(io::Error::kind)
 }
 
 /// The text of the abort reason reqwest on wasm32 gives a fetch when a request's

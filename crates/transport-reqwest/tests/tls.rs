@@ -40,17 +40,14 @@ struct TlsServer {
 
 impl TlsServer {
     async fn start(answer: impl Fn(usize) -> Option<String> + Send + Sync + 'static) -> TlsServer {
+        Self::start_with(server_config(rustls::DEFAULT_VERSIONS, false), answer).await
+    }
+
+    async fn start_with(
+        config: rustls::ServerConfig,
+        answer: impl Fn(usize) -> Option<String> + Send + Sync + 'static,
+    ) -> TlsServer {
         let answer = Arc::new(answer);
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("protocol versions")
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![CertificateDer::from_pem_slice(CERT).expect("server.pem")],
-                PrivateKeyDer::from_pem_slice(KEY).expect("server.key"),
-            )
-            .expect("certificate and key");
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -102,6 +99,37 @@ impl TlsServer {
     fn requests(&self) -> usize {
         self.heads.lock().unwrap().len()
     }
+}
+
+/// The server's TLS settings: the test certificate, the given protocol versions, and
+/// with `client_certificate`, a client certificate from the test CA required.
+fn server_config(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    client_certificate: bool,
+) -> rustls::ServerConfig {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(versions)
+        .expect("protocol versions");
+    let builder = if client_certificate {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(CA).expect("ca.pem"))
+            .expect("the test CA");
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .expect("client verifier");
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    builder
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(CERT).expect("server.pem")],
+            PrivateKeyDer::from_pem_slice(KEY).expect("server.key"),
+        )
+        .expect("certificate and key")
 }
 
 /// A client over a transport the adapter builds from its default builder, trusting
@@ -223,6 +251,45 @@ async fn an_untrusted_certificate_is_a_final_tls_error_and_nothing_is_sent() {
         "{:?}",
         client.breaker_state()
     );
+}
+
+#[tokio::test]
+async fn a_server_that_requires_a_client_certificate_gives_a_final_tls_error_not_a_cut_send() {
+    // Under TLS 1.2 the server refuses the missing certificate during the handshake.
+    // Under TLS 1.3 the client has finished its side and written the POST before
+    // the server's `certificate_required` alert arrives, on the first read: still a
+    // handshake the server refused, with nothing let through, so `Tls` (final,
+    // nothing sent), not `Interrupted` ("something may have been sent").
+    for (version, versions) in [
+        ("1.2", &[&rustls::version::TLS12]),
+        ("1.3", &[&rustls::version::TLS13]),
+    ] {
+        let server =
+            TlsServer::start_with(server_config(versions, true), |_| Some(ok("paid"))).await;
+        let observer = RecordingObserver::new();
+        let (client, _transport) = trusting_client(&observer);
+        let url = server.url("/charge");
+        let error = client
+            .execute_with(&policy(3).idempotent(true), |http| {
+                http.post(&url).body("amount=5")
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.kind(),
+            ErrorKind::Transport(TransportErrorKind::Tls),
+            "TLS {version}: {error}"
+        );
+        assert!(error.nothing_sent(), "TLS {version}");
+        assert_eq!(error.attempts(), 1, "TLS {version}: final, not retried");
+        assert_no_url(&error);
+        assert_eq!(
+            trace(&observer),
+            ["started s1 a1", "failed s1 a1 transport:tls"],
+            "TLS {version}"
+        );
+        assert_eq!(server.requests(), 0, "TLS {version}");
+    }
 }
 
 #[tokio::test]
