@@ -28,16 +28,21 @@ use vantage_api_pool_reqwest::ReqwestTransport;
 
 # async fn demo(url: &str) -> Result<(), Box<dyn std::error::Error>> {
 let health = Arc::new(HealthObserver::new(Duration::from_secs(60)));
-let client = ReqwestTransport::tokio_builder(reqwest::Client::new())
+// The adapter builds the reqwest client: a 30 s read timeout, no retries of
+// reqwest's own, a tracked redirect policy (see "Hidden retries" below).
+let client = ReqwestTransport::tokio_default()?
     .max_parallel(4).rate_limit(10.0).default_breaker()
     .observer("orders-api", health).build()?;
 let resp = client.execute_with(&CallPolicy::essential(), |http| http.get(url)).await?;
 let orders = resp.into_inner().text().await?; // a plain reqwest::Response
 # let _ = orders;
 
-// Or let the adapter build its own client, with a 30 s read timeout and without
-// reqwest's own retries (see "Hidden retries" below):
-let client = ReqwestTransport::tokio_default()?.max_parallel(4).build()?;
+// Or a reqwest client of your own, from the adapter's builder so it keeps those
+// settings (a plain `reqwest::Client::new()` has none of them):
+let own = ReqwestTransport::default_client_builder()
+    .user_agent("orders-sync/1.0")
+    .build()?;
+let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 # let _ = client;
 # Ok(())
 # }
@@ -113,8 +118,10 @@ let client = ReqwestTransport::tokio_default()?.max_parallel(4).build()?;
 //!   the pool sees one send that took a little longer.
 //! - redirects: reqwest follows up to 10 by default within one send. A hop to another
 //!   origin (host, port or scheme) drops `Authorization`, `Cookie` and
-//!   `Proxy-Authorization`, but not other headers: a token source that puts its token
-//!   in a custom header (say `x-api-key`) should be used with
+//!   `Proxy-Authorization`, but not other headers. A [tracked](redirect::tracked)
+//!   policy follows no hop out of the API's origin for a request that carries the
+//!   token under another name (say `x-api-key`): the 3xx goes to the caller. With an
+//!   untracked policy, such a token source should be used with
 //!   `redirect(reqwest::redirect::Policy::none())`, which hands every 3xx to the
 //!   caller. An error on a later hop (refused, DNS, TLS) would read as "never sent"
 //!   although the first hop reached a server; a [tracked](redirect::tracked) policy,
@@ -267,7 +274,8 @@ impl ReqwestTransport {
     /// (so a stalled success body cannot hang its reader), `retry(reqwest::retry::never())`
     /// (so reqwest does not resend behind the pool's back), a
     /// [tracked](redirect::tracked) redirect policy (so an error after a redirect is not
-    /// taken for an unsent request) and `referer(false)` (so a redirect does not tell
+    /// taken for an unsent request, and the token does not follow a redirect to another
+    /// origin on a later hop or under a custom header name) and `referer(false)` (so a redirect does not tell
     /// another origin the API's URL), as
     /// [`default_client_builder`](ReqwestTransport::default_client_builder) does.
     ///
@@ -503,6 +511,7 @@ macro_rules! transport_impl {
                 &self,
                 request: ReqwestRequest,
             ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> $(+ $send)? {
+                let guarded = request.guarded();
                 let (client, request) = request.into_parts();
                 #[cfg(not(target_arch = "wasm32"))]
                 let client = match &self.rebuild {
@@ -511,6 +520,7 @@ macro_rules! transport_impl {
                 };
                 Sending {
                     pending: client.execute(request),
+                    guarded,
                     redirected: false,
                 }
             }
@@ -568,6 +578,9 @@ pin_project_lite::pin_project! {
     struct Sending<F> {
         #[pin]
         pending: F,
+        // The request carries a secret reqwest would keep on a hop to another origin:
+        // a tracked redirect policy follows no such hop.
+        guarded: bool,
         // A tracked redirect policy decided on a redirect during this send.
         redirected: bool,
     }
@@ -586,7 +599,7 @@ where
         let this = self.project();
         #[cfg(not(target_arch = "wasm32"))]
         {
-            let (poll, redirected) = redirect::noting(|| this.pending.poll(cx));
+            let (poll, redirected) = redirect::noting(*this.guarded, || this.pending.poll(cx));
             *this.redirected |= redirected;
             let map_error = if *this.redirected {
                 error::after_redirect
@@ -598,7 +611,7 @@ where
         // The browser follows redirects itself, and every failure is `Interrupted`.
         #[cfg(target_arch = "wasm32")]
         {
-            let _ = this.redirected;
+            let _ = (this.guarded, this.redirected);
             this.pending
                 .poll(cx)
                 .map(|result| result.map(ReqwestResponse::new).map_err(error::send_error))

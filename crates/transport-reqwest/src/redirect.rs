@@ -12,7 +12,11 @@
 //! origin (scheme, host or port) from the hop before it. So after the API redirects to
 //! another origin, a further redirect within that origin would carry the API's token
 //! there. A tracked policy stops the chain at such a hop instead: the 3xx that asked
-//! for it goes to the caller, and nothing more is sent.
+//! for it goes to the caller, and nothing more is sent. Other headers reqwest keeps
+//! on every hop, to any origin: for a request that carries a sensitive value under
+//! another name (the pool's token in `x-api-key`, say, which
+//! [`set_header`](vantage_api_pool::PreparedRequest::set_header) notes), a tracked
+//! policy follows no hop out of the first origin.
 //!
 //! [`tracked`] wraps a redirect policy so that every decision it takes is noted for
 //! the send being polled: reqwest asks its policy synchronously, inside the poll of
@@ -34,10 +38,16 @@ use std::cell::Cell;
 use reqwest::Url;
 use reqwest::redirect::Policy;
 
+/// In [`STATE`]: a tracked policy decided on a redirect during the current poll.
+const DECIDED: u8 = 1;
+/// In [`STATE`]: the send being polled carries a secret that reqwest keeps on a hop
+/// to another origin.
+const GUARDED: u8 = 2;
+
 thread_local! {
-    /// Set when a tracked policy decides on a redirect during the current poll of a
-    /// send on this thread.
-    static DECIDED: Cell<bool> = const { Cell::new(false) };
+    /// The current poll of a send on this thread: [`DECIDED`] and [`GUARDED`]. One
+    /// cell for both, so a poll reads and restores it once.
+    static STATE: Cell<u8> = const { Cell::new(0) };
 }
 
 /// `policy`, noting each redirect it decides on for the send being polled, so an error
@@ -57,13 +67,14 @@ thread_local! {
 #[must_use]
 pub fn tracked(policy: Policy) -> Policy {
     Policy::custom(move |attempt| {
+        let state = STATE.with(Cell::get);
         if let [first, .., last] = attempt.previous()
-            && same_origin(attempt.url(), last)
-            && !same_origin(last, first)
+            && ((state & GUARDED != 0 && !same_origin(attempt.url(), first))
+                || (same_origin(attempt.url(), last) && !same_origin(last, first)))
         {
             return attempt.stop();
         }
-        DECIDED.with(|decided| decided.set(true));
+        STATE.with(|cell| cell.set(state | DECIDED));
         policy.redirect(attempt)
     })
 }
@@ -76,13 +87,14 @@ fn same_origin(a: &Url, b: &Url) -> bool {
         && a.port_or_known_default() == b.port_or_known_default()
 }
 
-/// Runs one poll of a send's future and tells whether a tracked policy decided on a
-/// redirect during it. Restores the flag it found, so it nests.
-pub(crate) fn noting<T>(poll: impl FnOnce() -> T) -> (T, bool) {
-    let outer = DECIDED.with(|decided| decided.replace(false));
+/// Runs one poll of a send's future, `guarded` if its request carries a secret that
+/// must not leave its origin, and tells whether a tracked policy decided on a
+/// redirect during it. Restores the state it found, so it nests.
+pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, bool) {
+    let outer = STATE.with(|cell| cell.replace(if guarded { GUARDED } else { 0 }));
     let output = poll();
-    let decided = DECIDED.with(|decided| decided.replace(outer));
-    (output, decided)
+    let state = STATE.with(|cell| cell.replace(outer));
+    (output, state & DECIDED != 0)
 }
 
 #[cfg(test)]
@@ -112,16 +124,19 @@ mod tests {
     }
 
     #[test]
-    fn noting_sees_only_its_own_poll_and_restores_the_outer_flag() {
-        let ((inner, outer_before), outer) = noting(|| {
-            DECIDED.with(|d| d.set(true));
-            let (_, inner) = noting(|| ());
-            (inner, DECIDED.with(Cell::get))
+    fn noting_sees_only_its_own_poll_and_restores_the_outer_state() {
+        let ((inner, inner_guarded, outer_before), outer) = noting(true, || {
+            STATE.with(|d| d.set(d.get() | DECIDED));
+            let ((), inner) = noting(false, || ());
+            let inner_guarded = noting(true, || STATE.with(Cell::get) & GUARDED != 0).0;
+            (inner, inner_guarded, STATE.with(Cell::get))
         });
-        // The inner poll decided nothing; the outer one's decision survived it.
+        // The inner poll decided nothing and saw its own guard; the outer one's
+        // decision and guard survived it.
         assert!(!inner);
-        assert!(outer_before);
+        assert!(inner_guarded);
+        assert_eq!(outer_before, DECIDED | GUARDED);
         assert!(outer);
-        assert!(!DECIDED.with(Cell::get));
+        assert_eq!(STATE.with(Cell::get), 0);
     }
 }

@@ -792,8 +792,89 @@ async fn a_post_redirected_to_a_dead_port_is_interrupted_not_unsent_with_a_track
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_in_a_custom_header_follows_a_redirect_unless_redirects_are_off() {
-    // Documented in the crate docs: reqwest strips only the standard credentials.
+async fn a_token_in_a_custom_header_stays_in_its_origin_on_a_tracked_client() {
+    // reqwest drops only the standard credentials on a hop to another origin. A
+    // tracked policy (the adapter's own client, or yours wrapped in `tracked`) follows
+    // no such hop for a request carrying the pool's token under another name: the 302
+    // is the response. A hop inside the API's origin is still followed.
+    use vantage_api_pool_reqwest::redirect::tracked;
+    let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
+    let location = format!("location: {}", other.url("/landing"));
+    let api = FaultServer::start(move |_, seen| {
+        if seen.head.starts_with("get /home ") {
+            Act::Respond(response("302 Found", &[&location], ""))
+        } else if seen.head.starts_with("get /moved ") {
+            Act::Respond(response("302 Found", &["location: /home"], ""))
+        } else {
+            Act::Respond(ok("home"))
+        }
+    })
+    .await;
+    let moved = api.url("/moved");
+    let away = api.url("/home");
+    let yours = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(tracked(reqwest::redirect::Policy::limited(5)))
+        .build()
+        .unwrap();
+    for (name, transport) in [
+        (
+            "the adapter's client",
+            ReqwestTransport::with_defaults().unwrap(),
+        ),
+        ("a tracked client of yours", ReqwestTransport::new(yours)),
+    ] {
+        let observer = RecordingObserver::new();
+        let client = ResilientClient::builder(transport, TokioRuntime::new())
+            .observer("test-api", Arc::new(observer.clone()))
+            .auth(fixed_token("x-api-key"))
+            .build()
+            .unwrap();
+        // /moved -> /home (same origin, followed) -> other origin (not followed).
+        let response = client
+            .execute_with(&policy(0), |http| http.get(&moved))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::FOUND, "{name}");
+        assert_eq!(
+            trace(&observer),
+            ["started s1 a1", "ok s1 a1 302"],
+            "{name}"
+        );
+        // A request without the token (no sensitive header of another name) follows.
+        let plain = ReqwestTransport::with_defaults().unwrap();
+        let landed = ResilientClient::builder(plain, TokioRuntime::new())
+            .build()
+            .unwrap()
+            .execute_with(&policy(0), |http| http.get(&away))
+            .await
+            .unwrap();
+        assert_eq!(
+            landed.into_inner().text().await.unwrap(),
+            "landed",
+            "{name}"
+        );
+    }
+    let heads: Vec<String> = api.requests().iter().map(|r| r.head.clone()).collect();
+    assert_eq!(heads.len(), 6, "{heads:?}");
+    assert!(
+        api.requests()
+            .iter()
+            .filter(|r| r.header("x-api-key").is_some())
+            .count()
+            == 4,
+        "the token went to both hops inside the API's origin, twice: {heads:?}"
+    );
+    // Only the two token-less requests reached the other origin.
+    let seen = other.requests();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|r| r.header("x-api-key").is_none()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_in_a_custom_header_follows_an_untracked_redirect_unless_redirects_are_off() {
+    // Documented in the crate docs: on a client of yours with an untracked policy,
+    // reqwest strips only the standard credentials.
     let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
     let location = format!("location: {}", other.url("/landing"));
     let first =
