@@ -198,8 +198,10 @@ mod native {
 
     /// Whether the chain holds a TLS alert by which the server refused the handshake:
     /// a certificate it would not take (or none where it requires one), access
-    /// denied, or a failed handshake. A server sends these only before its side of
-    /// the handshake is complete, so it has let no request through. Other alerts
+    /// denied, or a failed handshake. A server sends these only before it accepts
+    /// any application data (under TLS 1.3, `certificate_required` comes after its
+    /// own `Finished` but before it reads the request), so it has let no request
+    /// through. Other alerts
     /// (`bad_record_mac`, `close_notify`, …) can come mid-exchange and say nothing
     /// about what the server did.
     pub(super) fn handshake_refused(err: &reqwest::Error) -> bool {

@@ -120,7 +120,8 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //!   origin (host, port or scheme) drops `Authorization`, `Cookie` and
 //!   `Proxy-Authorization`, but not other headers. A [tracked](redirect::tracked)
 //!   policy follows no hop out of the API's origin for a request that carries the
-//!   token under another name (say `x-api-key`): the 3xx goes to the caller. With an
+//!   token under another name (say `x-api-key`), or any header value marked
+//!   sensitive: the 3xx goes to the caller. With an
 //!   untracked policy, such a token source should be used with
 //!   `redirect(reqwest::redirect::Policy::none())`, which hands every 3xx to the
 //!   caller. An error on a later hop (refused, DNS, TLS) would read as "never sent"
@@ -511,13 +512,16 @@ macro_rules! transport_impl {
                 &self,
                 request: ReqwestRequest,
             ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> $(+ $send)? {
-                let guarded = request.guarded();
                 let (client, request) = request.into_parts();
                 #[cfg(not(target_arch = "wasm32"))]
                 let client = match &self.rebuild {
                     Some(rebuild) => rebuild.lock().client.clone(),
                     None => client,
                 };
+                #[cfg(not(target_arch = "wasm32"))]
+                let guarded = redirect::carries_secret(request.headers());
+                #[cfg(target_arch = "wasm32")]
+                let guarded = false;
                 Sending {
                     pending: client.execute(request),
                     guarded,

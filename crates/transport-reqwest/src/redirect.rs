@@ -13,10 +13,12 @@
 //! another origin, a further redirect within that origin would carry the API's token
 //! there. A tracked policy stops the chain at such a hop instead: the 3xx that asked
 //! for it goes to the caller, and nothing more is sent. Other headers reqwest keeps
-//! on every hop, to any origin: for a request that carries a sensitive value under
-//! another name (the pool's token in `x-api-key`, say, which
-//! [`set_header`](vantage_api_pool::PreparedRequest::set_header) notes), a tracked
-//! policy follows no hop out of the first origin.
+//! on every hop, to any origin: for a request that carries a sensitive value
+//! ([`HeaderValue::set_sensitive`](http::HeaderValue::set_sensitive)) under another
+//! name, a tracked policy follows no hop out of the first origin. The pool marks its
+//! token sensitive, so a token in `x-api-key` stays with the API; mark a secret you
+//! set on the draft yourself too. The client's `default_headers` are added by reqwest
+//! after the adapter has seen the request, so a secret there is not guarded.
 //!
 //! [`tracked`] wraps a redirect policy so that every decision it takes is noted for
 //! the send being polled: reqwest asks its policy synchronously, inside the poll of
@@ -35,6 +37,8 @@
 
 use std::cell::Cell;
 
+use http::HeaderMap;
+use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION};
 use reqwest::Url;
 use reqwest::redirect::Policy;
 
@@ -68,10 +72,16 @@ thread_local! {
 pub fn tracked(policy: Policy) -> Policy {
     Policy::custom(move |attempt| {
         let state = STATE.with(Cell::get);
-        if let [first, .., last] = attempt.previous()
-            && ((state & GUARDED != 0 && !same_origin(attempt.url(), first))
-                || (same_origin(attempt.url(), last) && !same_origin(last, first)))
-        {
+        let previous = attempt.previous();
+        // A guarded request stays in its first origin, from the first hop on.
+        let leaves_guarded = state & GUARDED != 0
+            && previous
+                .first()
+                .is_some_and(|first| !same_origin(attempt.url(), first));
+        // A hop inside an origin the chain has moved to would get the credentials back.
+        let credentials_back = matches!(previous, [first, .., last]
+            if same_origin(attempt.url(), last) && !same_origin(last, first));
+        if leaves_guarded || credentials_back {
             return attempt.stop();
         }
         STATE.with(|cell| cell.set(state | DECIDED));
@@ -87,13 +97,35 @@ fn same_origin(a: &Url, b: &Url) -> bool {
         && a.port_or_known_default() == b.port_or_known_default()
 }
 
+/// Whether `headers` hold a sensitive value under a name that reqwest keeps on a hop
+/// to another origin (it drops only `Authorization`, `Cookie` and
+/// `Proxy-Authorization` there). Such a request is guarded: a tracked policy keeps
+/// it in its first origin.
+pub(crate) fn carries_secret(headers: &HeaderMap) -> bool {
+    headers.iter().any(|(name, value)| {
+        value.is_sensitive()
+            && name != AUTHORIZATION
+            && name != COOKIE
+            && name != PROXY_AUTHORIZATION
+    })
+}
+
 /// Runs one poll of a send's future, `guarded` if its request carries a secret that
 /// must not leave its origin, and tells whether a tracked policy decided on a
-/// redirect during it. Restores the state it found, so it nests.
+/// redirect during it. Restores the state it found, also when the poll panics, so
+/// it nests and leaves nothing behind on the thread.
 pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, bool) {
-    let outer = STATE.with(|cell| cell.replace(if guarded { GUARDED } else { 0 }));
+    /// Puts the outer state back when dropped.
+    struct Restore(u8);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            STATE.with(|cell| cell.set(self.0));
+        }
+    }
+    let restore = Restore(STATE.with(|cell| cell.replace(if guarded { GUARDED } else { 0 })));
     let output = poll();
-    let state = STATE.with(|cell| cell.replace(outer));
+    let state = STATE.with(Cell::get);
+    drop(restore);
     (output, state & DECIDED != 0)
 }
 
@@ -121,6 +153,39 @@ mod tests {
             &url("http://a.test:8080/")
         ));
         assert!(!same_origin(&url("http://a.test/"), &url("http://b.test/")));
+    }
+
+    #[test]
+    fn a_secret_is_a_sensitive_value_under_a_name_reqwest_keeps_across_origins() {
+        let sensitive = |v: &'static str| {
+            let mut value = http::HeaderValue::from_static(v);
+            value.set_sensitive(true);
+            value
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("x-trace", http::HeaderValue::from_static("plain"));
+        headers.insert(AUTHORIZATION, sensitive("Bearer t"));
+        headers.insert(COOKIE, sensitive("s=1"));
+        headers.insert(PROXY_AUTHORIZATION, sensitive("Basic p"));
+        assert!(!carries_secret(&headers), "reqwest drops these itself");
+        headers.insert("x-api-key", http::HeaderValue::from_static("k"));
+        assert!(!carries_secret(&headers), "not marked sensitive");
+        headers.insert("x-api-key", sensitive("k"));
+        assert!(carries_secret(&headers));
+    }
+
+    #[test]
+    fn noting_restores_the_outer_state_when_the_poll_panics() {
+        STATE.with(|cell| cell.set(DECIDED));
+        let panicked = std::panic::catch_unwind(|| {
+            noting(true, || {
+                STATE.with(|cell| cell.set(cell.get() | DECIDED));
+                panic!("a poll that panics");
+            })
+        });
+        assert!(panicked.is_err());
+        assert_eq!(STATE.with(Cell::get), DECIDED);
+        STATE.with(|cell| cell.set(0));
     }
 
     #[test]

@@ -3,7 +3,6 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 
-use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION};
 use http::{HeaderName, HeaderValue, Method};
 use vantage_api_pool::PreparedRequest;
 
@@ -17,27 +16,13 @@ use vantage_api_pool::PreparedRequest;
 pub struct ReqwestRequest {
     client: reqwest::Client,
     request: reqwest::Request,
-    /// [`set_header`](PreparedRequest::set_header) put a sensitive value under a name
-    /// reqwest keeps on a hop to another origin (see [`tracked`]).
-    ///
-    /// [`tracked`]: crate::redirect::tracked
-    guarded: bool,
 }
 
 impl ReqwestRequest {
     /// A request that `client` will send.
     #[must_use]
     pub fn new(client: reqwest::Client, request: reqwest::Request) -> Self {
-        ReqwestRequest {
-            client,
-            request,
-            guarded: false,
-        }
-    }
-
-    /// Whether a tracked redirect policy must keep this request inside its origin.
-    pub(crate) fn guarded(&self) -> bool {
-        self.guarded
+        ReqwestRequest { client, request }
     }
 
     /// The client the draft came from. It sends the request, except on a transport
@@ -100,20 +85,7 @@ impl PreparedRequest for ReqwestRequest {
     /// (such as an `Authorization` token) should mark it. A sensitive value is left
     /// out of the HTTP/2 header compression table and shown as `Sensitive` by
     /// `HeaderValue`'s `Debug`.
-    ///
-    /// A sensitive value under a name other than `Authorization`, `Cookie` and
-    /// `Proxy-Authorization` (which reqwest itself drops from a hop to another
-    /// origin), such as the pool's token in `x-api-key`, keeps a
-    /// [tracked](crate::redirect::tracked) redirect policy from following this
-    /// request to another origin: the 3xx is the response.
     fn set_header(&mut self, name: HeaderName, value: HeaderValue) {
-        if value.is_sensitive()
-            && name != AUTHORIZATION
-            && name != COOKIE
-            && name != PROXY_AUTHORIZATION
-        {
-            self.guarded = true;
-        }
         self.request.headers_mut().insert(name, value);
     }
 }

@@ -791,13 +791,30 @@ async fn a_post_redirected_to_a_dead_port_is_interrupted_not_unsent_with_a_track
     );
 }
 
+/// A transport over `ReqwestTransport::with_defaults()`, or over a client of your own
+/// with a tracked policy.
+fn tracked_transport(own: bool) -> ReqwestTransport {
+    use vantage_api_pool_reqwest::redirect::tracked;
+    if own {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(tracked(reqwest::redirect::Policy::limited(5)))
+            .build()
+            .unwrap();
+        ReqwestTransport::new(client)
+    } else {
+        ReqwestTransport::with_defaults().unwrap()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_in_a_custom_header_stays_in_its_origin_on_a_tracked_client() {
     // reqwest drops only the standard credentials on a hop to another origin. A
     // tracked policy (the adapter's own client, or yours wrapped in `tracked`) follows
-    // no such hop for a request carrying the pool's token under another name: the 302
-    // is the response. A hop inside the API's origin is still followed.
-    use vantage_api_pool_reqwest::redirect::tracked;
+    // no such hop for a request carrying a sensitive value under another name (the
+    // pool's token, or one the closure set and marked): the 302 is the response, on
+    // the first hop out as on a later one. A hop inside the API's origin is still
+    // followed, and a request without such a value follows every hop.
     let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
     let location = format!("location: {}", other.url("/landing"));
     let api = FaultServer::start(move |_, seen| {
@@ -810,43 +827,55 @@ async fn a_token_in_a_custom_header_stays_in_its_origin_on_a_tracked_client() {
         }
     })
     .await;
-    let moved = api.url("/moved");
-    let away = api.url("/home");
-    let yours = reqwest::Client::builder()
-        .no_proxy()
-        .redirect(tracked(reqwest::redirect::Policy::limited(5)))
-        .build()
-        .unwrap();
-    for (name, transport) in [
-        (
-            "the adapter's client",
-            ReqwestTransport::with_defaults().unwrap(),
-        ),
-        ("a tracked client of yours", ReqwestTransport::new(yours)),
+    let (moved, home) = (api.url("/moved"), api.url("/home"));
+    for (name, own) in [
+        ("the adapter's client", false),
+        ("a tracked client of yours", true),
     ] {
         let observer = RecordingObserver::new();
-        let client = ResilientClient::builder(transport, TokioRuntime::new())
+        let with_token = ResilientClient::builder(tracked_transport(own), TokioRuntime::new())
             .observer("test-api", Arc::new(observer.clone()))
             .auth(fixed_token("x-api-key"))
             .build()
             .unwrap();
+        // /home -> other origin: not followed.
+        let response = with_token
+            .execute_with(&policy(0), |http| http.get(&home))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::FOUND, "{name}, one hop");
         // /moved -> /home (same origin, followed) -> other origin (not followed).
-        let response = client
+        let response = with_token
             .execute_with(&policy(0), |http| http.get(&moved))
             .await
             .unwrap();
-        assert_eq!(response.status(), StatusCode::FOUND, "{name}");
+        assert_eq!(response.status(), StatusCode::FOUND, "{name}, two hops");
         assert_eq!(
             trace(&observer),
-            ["started s1 a1", "ok s1 a1 302"],
+            [
+                "started s1 a1",
+                "ok s1 a1 302",
+                "started s1 a1",
+                "ok s1 a1 302"
+            ],
             "{name}"
         );
-        // A request without the token (no sensitive header of another name) follows.
-        let plain = ReqwestTransport::with_defaults().unwrap();
-        let landed = ResilientClient::builder(plain, TokioRuntime::new())
+        let without_token = ResilientClient::builder(tracked_transport(own), TokioRuntime::new())
             .build()
-            .unwrap()
-            .execute_with(&policy(0), |http| http.get(&away))
+            .unwrap();
+        // A secret the closure set and marked sensitive: not followed either.
+        let response = without_token
+            .execute_with(&policy(0), |http| {
+                let mut key = HeaderValue::from_static("k-123");
+                key.set_sensitive(true);
+                http.get(&home).header("x-api-key", key)
+            })
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::FOUND, "{name}, own secret");
+        // Nothing secret: followed to the other origin.
+        let landed = without_token
+            .execute_with(&policy(0), |http| http.get(&home))
             .await
             .unwrap();
         assert_eq!(
@@ -856,16 +885,16 @@ async fn a_token_in_a_custom_header_stays_in_its_origin_on_a_tracked_client() {
         );
     }
     let heads: Vec<String> = api.requests().iter().map(|r| r.head.clone()).collect();
-    assert_eq!(heads.len(), 6, "{heads:?}");
-    assert!(
-        api.requests()
-            .iter()
-            .filter(|r| r.header("x-api-key").is_some())
-            .count()
-            == 4,
-        "the token went to both hops inside the API's origin, twice: {heads:?}"
-    );
-    // Only the two token-less requests reached the other origin.
+    assert_eq!(heads.len(), 10, "{heads:?}");
+    let keyed = api
+        .requests()
+        .iter()
+        .filter(|r| r.header("x-api-key").is_some())
+        .count();
+    // Per client: /home, /moved and its hop to /home with the token, /home with the
+    // closure's key.
+    assert_eq!(keyed, 8, "{heads:?}");
+    // Only the two requests without a secret reached the other origin.
     let seen = other.requests();
     assert_eq!(seen.len(), 2);
     assert!(seen.iter().all(|r| r.header("x-api-key").is_none()));
