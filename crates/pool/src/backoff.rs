@@ -331,6 +331,23 @@ mod tests {
     }
 
     #[test]
+    fn a_random_number_out_of_range_is_clamped_into_zero_to_just_below_one() {
+        // A runtime's `random()` should be in [0, 1); 1.0 itself counts as the largest
+        // value below it, so Proportional(1.0) never doubles a delay outright.
+        assert!(clamp_unit(1.0) < 1.0);
+        assert_eq!(clamp_unit(1.0), clamp_unit(7.0));
+        assert_eq!(clamp_unit(f64::INFINITY), clamp_unit(1.0));
+        assert_eq!(clamp_unit(-0.5), 0.0);
+        assert_eq!(clamp_unit(f64::NAN), 0.0);
+        assert_eq!(clamp_unit(0.25), 0.25);
+        let big = Duration::from_nanos(1 << 60);
+        assert_eq!(
+            apply_jitter(Jitter::Proportional(1.0), big, DelaySource::Policy, 1.0),
+            Duration::from_nanos((1 << 61) - 128)
+        );
+    }
+
+    #[test]
     fn server_delay_is_never_shortened() {
         let modes = [
             Jitter::None,

@@ -467,6 +467,8 @@ mod tests {
         open_it(&b, at(0));
         assert_eq!(b.state(at(1)), BreakerState::Open { until: at(5) });
         assert_eq!(b.check(at(4)), Gate::OpenFor(Duration::from_secs(1)));
+        // At the end of the cooldown exactly, `state` and `check` agree: half-open.
+        assert_eq!(b.state(at(5)), BreakerState::HalfOpen);
         let mut t = 5;
         for want in [10, 20, 40, 60, 60] {
             let Gate::Allow { probe: Some(epoch) } = b.check(at(t)) else {

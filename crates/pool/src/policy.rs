@@ -526,6 +526,12 @@ mod tests {
             name(b.clone().with_attempt_timeout(Duration::from_secs(31))),
             "attempt_timeout"
         );
+        // Equal to the budget (30 s) is allowed: one attempt may use all of it.
+        let whole = b
+            .clone()
+            .with_attempt_timeout(Duration::from_secs(30))
+            .unwrap();
+        assert_eq!(whole.attempt_timeout(), Duration::from_secs(30));
         assert_eq!(name(b.clone().with_budget(Some(Duration::ZERO))), "budget");
         assert_eq!(
             name(b.clone().with_budget(Some(Duration::from_secs(9)))),

@@ -108,7 +108,8 @@ fn interval(per_second: f64) -> Result<Duration, ConfigError> {
     }
     // Whole nanoseconds, rounded up so the bucket never grants faster than the rate
     // (3/s refills every 333,333,334 ns, not 333,333,333). A quotient within a few
-    // ulps of a whole number (6 s for 1/6 per second) is that number.
+    // ulps of a whole number is that number: 1/49 per second divides into
+    // 49,000,000,000.00001 in f64, and is 49 s, not 49 s and 1 ns.
     let exact = 1e9 / per_second;
     let nanos = if (exact - exact.round()).abs() <= exact * 4.0 * f64::EPSILON {
         exact.round()
@@ -212,6 +213,11 @@ mod tests {
             RateLimit::per_second(1e-10).unwrap_err().setting(),
             "rate_limit"
         );
+        // On the bound (interval × burst exactly MAX_REFILL) accepted, one past it not.
+        let on_the_bound = RateLimit::with_burst(1e9 / f64::from(1u32 << 31), 1 << 31).unwrap();
+        assert_eq!(on_the_bound.interval().as_nanos(), 1 << 31);
+        assert_eq!(on_the_bound.interval() * on_the_bound.burst(), MAX_REFILL);
+        assert!(RateLimit::with_burst(1e9 / f64::from(1u32 << 31), (1 << 31) + 1).is_err());
         // Just inside the bound: granted as promised, the burst and no more.
         let limit = RateLimit::with_burst(1.0 / (100.0 * year), 1).unwrap();
         let b = TokenBucket::new(limit);
@@ -322,7 +328,9 @@ mod tests {
         assert_eq!(nanos(23.0), 43_478_261);
         assert_eq!(nanos(2.4e8), 5);
         assert_eq!(nanos(7e8), 2);
-        // Exact quotients stay exact, also through float error.
+        // Exact quotients stay exact, also through float error (1e9 / (1/49) is
+        // 49,000,000,000.00001 in f64; 1/6 happens to divide exactly).
+        assert_eq!(nanos(1.0 / 49.0), 49_000_000_000);
         assert_eq!(nanos(1.0 / 6.0), 6_000_000_000);
         assert_eq!(nanos(10.0), 100_000_000);
         assert_eq!(nanos(1e9), 1);
@@ -352,6 +360,9 @@ mod tests {
     fn refuses_bad_rates_and_bursts() {
         for bad in [
             0.0,
+            // 1e9 / -0.0 is -inf, which would cast to a 0 ns interval: refused as a
+            // rate, not taken for the fastest one.
+            -0.0,
             -1.0,
             f64::NAN,
             f64::INFINITY,
