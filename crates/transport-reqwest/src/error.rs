@@ -201,9 +201,8 @@ mod native {
     /// denied, or a failed handshake. A server sends these only before it accepts
     /// any application data (under TLS 1.3, `certificate_required` comes after its
     /// own `Finished` but before it reads the request), so it has let no request
-    /// through. Other alerts
-    /// (`bad_record_mac`, `close_notify`, …) can come mid-exchange and say nothing
-    /// about what the server did.
+    /// through. Other alerts (`bad_record_mac`, `close_notify`, …) can come
+    /// mid-exchange and say nothing about what the server did.
     pub(super) fn handshake_refused(err: &reqwest::Error) -> bool {
         inner_errors(err).any(|e| {
             matches!(

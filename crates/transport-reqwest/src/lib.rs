@@ -121,8 +121,8 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //!   `Proxy-Authorization`, but not other headers. A [tracked](redirect::tracked)
 //!   policy follows no hop out of the API's origin for a request that carries the
 //!   token under another name (say `x-api-key`), or any header value marked
-//!   sensitive: the 3xx goes to the caller. With an
-//!   untracked policy, such a token source should be used with
+//!   sensitive: the 3xx goes to the caller. With an untracked policy, such a token
+//!   source should be used with
 //!   `redirect(reqwest::redirect::Policy::none())`, which hands every 3xx to the
 //!   caller. An error on a later hop (refused, DNS, TLS) would read as "never sent"
 //!   although the first hop reached a server; a [tracked](redirect::tracked) policy,
@@ -276,8 +276,8 @@ impl ReqwestTransport {
     /// (so reqwest does not resend behind the pool's back), a
     /// [tracked](redirect::tracked) redirect policy (so an error after a redirect is not
     /// taken for an unsent request, and the token does not follow a redirect to another
-    /// origin on a later hop or under a custom header name) and `referer(false)` (so a redirect does not tell
-    /// another origin the API's URL), as
+    /// origin on a later hop or under a custom header name) and `referer(false)` (so a
+    /// redirect does not tell another origin the API's URL), as
     /// [`default_client_builder`](ReqwestTransport::default_client_builder) does.
     ///
     /// Keep the `read_timeout` finite: reqwest adds it to the clock at each body read
