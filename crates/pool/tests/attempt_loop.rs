@@ -283,6 +283,32 @@ fn a_404_is_final_after_one_attempt_under_every_policy_with_its_body_cut() {
 }
 
 #[test]
+fn an_error_body_is_read_only_to_its_limit_not_to_its_end() {
+    // A 404 whose 1 MB body comes 100 bytes a second, under an hour's time limit:
+    // the loop reads 21 chunks (2,048 bytes and one past the limit) and stops, so
+    // the call ends after 21 s, not when the body or the time limit ends.
+    let w = World::new();
+    w.transport.default_reply(
+        Reply::status(404)
+            .body(vec![b'e'; 1 << 20])
+            .chunk_size(100)
+            .chunk_delay(secs(1)),
+    );
+    let client = w.client();
+    let policy = CallPolicy::background()
+        .with_attempt_timeout(secs(3600))
+        .unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.status(), Some(StatusCode::NOT_FOUND));
+    assert_eq!(err.body().map(<[u8]>::len), Some(2048));
+    assert_eq!(w.now(), secs(21));
+    w.assert_contract();
+}
+
+#[test]
 fn a_post_is_not_retried_after_a_500_unless_it_carries_an_idempotency_key() {
     let w = World::new();
     w.transport.default_reply(Reply::status(500));

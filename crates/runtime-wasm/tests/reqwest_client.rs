@@ -257,6 +257,13 @@ async fn a_request_timeout_longer_than_a_js_timer_takes_is_cut_to_it_not_a_panic
         let prepared = transport.prepare(draft).expect("a valid request");
         assert_eq!(prepared.into_inner().timeout(), Some(&kept), "{asked:?}");
     }
+    // Changed after `prepare`, through `DerefMut`: `send` cuts it too.
+    let mut prepared = transport
+        .prepare(transport.handle().get(&url))
+        .expect("a valid request");
+    *prepared.timeout_mut() = Some(Duration::MAX);
+    let response = transport.send(prepared).await.expect("200");
+    assert_eq!(response.status(), StatusCode::OK);
     let observer = RecordingObserver::new();
     let client = client(&observer);
     let path = fresh("plain");
@@ -284,6 +291,18 @@ async fn a_body_cut_by_the_requests_timeout_is_timed_out() {
         .expect("the head arrives");
     assert_eq!(response.status(), StatusCode::OK);
     let err = response.bytes().await.expect_err("the body stalls");
+    assert_eq!(err.kind(), TransportErrorKind::TimedOut, "{err}");
+    assert!(!err.to_string().contains("127.0.0.1"), "{err}");
+    // The same through `chunk()`, the path the loop's own body reads take (an
+    // unread response's `bytes()` goes to reqwest directly).
+    let url = format!("{}{}", server(), fresh("stall-body"));
+    let mut response = client
+        .execute(|http| http.get(&url).timeout(Duration::from_millis(500)))
+        .await
+        .expect("the head arrives");
+    let err = vantage_api_pool::transport::read_body(&mut response, 1000)
+        .await
+        .expect_err("the body stalls");
     assert_eq!(err.kind(), TransportErrorKind::TimedOut, "{err}");
     assert!(!err.to_string().contains("127.0.0.1"), "{err}");
 }

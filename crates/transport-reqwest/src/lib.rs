@@ -513,6 +513,11 @@ macro_rules! transport_impl {
                 request: ReqwestRequest,
             ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> $(+ $send)? {
                 let (client, request) = request.into_parts();
+                // Again here: a request's timeout can be changed after `prepare`
+                // (`ReqwestRequest` dereferences to it mutably), or the request made
+                // with `ReqwestRequest::new`.
+                #[cfg(target_arch = "wasm32")]
+                let request = cap_wasm_timeout(request);
                 #[cfg(not(target_arch = "wasm32"))]
                 let client = match &self.rebuild {
                     Some(rebuild) => rebuild.lock().client.clone(),
