@@ -149,6 +149,8 @@ async fn dropping_an_armed_sleep_really_calls_clear_timeout() {
     let before = clear_timeout_calls();
     let mut sleep = Box::pin(rt.sleep(Duration::from_secs(60)));
     assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
+    // A second poll before the timer fired keeps the timer it armed.
+    assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
     assert_eq!(clear_timeout_calls(), before, "cleared while armed");
     drop(sleep);
     assert_eq!(clear_timeout_calls(), before + 1.0);
