@@ -41,6 +41,20 @@ struct CallRecord {
     result: Option<Result<(), ClientError>>,
 }
 
+/// The bodies of the two replies that ask for a delay, so the checks know what each
+/// asked from the generator, not from the client's own parse of its headers.
+const WAIT_1_S: &str = "retry-after: 1";
+const WAIT_750_MS: &str = "retry-after-ms: 750";
+
+/// The delay the reply behind `error` asked for, read from its body.
+fn asked_delay(error: &ClientError) -> Option<Duration> {
+    match error.body() {
+        Some(body) if body == WAIT_1_S.as_bytes() => Some(Duration::from_secs(1)),
+        Some(body) if body == WAIT_750_MS.as_bytes() => Some(ms(750)),
+        _ => None,
+    }
+}
+
 /// The fault schedule: what each send is answered with.
 fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
     if !auth_ok {
@@ -51,10 +65,12 @@ fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
         6 => Reply::status(500),
         7 => Reply::status(502),
         8 => Reply::status(503),
-        9 => Reply::status(503).header("retry-after", "1"),
+        9 => Reply::status(503).header("retry-after", "1").body(WAIT_1_S),
         10 => Reply::status(408),
         11 => Reply::status(429),
-        12 => Reply::status(429).header("retry-after-ms", "750"),
+        12 => Reply::status(429)
+            .header("retry-after-ms", "750")
+            .body(WAIT_750_MS),
         13 => Reply::status(404).body("gone"),
         14 => Reply::status(401),
         15 => Reply::fail(
@@ -331,8 +347,11 @@ fn run_seed(seed: u64) -> Result<(), String> {
             let (server_token, rt, completed) =
                 (server_token.clone(), rt.clone(), completed.clone());
             let (replaced, current) = (replaced.clone(), current.clone());
+            // From 20 ms to 1.5 s, varying by fetch, so callers that need a token
+            // pile up behind a fetch, and some are dropped while it runs.
+            let latency = ms(20 + (fetch as u64 * 7_919 + 13) % 1_480);
             async move {
-                rt.sleep(ms(20)).await;
+                rt.sleep(latency).await;
                 completed.fetch_add(1, Ordering::SeqCst);
                 let n = server_token.load(Ordering::SeqCst);
                 let token = format!("Bearer t{n}-{fetch}");
@@ -356,9 +375,23 @@ fn run_seed(seed: u64) -> Result<(), String> {
     let plans: Vec<CallPlan> = (0..n_calls)
         .map(|_| {
             let policy = policy(&mut rng);
-            let start = rng.ms(20_000);
+            // Half the calls start within 300 ms of each other, so they meet at the
+            // gate (a token fetch, the permits, the probe).
+            let start = if rng.chance(50) {
+                rng.ms(300)
+            } else {
+                rng.ms(20_000)
+            };
             let forever = matches!(policy.retry(), RetryMode::UntilCancelled { .. });
-            let drop_at = (forever || rng.chance(30)).then(|| start + rng.ms(90_000));
+            // A third of the drops come early, while the call is likely still waiting.
+            let drop_at = (forever || rng.chance(30)).then(|| {
+                start
+                    + if rng.chance(30) {
+                        rng.ms(1_500)
+                    } else {
+                        rng.ms(90_000)
+                    }
+            });
             CallPlan {
                 policy,
                 start,
@@ -563,7 +596,16 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 }
                 EventKind::Failed {
                     error, sent: true, ..
-                } => last_failed = Some((e, error.retry_after())),
+                } => {
+                    let asked = asked_delay(error);
+                    if asked.is_some() && error.retry_after() != asked {
+                        problems.push(format!(
+                            "{call:?}: the server asked for {asked:?}, the error says {:?}",
+                            error.retry_after()
+                        ));
+                    }
+                    last_failed = Some((e, asked));
+                }
                 EventKind::RetryScheduled { after, .. } => {
                     retry_due = Some(e.at + *after);
                     // No retry leaves before the server's delay, clamped to the policy's
