@@ -325,12 +325,24 @@ fn breaker_matches_its_specification_under_every_interleaving() {
                                 }
                             }
                         }
-                        None => match pick(8) {
+                        None => match pick(10) {
                             0 if !old_epochs.is_empty() => {
                                 // A late failure reported with an epoch that is no
                                 // longer (or never again) the probe's.
                                 let old = old_epochs[pick(old_epochs.len() as u64) as usize];
                                 spec_record(b, w, BreakerEffect::Failure, Some(old));
+                            }
+                            8 => {
+                                // A late answer: from an old probe's epoch, or from a
+                                // send that left while the breaker was closed.
+                                let epoch = (!old_epochs.is_empty() && pick(2) == 0)
+                                    .then(|| old_epochs[pick(old_epochs.len() as u64) as usize]);
+                                let effect = if pick(2) == 0 {
+                                    BreakerEffect::Success
+                                } else {
+                                    BreakerEffect::Reachable
+                                };
+                                spec_record(b, w, effect, epoch);
                             }
                             1 if !stale.is_empty() => {
                                 let guard = stale.swap_remove(0);
