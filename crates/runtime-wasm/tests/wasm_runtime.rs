@@ -142,6 +142,47 @@ fn clear_timeout_calls() -> f64 {
         .expect("a number")
 }
 
+/// Makes every `setTimeout` fire `early_by` ms before its delay (0: on time) and
+/// returns how many it was asked for so far. The wrapper is installed once and
+/// reads its lead at each call.
+fn timers_fire_early(early_by: f64) -> f64 {
+    let body = "if (globalThis.__setTimeoutCalls === undefined) {\
+                    globalThis.__setTimeoutCalls = 0;\
+                    globalThis.__earlyBy = 0;\
+                    const set = globalThis.setTimeout;\
+                    globalThis.setTimeout = function (f, ms, ...rest) {\
+                        globalThis.__setTimeoutCalls += 1;\
+                        return set(f, Math.max(0, ms - globalThis.__earlyBy), ...rest);\
+                    };\
+                }\
+                globalThis.__earlyBy = earlyBy;\
+                return globalThis.__setTimeoutCalls;";
+    js_sys::Function::new_with_args("earlyBy", body)
+        .call1(&JsValue::NULL, &JsValue::from_f64(early_by))
+        .expect("the wrapper runs")
+        .as_f64()
+        .expect("a number")
+}
+
+#[wasm_bindgen_test]
+async fn a_timer_that_fires_early_is_armed_again_until_the_deadline() {
+    // Node's timers fire up to about a millisecond early, at random: here every
+    // timer fires 3 ms early, so a sleep that took the first fire for its end would
+    // end 3 ms short, every time.
+    let rt = WasmRuntime::new();
+    let before = timers_fire_early(3.0);
+    let raw_start = raw_performance_now();
+    rt.sleep(ms(10)).await;
+    let raw = raw_performance_now() - raw_start;
+    let armed = timers_fire_early(0.0) - before;
+    assert!(raw >= 10.0, "a 10 ms sleep took {raw} ms");
+    assert!(
+        armed >= 2.0,
+        "{armed} timer(s) armed for a sleep whose first fired early"
+    );
+    assert_eq!(rt.pending_timers(), 0);
+}
+
 #[wasm_bindgen_test]
 async fn dropping_an_armed_sleep_really_calls_clear_timeout() {
     // pending_timers() is the runtime's own count: this checks JavaScript's side.
