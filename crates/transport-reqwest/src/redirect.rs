@@ -114,10 +114,12 @@ pub(crate) fn carries_secret(headers: &HeaderMap) -> bool {
 /// must not leave its origin, and tells whether a tracked policy decided on a
 /// redirect during it. Restores the state it found, also when the poll panics, so
 /// it nests and leaves nothing behind on the thread.
+#[inline(always)]
 pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, bool) {
     /// Puts the outer state back when dropped.
     struct Restore(u8);
     impl Drop for Restore {
+        #[inline(always)]
         fn drop(&mut self) {
             STATE.with(|cell| cell.set(self.0));
         }
