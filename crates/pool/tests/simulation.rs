@@ -347,9 +347,11 @@ fn run_seed(seed: u64) -> Result<(), String> {
             let (server_token, rt, completed) =
                 (server_token.clone(), rt.clone(), completed.clone());
             let (replaced, current) = (replaced.clone(), current.clone());
-            // From 20 ms to 1.5 s, varying by fetch, so callers that need a token
-            // pile up behind a fetch, and some are dropped while it runs.
-            let latency = ms(20 + (fetch as u64 * 7_919 + 13) % 1_480);
+            // From 20 ms to 1.5 s, varying by seed and fetch, so callers that need a
+            // token pile up behind a fetch, and some are dropped while it runs.
+            let mix = (seed ^ (fetch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            let latency = ms(20 + (mix >> 33) % 1_480);
             async move {
                 rt.sleep(latency).await;
                 completed.fetch_add(1, Ordering::SeqCst);

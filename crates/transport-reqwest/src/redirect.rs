@@ -18,7 +18,8 @@
 //! name, a tracked policy follows no hop out of the first origin. The pool marks its
 //! token sensitive, so a token in `x-api-key` stays with the API; mark a secret you
 //! set on the draft yourself too. The client's `default_headers` are added by reqwest
-//! after the adapter has seen the request, so a secret there is not guarded.
+//! after the adapter has seen the request, so a secret there is not guarded; nor is
+//! a request sent with reqwest directly, outside the adapter.
 //!
 //! [`tracked`] wraps a redirect policy so that every decision it takes is noted for
 //! the send being polled: reqwest asks its policy synchronously, inside the poll of
@@ -113,7 +114,9 @@ pub(crate) fn carries_secret(headers: &HeaderMap) -> bool {
 /// Runs one poll of a send's future, `guarded` if its request carries a secret that
 /// must not leave its origin, and tells whether a tracked policy decided on a
 /// redirect during it. Restores the state it found, also when the poll panics, so
-/// it nests and leaves nothing behind on the thread.
+/// it nests. (A tracked policy used outside the adapter, by a request sent with
+/// reqwest directly, leaves its own mark on the thread; the next `noting` replaces
+/// it, and such a request has no guard.)
 #[inline(always)]
 pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, bool) {
     /// Puts the outer state back when dropped.
