@@ -516,6 +516,50 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 e.at, record.started, record.ended
             ));
         }
+        // A send the client cut names the limit that cut it: the budget when what was
+        // left of it (from the call's start) was shorter than the attempt timeout,
+        // the attempt timeout otherwise (also when both fall on the same instant).
+        if let Some(call_start) = record.started {
+            let mut sent_at: HashMap<u32, Instant> = HashMap::new();
+            for e in by_call.get(&call).into_iter().flatten() {
+                match &e.kind {
+                    EventKind::Started { send, .. } => {
+                        sent_at.insert(*send, e.at);
+                    }
+                    EventKind::Failed {
+                        error,
+                        send,
+                        sent: true,
+                        ..
+                    } if matches!(
+                        error.time_limit(),
+                        Some(TimeLimit::AttemptTimeout | TimeLimit::Budget)
+                    ) =>
+                    {
+                        let Some(&started) = sent_at.get(send) else {
+                            continue;
+                        };
+                        let timeout = plan.policy.attempt_timeout();
+                        let budget_first = plan.policy.budget().is_some_and(|budget| {
+                            (call_start + budget).saturating_duration_since(started) < timeout
+                        });
+                        let want = if budget_first {
+                            TimeLimit::Budget
+                        } else {
+                            TimeLimit::AttemptTimeout
+                        };
+                        if error.time_limit() != Some(want) {
+                            problems.push(format!(
+                                "{call:?}: send {send} cut at {:?} names {:?}, not {want:?}",
+                                e.at,
+                                error.time_limit()
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
         let Some(result) = &record.result else {
             continue;
         };
