@@ -277,6 +277,69 @@ async fn a_request_timeout_longer_than_a_js_timer_takes_is_cut_to_it_not_a_panic
     assert_eq!(counted("count", &path).await, 1);
 }
 
+/// Replaces `fetch` with one whose every answer is a 200 whose body fails after its
+/// first chunk with a JavaScript `Error` of `message`; `restore` puts the real one
+/// back. Tests run one at a time, so no other test sees the fake.
+fn fake_fetch_with_failing_body(message: &str, restore: bool) {
+    let body = "if (restore) {\
+                    globalThis.fetch = globalThis.__realFetch;\
+                    return;\
+                }\
+                globalThis.__realFetch = globalThis.__realFetch || globalThis.fetch;\
+                globalThis.fetch = async function (input) {\
+                    let sent = false;\
+                    const stream = new ReadableStream({\
+                        pull(controller) {\
+                            if (sent) { controller.error(new Error(message)); return; }\
+                            sent = true;\
+                            controller.enqueue(new Uint8Array([111, 107]));\
+                        }\
+                    });\
+                    const response = new Response(stream, { status: 200 });\
+                    Object.defineProperty(response, 'url', { value: input.url || String(input) });\
+                    return response;\
+                };";
+    js_sys::Function::new_with_args("message, restore", body)
+        .call2(
+            &JsValue::NULL,
+            &JsValue::from_str(message),
+            &JsValue::from_bool(restore),
+        )
+        .expect("the fake is installed");
+}
+
+#[wasm_bindgen_test]
+async fn a_body_error_that_only_quotes_the_timeout_abort_is_not_a_timeout() {
+    // reqwest's own timeout aborts a fetch with exactly `JsValue("reqwest::errors::
+    // TimedOut")`; a body error whose text merely holds those words (a proxy quoting
+    // it, say) broke the exchange: `Interrupted`.
+    /// Puts the real `fetch` back however the test ends.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            fake_fetch_with_failing_body("", true);
+        }
+    }
+    fake_fetch_with_failing_body("JsValue(\"reqwest::errors::TimedOut\")", false);
+    let restore = Restore;
+    let transport = ReqwestTransport::new(reqwest::Client::new());
+    let request = transport
+        .prepare(
+            transport
+                .handle()
+                .get(format!("{}{}", server(), fresh("plain"))),
+        )
+        .expect("a valid request");
+    let sent = transport.send(request).await;
+    let read = match sent {
+        Ok(mut response) => vantage_api_pool::transport::read_body(&mut response, 1000).await,
+        Err(e) => Err(e),
+    };
+    drop(restore);
+    let err = read.expect_err("the body fails");
+    assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
+}
+
 #[wasm_bindgen_test]
 async fn a_body_cut_by_the_requests_timeout_is_timed_out() {
     // The head comes at once, then 10 of 100 body bytes, then nothing: the request's
