@@ -174,7 +174,7 @@ pub use error::{body_error, transport_error};
 
 /// The longest request timeout (`RequestBuilder::timeout`) a request keeps on
 /// `wasm32`: 2^31 - 1 ms (24.8 days), the longest delay a JavaScript timer takes. A
-/// longer one, `Duration::MAX` included, is cut to it when the request is prepared
+/// longer one, `Duration::MAX` included, is cut to it when the request is sent
 /// (reqwest would panic on it there). Native targets keep every timeout as given.
 pub const MAX_WASM_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(i32::MAX as u64);
 pub use request::ReqwestRequest;
@@ -497,8 +497,6 @@ macro_rules! transport_impl {
                         ));
                     }
                 }
-                #[cfg(target_arch = "wasm32")]
-                let request = cap_wasm_timeout(request);
                 Ok(ReqwestRequest::new(client, request))
             }
 
@@ -513,9 +511,9 @@ macro_rules! transport_impl {
                 request: ReqwestRequest,
             ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> $(+ $send)? {
                 let (client, request) = request.into_parts();
-                // Again here: a request's timeout can be changed after `prepare`
-                // (`ReqwestRequest` dereferences to it mutably), or the request made
-                // with `ReqwestRequest::new`.
+                // Here, where the request reaches reqwest, not in `prepare`: its
+                // timeout can be changed after that (`ReqwestRequest` dereferences to
+                // it mutably), or the request made with `ReqwestRequest::new`.
                 #[cfg(target_arch = "wasm32")]
                 let request = cap_wasm_timeout(request);
                 #[cfg(not(target_arch = "wasm32"))]
