@@ -15,7 +15,8 @@
 //! | whitespace inside the value (`1 5`) | ignored |
 //! | empty value, or only whitespace | ignored |
 //! | non-ASCII or non-UTF-8 bytes | ignored |
-//! | the header occurs more than once (two header lines) | ignored as ambiguous |
+//! | the header on two or more lines, the same value on each (`5` and ` 5`) | read as one line |
+//! | the header on two or more lines whose values differ (`5` and `6`) | ignored as ambiguous |
 //! | a comma-joined list (`1, 2`) | ignored |
 //!
 //! `retry-after-ms` (milliseconds):
@@ -102,17 +103,24 @@ pub fn clamped_server_delay(
     server_delay(headers, wall_now).map(|d| d.min(ceiling))
 }
 
-/// The header's value with optional whitespace trimmed, if it occurs exactly once,
-/// is visible ASCII and is not empty.
+/// The header's value with optional whitespace trimmed, if it is visible ASCII, not
+/// empty, and the same on every line the header occurs on (a proxy that repeats a
+/// line does not hide the delay; two lines that disagree are ambiguous).
 fn single_value<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
     let mut all = headers.get_all(name).iter();
-    let value = all.next()?;
-    if all.next().is_some() {
-        return None;
+    let text = trimmed(all.next()?)?;
+    for other in all {
+        if trimmed(other)? != text {
+            return None;
+        }
     }
-    // `to_str` refuses anything but visible ASCII, space and tab.
-    let text = value.to_str().ok()?.trim_matches([' ', '\t']);
     (!text.is_empty()).then_some(text)
+}
+
+/// The value as text without the optional whitespace around it; `None` for anything
+/// but visible ASCII, space and tab (what `to_str` refuses).
+fn trimmed(value: &http::HeaderValue) -> Option<&str> {
+    Some(value.to_str().ok()?.trim_matches([' ', '\t']))
 }
 
 /// `retry-after-ms`: digits, optionally `.` and more digits.
@@ -271,7 +279,16 @@ mod tests {
             ("ms non-ASCII digits", &[(MS, b"\xd9\xa1\xd9\xa5")], None), // "١٥" in UTF-8
             ("ms non-UTF-8", &[(MS, b"\xff15")], None),
             ("ms comma list", &[(MS, b"1, 2")], None),
-            ("two ms headers", &[(MS, b"1500"), (MS, b"1500")], None),
+            (
+                "ms repeated",
+                &[(MS, b"1500"), (MS, b"1500")],
+                Some(ms(1500)),
+            ),
+            (
+                "ms repeated differing",
+                &[(MS, b"1500"), (MS, b"1500.0")],
+                None,
+            ),
             (
                 "ms wins over Retry-After",
                 &[(MS, b"250"), (RA, b"7")],
@@ -317,7 +334,23 @@ mod tests {
                 None,
             ),
             ("seconds comma list", &[(RA, b"1, 2")], None),
-            ("two Retry-After", &[(RA, b"5"), (RA, b"5")], None),
+            (
+                "Retry-After repeated",
+                &[(RA, b"5"), (RA, b" 5\t"), (RA, b"5")],
+                Some(secs(5)),
+            ),
+            ("Retry-After lines differ", &[(RA, b"5"), (RA, b"6")], None),
+            (
+                "Retry-After differs on a later line",
+                &[(RA, b"5"), (RA, b"5"), (RA, b"50")],
+                None,
+            ),
+            (
+                "Retry-After repeated, one line non-ASCII",
+                &[(RA, b"5"), (RA, b"5\xe9")],
+                None,
+            ),
+            ("Retry-After repeated empty", &[(RA, b""), (RA, b" ")], None),
             ("seconds empty", &[(RA, b"")], None),
             ("seconds non-UTF-8", &[(RA, b"\xe95")], None),
             // Retry-After: HTTP-date (now is Sun, 29 Nov 2026 10:00:00 GMT)
