@@ -77,6 +77,52 @@ fn a_send_that_waited_for_a_permit_while_the_breaker_opened_does_not_go_out() {
 }
 
 #[test]
+fn a_request_the_breaker_turned_back_after_its_permit_wait_is_built_again_for_its_send() {
+    // As above, but the second call waits for the probe: the closure runs once for
+    // the request dropped unsent and once for the send (documented on
+    // `execute_with`: once per pass through the gate, not once per send).
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let w = World::new();
+    w.transport.push(Reply::status(503).after(secs(1)));
+    w.transport.default_reply(Reply::ok());
+    let client = w
+        .builder()
+        .max_parallel(1)
+        .breaker(1, secs(5), secs(60))
+        .build()
+        .unwrap();
+    let first = w.spawn_call(&client, CallPolicy::background(), "/a");
+    let builds = Arc::new(AtomicU32::new(0));
+    let second = {
+        let (client, builds) = (client.clone(), builds.clone());
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::essential(), |h| {
+                    builds.fetch_add(1, Ordering::SeqCst);
+                    h.get("/b")
+                })
+                .await
+                .map(|_| ())
+        })
+    };
+    w.rt.run().unwrap();
+    assert!(w.rt.block_on(first).unwrap().is_err());
+    assert!(w.rt.block_on(second).unwrap().is_ok());
+    assert_eq!(builds.load(Ordering::SeqCst), 2);
+    // One send of the second call, at the end of the cooldown, as the probe.
+    assert_eq!(w.sent_at(), [secs(0), secs(6)]);
+    let started = w
+        .events()
+        .iter()
+        .filter(|e| e.call.map(|c| c.0) == Some(2) && matches!(e.kind, EventKind::Started { .. }))
+        .count();
+    assert_eq!(started, 1);
+    w.assert_contract();
+}
+
+#[test]
 fn a_draft_that_cannot_be_prepared_fails_at_once_even_with_every_permit_held() {
     let w = World::new();
     w.transport.push(Reply::ok().after(secs(10)));
