@@ -17,7 +17,7 @@
 //! | non-ASCII or non-UTF-8 bytes | ignored |
 //! | the header on two or more lines, the same value on each (`5` and ` 5`) | read as one line |
 //! | the header on two or more lines whose values differ (`5` and `6`) | ignored as ambiguous |
-//! | a comma-joined list (`1, 2`) | ignored |
+//! | a comma-joined list (`1, 2`, `5, 5`) | ignored (a browser's `fetch` joins a header's repeated lines this way, so on wasm32 a repeated header is ignored even when its lines agree) |
 //!
 //! `retry-after-ms` (milliseconds):
 //!
