@@ -53,7 +53,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
@@ -188,6 +188,11 @@ struct Shared {
     driving: AtomicBool,
     home: OnceLock<ThreadId>,
     main_generation: AtomicU32,
+    /// Calls of [`VirtualRuntime::advance`] that have taken timers out and not yet
+    /// woken all of their tasks. Raised under the clock lock, so a driver that finds
+    /// the timers gone also finds it raised; it waits for it to fall before it takes
+    /// an empty ready queue for "nothing happens".
+    waking: AtomicUsize,
 }
 
 struct Clock {
@@ -290,6 +295,16 @@ impl Wake for TaskWaker {
         if !self.queued.swap(true, Ordering::AcqRel) {
             self.queue.push(self.key.load(Ordering::Relaxed));
         }
+    }
+}
+
+/// Lowers [`Shared::waking`] when an `advance` has woken its tasks, or unwinds
+/// from a waker that panicked.
+struct WakingGuard<'a>(&'a AtomicUsize);
+
+impl Drop for WakingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -425,6 +440,7 @@ impl VirtualRuntime {
                 driving: AtomicBool::new(false),
                 home: OnceLock::new(),
                 main_generation: AtomicU32::new(0),
+                waking: AtomicUsize::new(0),
             }),
         }
     }
@@ -788,7 +804,14 @@ impl VirtualRuntime {
             let mut clock = lock(&self.shared.clock);
             let target = clock.now.saturating_add(by);
             self.move_clock(&mut clock, target, &mut wakers);
+            if wakers.is_empty() {
+                return;
+            }
+            self.shared.waking.fetch_add(1, Ordering::SeqCst);
         }
+        // Woken outside the lock (a waker may run anything); a driver on another
+        // thread waits for `waking` to fall rather than see nothing to do meanwhile.
+        let _woken = WakingGuard(&self.shared.waking);
         for waker in wakers {
             waker.wake();
         }
@@ -1178,6 +1201,12 @@ impl VirtualRuntime {
             }
             shared.queue.take_all(&mut batch.keys);
             if batch.keys.is_empty() {
+                // An `advance` on another thread is between taking its timers and
+                // waking their tasks: the queue is empty only for now.
+                if shared.waking.load(Ordering::SeqCst) > 0 {
+                    std::thread::yield_now();
+                    continue;
+                }
                 if matches!(until, Until::Idle) {
                     return Ok(());
                 }
@@ -1194,6 +1223,13 @@ impl VirtualRuntime {
                         waker.wake();
                     }
                     return Ok(());
+                }
+                // An `advance` on another thread may have taken the timers just
+                // looked for: wait for its wakes, then look at the queue (in this
+                // order: its wakes reach the queue before `waking` falls).
+                if shared.waking.load(Ordering::SeqCst) > 0 {
+                    std::thread::yield_now();
+                    continue;
                 }
                 if !shared.queue.is_empty() {
                     continue; // woken from another thread just now

@@ -755,6 +755,34 @@ fn a_runtime_without_tasks_can_be_driven_from_any_thread() {
 }
 
 #[test]
+fn an_advance_on_another_thread_is_never_taken_for_a_deadlock() {
+    // `advance` takes the due timers under the clock lock and wakes their tasks
+    // after it: a driver that looks in between finds no timer and an empty queue,
+    // and must wait for the wake rather than report a deadlock.
+    for round in 0..40 {
+        let rt = VirtualRuntime::new().with_time_limit(Duration::MAX);
+        let stop = Arc::new(AtomicBool::new(false));
+        let pusher = {
+            let (rt, stop) = (rt.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    rt.advance(Duration::from_micros(700));
+                }
+            })
+        };
+        let sleeper = rt.clone();
+        let result = rt.block_on(async move {
+            for _ in 0..2_000 {
+                sleeper.sleep(Duration::from_millis(1)).await;
+            }
+        });
+        stop.store(true, Ordering::Relaxed);
+        pusher.join().unwrap();
+        assert_eq!(result, Ok(()), "round {round}");
+    }
+}
+
+#[test]
 fn wakes_from_foreign_wakers_are_honoured() {
     // A task parked on something a sibling completes: the wake goes through the
     // queue even though no timer is involved.
