@@ -24,6 +24,12 @@
 //! the clock, sleeping, drawing random numbers and [`advance`](VirtualRuntime::advance)
 //! work from any thread.
 //!
+//! Unfinished tasks are dropped with the runtime's last clone (tasks that hold a
+//! clone keep it alive: see [`abort_all`](VirtualRuntime::abort_all)). Dropped on
+//! another thread, the runtime cannot reach them: they are dropped on their own
+//! thread the next time a runtime new to that thread spawns or drives there, or
+//! when that thread ends.
+//!
 //! ```
 //! use std::time::Duration;
 //! use vantage_api_pool_testkit::VirtualRuntime;
@@ -323,7 +329,17 @@ pub(crate) fn current_thread() -> ThreadId {
 
 thread_local! {
     /// The spawned tasks of every runtime bound to this thread.
-    static EXECUTORS: RefCell<Vec<(u64, Rc<Executor>)>> = const { RefCell::new(Vec::new()) };
+    static EXECUTORS: RefCell<Vec<ExecutorEntry>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A runtime's executor on one thread.
+struct ExecutorEntry {
+    id: u64,
+    /// Gone once the runtime is: a runtime dropped on another thread cannot reach
+    /// this thread's list, so the entry is taken out (and its tasks dropped, here)
+    /// when this thread next makes an executor.
+    runtime: std::sync::Weak<Shared>,
+    executor: Rc<Executor>,
 }
 
 impl Shared {
@@ -343,7 +359,7 @@ impl Drop for Shared {
         let taken = EXECUTORS
             .try_with(|list| {
                 let mut list = list.try_borrow_mut().ok()?;
-                let pos = list.iter().position(|(rid, _)| *rid == id)?;
+                let pos = list.iter().position(|entry| entry.id == id)?;
                 Some(list.swap_remove(pos))
             })
             .ok()
@@ -917,24 +933,41 @@ impl VirtualRuntime {
         }
     }
 
-    /// This runtime's executor on the current thread, created if `create`.
+    /// This runtime's executor on the current thread, created if `create`. Making
+    /// one first takes out the entries of runtimes dropped on other threads, and
+    /// drops their tasks (after the list is released: a task's `Drop` may spawn).
     fn executor(&self, create: bool) -> Option<Rc<Executor>> {
         let id = self.shared.id;
-        EXECUTORS
+        let mut dead = Vec::new();
+        let found = EXECUTORS
             .try_with(|list| {
                 let mut list = list.borrow_mut();
-                if let Some((_, executor)) = list.iter().find(|(rid, _)| *rid == id) {
-                    return Some(Rc::clone(executor));
+                if let Some(entry) = list.iter().find(|entry| entry.id == id) {
+                    return Some(Rc::clone(&entry.executor));
                 }
                 if !create {
                     return None;
                 }
+                let mut i = 0;
+                while i < list.len() {
+                    if list[i].runtime.strong_count() == 0 {
+                        dead.push(list.swap_remove(i));
+                    } else {
+                        i += 1;
+                    }
+                }
                 let executor = Rc::new(Executor::default());
-                list.push((id, Rc::clone(&executor)));
+                list.push(ExecutorEntry {
+                    id,
+                    runtime: Arc::downgrade(&self.shared),
+                    executor: Rc::clone(&executor),
+                });
                 Some(executor)
             })
             .ok()
-            .flatten()
+            .flatten();
+        drop(dead);
+        found
     }
 
     /// How many spawned tasks have not finished (nor been aborted). Tasks live on
@@ -1011,7 +1044,12 @@ impl VirtualRuntime {
     pub fn block_on<F: Future>(&self, future: F) -> Result<F::Output, DriveError> {
         // The waker of the main future is reused from one block_on to the next (no
         // allocation per call) whenever no clone of it survived the previous call.
-        let executor = self.executor(true);
+        // Not on a thread the runtime's tasks do not live on (`drive` says so): an
+        // executor made there would only sit in that thread's list.
+        let executor = match self.shared.home.get() {
+            Some(&home) if home != current_thread() => None,
+            _ => self.executor(true),
+        };
         let (flag, waker) = executor
             .as_ref()
             .and_then(|e| e.main_waker.take())

@@ -743,6 +743,32 @@ fn tasks_stay_on_their_thread() {
 }
 
 #[test]
+fn the_tasks_of_a_runtime_dropped_on_another_thread_are_dropped_on_their_own() {
+    // The last clone goes on another thread, which cannot reach this thread's
+    // tasks: the next runtime made here drops them (here, where they live).
+    struct Guard(Rc<Cell<bool>>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.set(true);
+        }
+    }
+    let dropped = Rc::new(Cell::new(false));
+    let rt = VirtualRuntime::new();
+    let guard = Guard(Rc::clone(&dropped));
+    let _handle = rt.spawn(async move {
+        let _guard = guard;
+        std::future::pending::<()>().await;
+    });
+    rt.run_until_idle().unwrap();
+    assert_eq!(rt.live_tasks(), 1);
+    std::thread::spawn(move || drop(rt)).join().unwrap();
+    assert!(!dropped.get(), "nothing ran here yet");
+    let next = VirtualRuntime::new();
+    next.block_on(async {}).unwrap();
+    assert!(dropped.get(), "the orphaned task was dropped");
+}
+
+#[test]
 fn a_runtime_without_tasks_can_be_driven_from_any_thread() {
     let rt = VirtualRuntime::new();
     let other = rt.clone();
