@@ -64,6 +64,9 @@ use vantage_api_pool::runtime::SendRuntime;
 static RUNTIMES: AtomicU64 = AtomicU64::new(0);
 
 /// The golden-ratio increment of SplitMix64.
+/// The latest reading of the clock: 1 ns before [`Instant::FAR_FUTURE`].
+const LATEST: Instant = Instant::from_nanos(u64::MAX - 1);
+
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// The [`Runtime`](vantage_api_pool::Runtime) port on tokio.
@@ -138,10 +141,13 @@ impl TokioRuntime {
     }
 
     /// The tokio instant `at` on this runtime's clock; instants before the origin
-    /// give [`Instant::ORIGIN`].
+    /// give [`Instant::ORIGIN`], and instants 584 years or more after it (a paused
+    /// clock can be moved that far) give the instant 1 ns before
+    /// [`Instant::FAR_FUTURE`], which is the deadline that never comes and so never
+    /// a reading of the clock.
     #[must_use]
     pub fn from_tokio(&self, at: tokio::time::Instant) -> Instant {
-        Instant::from_origin(at.saturating_duration_since(self.origin))
+        Instant::from_origin(at.saturating_duration_since(self.origin)).min(LATEST)
     }
 
     /// Sleeps with [`tokio::time::sleep_until`] until `deadline`, never before it:

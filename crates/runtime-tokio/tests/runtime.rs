@@ -224,6 +224,19 @@ fn instants_convert_to_and_from_tokio() {
         runtime.from_tokio(runtime.origin() - Duration::from_secs(1)),
         Instant::ORIGIN
     );
+    // 600 years on (a paused clock can go there): the latest reading, never the
+    // deadline that never comes.
+    let latest = Instant::from_nanos(u64::MAX - 1);
+    let far = runtime.origin() + Duration::from_secs(600 * 365 * 86_400);
+    assert_eq!(runtime.from_tokio(far), latest);
+    assert_eq!(
+        runtime.from_tokio(runtime.origin() + Duration::from_nanos(u64::MAX)),
+        latest
+    );
+    assert_eq!(
+        runtime.from_tokio(runtime.origin() + Duration::from_nanos(u64::MAX - 2)),
+        Instant::from_nanos(u64::MAX - 2)
+    );
 }
 
 #[test]
