@@ -911,12 +911,16 @@ impl View {
 
     /// With no events for a while (calls waiting out an open breaker send nothing),
     /// say so: the window keeps moving (`snapshots_at`), so its figures thin out.
-    fn quiet(&self, health: Option<&ApiHealth>) -> Option<String> {
+    /// The long note and the short one, for a line too full for the long.
+    fn quiet(&self, health: Option<&ApiHealth>) -> Option<(String, String)> {
         let idle = self.now().saturating_duration_since(health?.updated_at);
         (idle >= Duration::from_secs(1)).then(|| {
-            format!(
-                "no events for {}: nothing sent, the window empties",
-                secs(idle)
+            (
+                format!(
+                    "no events for {}: nothing sent, the window empties",
+                    secs(idle)
+                ),
+                format!("quiet {}", secs(idle)),
             )
         })
     }
@@ -968,9 +972,14 @@ impl View {
             ));
             lines.push(self.paint(DIM, &fit(&format!("{:<11} {}", "", api.about))));
             let mut error = format!("{:<11} last error: {}", "", self.last_error(h));
-            if let Some(quiet) = self.quiet(h) {
+            if let Some((long, short)) = self.quiet(h) {
+                let note = if error.chars().count() + 2 + long.chars().count() <= WIDTH {
+                    long
+                } else {
+                    short
+                };
                 error.push_str("; ");
-                error.push_str(&quiet);
+                error.push_str(&note);
             }
             lines.push(fit(&error));
         }
@@ -995,6 +1004,7 @@ impl View {
     /// One plain line per API, for logs and CI.
     fn snapshot_lines(&self) -> Vec<String> {
         let now = self.now().since_origin();
+        let w = self.settings.window().as_secs();
         let health: HashMap<Arc<str>, ApiHealth> =
             self.health.snapshots_at(self.now()).into_iter().collect();
         self.apis
@@ -1003,8 +1013,9 @@ impl View {
                 let h = health.get(api.name);
                 let (breaker, _) = View::breaker_cell(api.client.breaker(), h);
                 let (success, _) = View::success_cell(h);
+                // Figures over the window are named with it; retries are all-time.
                 let line = format!(
-                    "[{:>6}] {:<12} breaker={breaker:<24} in_flight={} success={:<14} latency={} retries={} refused={} last_error={}",
+                    "[{:>6}] {:<12} breaker={breaker:<24} in_flight={} success_{w}s={:<14} latency_{w}s={} retries_total={} refused_{w}s={} last_error={}",
                     secs(now),
                     api.name,
                     h.map_or(0, |h| h.in_flight),
