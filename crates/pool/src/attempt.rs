@@ -282,22 +282,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         ClientError::timed_out(TimeLimit::Budget, self.attempt).with_reached(self.reached)
     }
 
-    /// Takes a rate token, sleeping until one is due (the sleep boxed, as above).
-    /// Returns the clock, and whether it waited.
-    async fn take_token(&self, now: Instant) -> Result<(Instant, bool), ClientError> {
-        match &self.client.bucket {
-            Some(bucket) => match bucket.try_take(now) {
-                Ok(()) => Ok((now, false)),
-                Err(wait) => Ok((
-                    Box::pin(self.wait_for_token(bucket, now, wait)).await?,
-                    true,
-                )),
-            },
-            None => Ok((now, false)),
-        }
-    }
-
-    /// The bucket has no token for `wait` from `now`.
+    /// Waits for a rate token: the bucket had none for `wait` from `now`. Each sleep
+    /// is a gate wait of known length (it ends the call at once if it would reach
+    /// the budget's end). Returns the clock when the token was taken.
     async fn wait_for_token(
         &self,
         bucket: &TokenBucket,
@@ -315,10 +302,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
     /// `wait_for_gate`: the breaker (its cooldown waited out, its probe slot taken
     /// if this send is the probe), the transport's shared limiter (not charged to the
-    /// budget), the auth token, then a rate token (last, so a long token fetch does
-    /// not sit on a rate token). Holds no permit. Returns the clock as the gate let
-    /// the send through; the clock is read again after a wait and after an auth
-    /// token lookup.
+    /// budget), then the auth token. Holds no permit; the rate token is taken later,
+    /// after the permit (see `run`). Returns the clock as the gate let the send
+    /// through; the clock is read again after a wait and after an auth token lookup.
     async fn wait_for_gate(&mut self) -> Result<Ticket<'c>, ClientError> {
         let mut now = self.now();
         // The budget starts when the call first reaches the gate.
@@ -363,28 +349,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             now = after;
         }
         let configured = self.client.auth.is_configured();
-        let mut token = if configured {
+        let token = if configured {
             let token = self.auth_token(None).await?;
             now = self.now();
             token
         } else {
             None
         };
-        let rate_waited;
-        (now, rate_waited) = self.take_token(now).await?;
-        // A refresh during a rate wait: the newer token goes out. (Nothing waits
-        // here: a send holding a rate token goes now, or sends would bunch up.)
-        if rate_waited
-            && let Some(held) = &token
-            && let Some(newer) = self.client.auth_state.current(Some(held.generation))
-        {
-            token = Some(newer);
-        }
         Ok(Ticket {
             probe,
             token,
             now,
-            yielded: configured || admission_waited || rate_waited,
+            yielded: configured || admission_waited,
         })
     }
 
@@ -429,36 +405,67 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         }
     }
 
-    /// Waits in the permit queue (the lock-free take found no permit, or callers
-    /// queued), raced against the budget's end, holding the prepared request. If a
-    /// refresh brought a newer token meanwhile, and every token since the request's
-    /// own came under its header name, the request goes out with it (a token rejected
-    /// while its refresh runs is not handed out; the request then keeps its own).
-    /// Returns the permit, the request and the generation of the token it now
-    /// carries.
-    async fn wait_for_permit(
+    /// The waits of a send that could not leave at once, holding the prepared
+    /// request: the permit queue, if `held` is no permit (the lock-free take found
+    /// none, or callers queued), raced against the budget's end; then the rate token,
+    /// taken holding the permit, each sleep a gate wait of known length. If a refresh
+    /// brought a newer token meanwhile, and every token since the request's own came
+    /// under its header name, the request goes out with it (a token rejected while
+    /// its refresh runs is not handed out; the request then keeps its own). Returns
+    /// the permit, the request, the generation of the token it now carries and the
+    /// clock.
+    async fn wait_to_send(
         &self,
+        held: Option<Permit<'c>>,
         mut request: T::Request,
-    ) -> Result<(Permit<'c>, T::Request, Option<u64>), ClientError> {
+        mut now: Instant,
+    ) -> Result<(Permit<'c>, T::Request, Option<u64>, Instant), ClientError> {
         let client = self.client;
-        let acquire = client.limiter.acquire();
-        let permit = match self.deadline {
-            Some(deadline) => timeout_at(&client.runtime, deadline, acquire)
-                .await
-                .map_err(|_| self.timed_out_at_gate())?,
-            None => acquire.await,
+        let permit = match held {
+            Some(permit) => permit,
+            None => {
+                let acquire = client.limiter.acquire();
+                let permit = match self.deadline {
+                    Some(deadline) => timeout_at(&client.runtime, deadline, acquire)
+                        .await
+                        .map_err(|_| self.timed_out_at_gate())?,
+                    None => acquire.await,
+                };
+                now = self.now();
+                permit
+            }
         };
-        let mut generation = self.token_generation;
-        // Swapped only when every token since the held one came under its header
-        // name: a request cannot drop a header, so a token under another name would go
-        // out beside the old one (and overwrite a header of that name the request set).
-        if let Some(held) = generation
-            && let Some(newer) = client.auth_state.newer_under_same_name(held)
+        if let Some(bucket) = &client.bucket
+            && let Err(wait) = bucket.try_take(now)
         {
-            request.set_header(newer.name, newer.value);
-            generation = Some(newer.generation);
+            now = self.wait_for_token(bucket, now, wait).await?;
         }
-        Ok((permit, request, generation))
+        let generation = self.newer_token(&mut request);
+        Ok((permit, request, generation, now))
+    }
+
+    /// Takes a rate token now, if the client has a bucket and it has one.
+    fn rate_token_now(&self, now: Instant) -> bool {
+        self.client
+            .bucket
+            .as_ref()
+            .is_none_or(|bucket| bucket.try_take(now).is_ok())
+    }
+
+    /// After a wait with the request prepared: the newest token goes out if a refresh
+    /// brought one, and every token since the request's own came under its header
+    /// name (a request cannot drop a header, so a token under another name would go
+    /// out beside the old one, and overwrite a header of that name the request set).
+    /// Returns the generation of the token the request now carries.
+    fn newer_token(&self, request: &mut T::Request) -> Option<u64> {
+        let held = self.token_generation?;
+        match self.client.auth_state.newer_under_same_name(held) {
+            Some(newer) => {
+                request.set_header(newer.name, newer.value);
+                Some(newer.generation)
+            }
+            None => Some(held),
+        }
     }
 
     /// Tells the breaker what a send proved, frees the probe slot, and returns the
@@ -513,15 +520,19 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 }
             };
 
-            // ---- send_once: the permit (its wait counts toward the budget; the
-            // request waits with it, in the boxed wait), then Started, the send under
-            // its time limit, and the permit back at the head.
+            // ---- send_once: the permit (its wait counts toward the budget), then
+            // the rate token, holding the permit, then Started, the send under its
+            // time limit, and the permit back at the head. The token is the last
+            // thing a send waits for, so the sends that start in any window obey the
+            // bucket (a token taken before a permit wait would let every caller that
+            // queued meanwhile leave at once when permits free). A send that has to
+            // wait for either does so in one boxed wait that holds the request.
             let permit = match client.limiter.try_acquire() {
-                Some(permit) => permit,
-                None => match Box::pin(self.wait_for_permit(request)).await {
-                    Ok((permit, waited, generation)) => {
+                Some(permit) if self.rate_token_now(now) => permit,
+                held => match Box::pin(self.wait_to_send(held, request, now)).await {
+                    Ok((permit, waited, generation, after)) => {
                         request = waited;
-                        now = self.now();
+                        now = after;
                         yielded = true;
                         self.token_generation = generation;
                         permit

@@ -148,8 +148,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
         self
     }
 
-    /// At most `n` sends in flight at once (default 8). A permit is held only from
-    /// just before a send to its response head. `build()` refuses 0 and anything
+    /// At most `n` sends in flight at once (default 8). A permit is held from just
+    /// before a send (through the wait for its rate token, if the bucket has none) to
+    /// its response head. `build()` refuses 0 and anything
     /// above [`MAX_PERMITS`](crate::concurrency::MAX_PERMITS).
     pub fn max_parallel(mut self, n: usize) -> Self {
         self.max_parallel = n;
@@ -159,7 +160,8 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     /// A long-run rate of `per_second` sends per second, with a burst of
     /// `ceil(per_second)`. The bucket starts full, so in any window of length T up to
     /// burst + `per_second` × T sends may start (at 10/s: ten at once, then one every
-    /// 100 ms). Set it below an API's hard quota, or use
+    /// 100 ms). A send takes its token last, after its permit, so this holds while
+    /// callers queue for permits too. Set it below an API's hard quota, or use
     /// [`rate_limit_with_burst`](Self::rate_limit_with_burst) with a burst of 1.
     /// `build()` refuses 0, negative, NaN and infinite rates, and one so slow that
     /// refilling the burst would take more than [`MAX_REFILL`](crate::rate::MAX_REFILL).

@@ -549,6 +549,56 @@ fn redials_take_a_rate_token_each() {
 }
 
 #[test]
+fn sends_keep_to_the_rate_while_every_permit_is_busy() {
+    // A send takes its rate token after its permit: callers queued behind a slow
+    // send leave one per token when it frees the permit, not all at once.
+    let w = World::new();
+    w.transport.push(Reply::ok().after(secs(5)));
+    w.transport.default_reply(Reply::ok());
+    let client = w
+        .builder()
+        .max_parallel(1)
+        .rate_limit_with_burst(1.0, 1)
+        .build()
+        .unwrap();
+    let calls: Vec<_> = (0..5)
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    assert!(calls.into_iter().all(|c| w.rt.block_on(c).unwrap().is_ok()));
+    assert_eq!(w.sent_at(), [secs(0), secs(5), secs(6), secs(7), secs(8)]);
+    w.assert_contract();
+
+    // The quick start's settings: four slow sends hold every permit while forty
+    // callers queue; afterwards no 100 ms holds more than burst + rate × 0.1 s.
+    let w = World::new();
+    for _ in 0..4 {
+        w.transport.push(Reply::ok().after(secs(5)));
+    }
+    w.transport.default_reply(Reply::ok());
+    let client = w
+        .builder()
+        .max_parallel(4)
+        .rate_limit(10.0)
+        .build()
+        .unwrap();
+    let calls: Vec<_> = (0..44)
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    assert!(calls.into_iter().all(|c| w.rt.block_on(c).unwrap().is_ok()));
+    let sent = w.sent_at();
+    assert_eq!(sent.len(), 44);
+    for (i, from) in sent.iter().enumerate() {
+        let within = sent[i..]
+            .iter()
+            .take_while(|t| **t - *from <= ms(100))
+            .count();
+        assert!(within <= 11, "{within} sends within 100 ms of {from:?}");
+    }
+}
+
+#[test]
 fn max_parallel_caps_in_flight_and_cancelled_calls_give_permits_back() {
     let w = World::new();
     w.transport.default_reply(Reply::ok().after(secs(1)));
