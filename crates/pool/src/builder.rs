@@ -110,6 +110,14 @@ impl<T: Transport, R: Runtime> ClientBuilder<T, R, NoAuth> {
 impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     /// The retry schedule of [`ResilientClient::execute`]; default 3 retries from
     /// 250 ms capped at 10 s. `build()` refuses a `max` below `base`.
+    ///
+    /// `execute` runs it under [`CallPolicy::bounded`](crate::CallPolicy::bounded)'s
+    /// time limits: 10 s per attempt and 30 s for the whole call, and a retry the
+    /// budget has no room for is not attempted. So a schedule whose back-offs (or a
+    /// server's `Retry-After`) reach past 30 s is cut short there, without an error.
+    /// For a longer one, give
+    /// [`execute_with`](ResilientClient::execute_with) a policy with time limits of
+    /// its own: `CallPolicy::bounded(retry).with_time_limits(attempt, Some(budget))`.
     pub fn default_retry(mut self, retry: RetryPolicy) -> Self {
         self.default_retry = retry;
         self

@@ -204,7 +204,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     }
 
     /// Runs one call under [`CallPolicy::bounded`] with the client's default
-    /// [`RetryPolicy`].
+    /// [`RetryPolicy`]: 10 s per attempt, 30 s for the whole call (a retry that
+    /// could not start within the 30 s is not attempted). For other time limits, use
+    /// [`execute_with`](ResilientClient::execute_with).
     ///
     /// Dropping the returned future cancels the call, as for
     /// [`execute_with`](ResilientClient::execute_with).

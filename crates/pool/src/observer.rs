@@ -67,7 +67,13 @@ pub struct CallId(pub u64);
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct TransportEvent {
-    /// The runtime's `now` when the event was emitted.
+    /// The runtime's clock reading the event stands for, never later than its
+    /// emission: for `Started`, the reading at which the gate let the send through
+    /// (taken before the request closure ran, or after a permit or rate wait), so
+    /// neither the closure nor the callback counts into `ms`; for a send's outcome
+    /// and what it caused (`Succeeded`, `Failed`, `RetryScheduled`, a breaker
+    /// transition), the reading at its response head, or at the end of its error
+    /// body or failure; otherwise the reading as the event was emitted.
     pub at: Instant,
     /// The call the event is about; `None` for events reported through
     /// `ResilientClient::report`.
