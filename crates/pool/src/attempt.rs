@@ -45,8 +45,8 @@ struct Ticket<'c> {
     /// The clock as the gate let the send through.
     now: Instant,
     /// Whether the call may have given way to other tasks after the breaker let it
-    /// through (an admission wait, a rate-token sleep, or any client with a token
-    /// source), so the breaker may have changed.
+    /// through (an admission wait, or any client with a token source), so the
+    /// breaker may have changed. The permit and rate waits after the gate add to it.
     yielded: bool,
 }
 

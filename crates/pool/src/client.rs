@@ -262,7 +262,8 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         }
     }
 
-    /// Sends in flight right now (permits held).
+    /// Permits held right now: sends in flight, and sends about to leave that wait
+    /// for their rate token (a send holds its permit through that wait).
     #[must_use]
     pub fn in_flight(&self) -> usize {
         self.shared.limiter.in_flight()
@@ -275,7 +276,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         self.shared.limiter.waiting()
     }
 
-    /// The most sends ever in flight at once.
+    /// The most permits ever held at once ([`in_flight`](Self::in_flight)'s
+    /// figure): sends in flight, and sends waiting for their rate token holding a
+    /// permit.
     #[must_use]
     pub fn peak_in_flight(&self) -> usize {
         self.shared.limiter.peak_in_flight()

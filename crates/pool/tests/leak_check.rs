@@ -5,9 +5,9 @@
 //! batches against a seeded chaotic server. Most calls are dropped at a random
 //! virtual time; where each one was when dropped is read off what it was doing (see
 //! [`Phase`]), and every kind of point is required to have been hit: before its
-//! start, at the gate (admit, breaker, rate token, waiting on another caller's token
-//! fetch), in its own token fetch, waiting for a permit, in a send, reading an error
-//! body, and in a back-off sleep.
+//! start, at the gate (admit, breaker, waiting on another caller's token fetch), in
+//! its own token fetch, waiting for a permit, holding a permit while it waits for a
+//! rate token, in a send, reading an error body, and in a back-off sleep.
 //!
 //! After every batch: nothing in flight (`client.in_flight()`, the transport's), no
 //! timer pending, no task alive, the observer contract held (every `Started` has its
@@ -79,9 +79,10 @@ const MAX_COOLDOWN: Duration = Duration::from_millis(1600);
 enum Phase {
     /// Sleeping until its start.
     NotStarted,
-    /// In `wait_for_gate` (admit, breaker, rate token, someone else's token fetch)
-    /// or in the permit queue; also after a 401, a redial, or a back-off that has
-    /// ended. A drop that shortens the permit queue was a permit wait.
+    /// In `wait_for_gate` (admit, breaker, someone else's token fetch), in the
+    /// permit queue, or holding a permit while it waits for a rate token; also after
+    /// a 401, a redial, or a back-off that has ended. A drop that shortens the permit
+    /// queue was a permit wait; one that gives a permit back, a rate wait.
     Gate,
     /// `Started` reported: sending, or reading an error body.
     Sending,
@@ -98,17 +99,19 @@ enum Point {
     Gate,
     TokenFetch,
     PermitWait,
+    RateWait,
     Send,
     Body,
     BackOff,
     AfterEnd,
 }
 
-const POINTS_REQUIRED: [Point; 7] = [
+const POINTS_REQUIRED: [Point; 8] = [
     Point::BeforeStart,
     Point::Gate,
     Point::TokenFetch,
     Point::PermitWait,
+    Point::RateWait,
     Point::Send,
     Point::Body,
     Point::BackOff,
@@ -484,6 +487,9 @@ fn a_hundred_thousand_cancelled_calls_leave_nothing_behind() {
                     assert_eq!(in_flight, MAX_PARALLEL, "queued only when all are held");
                     Point::PermitWait
                 }
+                // Past the gate, a call holds a permit only while it waits for its
+                // rate token: the drop gave it back.
+                Point::Gate if client.in_flight() + 1 == in_flight => Point::RateWait,
                 other => other,
             };
             *points.entry(point).or_default() += 1;

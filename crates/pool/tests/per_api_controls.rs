@@ -1138,8 +1138,9 @@ fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
     // As in the permit test above, but the refresh comes under another header: X2's
     // request keeps its own token only (it cannot drop a header, so it adds none),
     // and a header of the new token's name that the caller set itself is left as
-    // the caller set it.
-    for own_key in [None, Some("app")] {
+    // the caller set it. The same for requests that wait for a rate token (1/s)
+    // instead of the permit: prepared before the wait, they keep their token too.
+    for (own_key, rate) in [(None, false), (Some("app"), false), (None, true)] {
         let w = World::new();
         let api_key = http::HeaderName::from_static("x-api-key");
         w.transport
@@ -1150,9 +1151,12 @@ fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
             });
         let counter = Arc::new(AtomicU32::new(0));
         let (rt, header) = (w.rt.clone(), api_key.clone());
-        let client = w
-            .builder()
-            .max_parallel(1)
+        let builder = if rate {
+            w.builder().rate_limit_with_burst(1.0, 1)
+        } else {
+            w.builder().max_parallel(1)
+        };
+        let client = builder
             .auth(token_fn(move || {
                 let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
                 let (rt, header) = (rt.clone(), header.clone());
@@ -1188,6 +1192,10 @@ fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
             .filter(|r| r.path == "/x")
             .collect();
         assert_eq!(x.len(), 2);
+        if rate {
+            // Both waited past the refresh (at 110 ms) for their tokens.
+            assert!(x.iter().all(|r| r.at.since_origin() >= secs(1)), "{x:?}");
+        }
         for request in x {
             assert_eq!(request.headers[AUTHORIZATION], "Bearer t1");
             assert_eq!(

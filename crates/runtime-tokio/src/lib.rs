@@ -63,10 +63,10 @@ use vantage_api_pool::runtime::SendRuntime;
 /// get different seeds.
 static RUNTIMES: AtomicU64 = AtomicU64::new(0);
 
-/// The golden-ratio increment of SplitMix64.
 /// The latest reading of the clock: 1 ns before [`Instant::FAR_FUTURE`].
 const LATEST: Instant = Instant::from_nanos(u64::MAX - 1);
 
+/// The golden-ratio increment of SplitMix64.
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// The [`Runtime`](vantage_api_pool::Runtime) port on tokio.

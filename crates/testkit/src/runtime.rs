@@ -27,8 +27,8 @@
 //! Unfinished tasks are dropped with the runtime's last clone (tasks that hold a
 //! clone keep it alive: see [`abort_all`](VirtualRuntime::abort_all)). Dropped on
 //! another thread, the runtime cannot reach them: they are dropped on their own
-//! thread the next time a runtime new to that thread spawns or drives there, or
-//! when that thread ends.
+//! thread the next time a runtime new to that thread spawns or calls `block_on`
+//! there, or when that thread ends.
 //!
 //! ```
 //! use std::time::Duration;
