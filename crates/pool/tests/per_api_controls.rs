@@ -555,17 +555,8 @@ fn sends_keep_to_the_rate_while_every_permit_is_busy() {
     let w = World::new();
     w.transport.push(Reply::ok().after(secs(5)));
     w.transport.default_reply(Reply::ok());
-    let client = w
-        .builder()
-        .max_parallel(1)
-        .rate_limit_with_burst(1.0, 1)
-        .build()
-        .unwrap();
-    let calls: Vec<_> = (0..5)
-        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
-        .collect();
-    w.rt.run().unwrap();
-    assert!(calls.into_iter().all(|c| w.rt.block_on(c).unwrap().is_ok()));
+    let client = w.builder().max_parallel(1).rate_limit_with_burst(1.0, 1);
+    background_gets(&w, &client.build().unwrap(), 5);
     assert_eq!(w.sent_at(), [secs(0), secs(5), secs(6), secs(7), secs(8)]);
     w.assert_contract();
 
@@ -576,17 +567,8 @@ fn sends_keep_to_the_rate_while_every_permit_is_busy() {
         w.transport.push(Reply::ok().after(secs(5)));
     }
     w.transport.default_reply(Reply::ok());
-    let client = w
-        .builder()
-        .max_parallel(4)
-        .rate_limit(10.0)
-        .build()
-        .unwrap();
-    let calls: Vec<_> = (0..44)
-        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
-        .collect();
-    w.rt.run().unwrap();
-    assert!(calls.into_iter().all(|c| w.rt.block_on(c).unwrap().is_ok()));
+    let client = w.builder().max_parallel(4).rate_limit(10.0);
+    background_gets(&w, &client.build().unwrap(), 44);
     let sent = w.sent_at();
     assert_eq!(sent.len(), 44);
     for (i, from) in sent.iter().enumerate() {
@@ -917,6 +899,14 @@ fn bearer(req: &vantage_api_pool_testkit::ScriptedRequest) -> Option<&str> {
 }
 
 /// Runs every spawned call to its end and checks that each succeeded.
+/// `n` background GETs of `/x` on `client`, run to the end; every one succeeds.
+fn background_gets(w: &World, client: &Client, n: usize) {
+    let calls = (0..n)
+        .map(|_| w.spawn_call(client, CallPolicy::background(), "/x"))
+        .collect();
+    all_succeed(w, calls);
+}
+
 fn all_succeed<E: std::fmt::Debug>(
     w: &World,
     calls: Vec<vantage_api_pool_testkit::JoinHandle<Result<(), E>>>,
