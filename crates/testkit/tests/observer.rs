@@ -880,3 +880,66 @@ fn one_calls_events_keep_time_order_across_threads() {
     let v = observer.check_contract().unwrap_err();
     assert_eq!((v.rule, v.index), (ContractRule::TimeWentBackwards, 1));
 }
+
+#[test]
+fn a_retry_needs_a_failure_before_it_even_as_the_first_event() {
+    // Nothing failed yet: there is nothing to retry, whatever follows.
+    assert_eq!(
+        first_violation(vec![
+            (0, 1, retry(1)),
+            (1, 1, started(1, 1)),
+            (2, 1, succeeded(1, 1)),
+        ]),
+        (ContractRule::RetryNotAfterFailure, 0, None)
+    );
+}
+
+#[test]
+fn an_unsent_failure_may_not_report_even_one_ms() {
+    let refused = recorded_with(&[Reply::status(503)], false, true);
+    let Some(EventKind::Failed {
+        error, sent: false, ..
+    }) = refused.last().cloned()
+    else {
+        panic!("expected the refused retry's unsent failure last: {refused:?}")
+    };
+    let one_ms = EventKind::Failed {
+        send: 1,
+        attempt: 1,
+        error,
+        ms: 1,
+        sent: false,
+    };
+    assert_eq!(
+        first_violation(timed(vec![started(1, 1), one_ms])),
+        (ContractRule::UnsentFailureWithTime, 1, Some(1))
+    );
+}
+
+#[test]
+fn a_redial_while_a_send_is_in_flight_is_refused() {
+    // A real NotSent failure (only the pool builds a ClientError).
+    let not_sent = recorded(
+        &[Reply::fail(
+            vantage_api_pool::TransportErrorKind::NotSent,
+            "closed",
+        )],
+        false,
+    )[1]
+    .clone();
+    // The failure was retried and send 2 has started: a Redialing for send 2 now is
+    // not "right after a failure of send 1", whatever that failure was.
+    assert_eq!(
+        first_violation(timed(vec![
+            started(1, 1),
+            not_sent,
+            retry(2),
+            started(2, 2),
+            EventKind::Redialing {
+                send: 2,
+                attempt: 1,
+            },
+        ])),
+        (ContractRule::RedialNotAfterFailure, 4, Some(2))
+    );
+}

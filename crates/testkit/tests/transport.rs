@@ -910,3 +910,23 @@ fn requests_are_recorded_in_the_order_their_sends_started_across_threads() {
         .collect();
     assert_eq!(order, [(0, "/first".into()), (1, "/second".into())]);
 }
+
+#[test]
+fn a_request_is_recorded_at_its_first_poll_not_when_its_future_was_made() {
+    let (rt, transport) = setup();
+    transport.push(Reply::ok().after(Duration::from_millis(200)));
+    let send = transport.send(get(&transport, "/late"));
+    let arrived = rt
+        .block_on(async {
+            // The future exists from 0 but is first polled at +1 s.
+            rt.sleep(Duration::from_secs(1)).await;
+            let response = send.await.unwrap();
+            assert_eq!(response.status(), 200);
+            rt.now()
+        })
+        .unwrap();
+    assert_eq!(arrived, at(1_200));
+    let requests = transport.requests();
+    assert_eq!((requests.len(), requests[0].at), (1, at(1_000)));
+    assert_eq!(requests[0].index, 0);
+}
