@@ -4,8 +4,11 @@
 //! contract as events arrive from several worker threads, the permit cap, and that
 //! nothing is left in flight or queued.
 //!
-//! Real time is spent only on the pool's own short back-offs (1 ms) and breaker
-//! cooldowns (5 ms), so the test takes well under a second.
+//! A rate bucket (10,000/s, burst 8) makes sends wait for tokens holding their
+//! permits, some of them aborted there.
+//!
+//! Real time is spent only on the pool's own short back-offs (1 ms), breaker
+//! cooldowns (5 ms) and rate waits, so the test takes about a second.
 
 mod common;
 
@@ -106,6 +109,7 @@ fn thousands_of_calls_on_four_workers_keep_the_contract_and_the_cap() {
     let client = runtime.block_on(async {
         ResilientClient::builder(transport.clone(), TokioRuntime::new())
             .max_parallel(CAP)
+            .rate_limit_with_burst(10_000.0, 8)
             .breaker(3, Duration::from_millis(5), Duration::from_millis(20))
             .observer("multi", Arc::new(observer.clone()))
             .build()
