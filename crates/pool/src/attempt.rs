@@ -573,7 +573,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             }
             self.send = self.send.saturating_add(1);
             let (send, attempt) = (self.send, self.attempt);
-            // `Started` carries the gate's reading; the send's own clock starts after the
+            // `Started` carries the gate's reading (or the one after a permit or rate
+            // wait); the send's own clock starts after the
             // callback, so a slow observer counts neither into `ms` nor into the limit.
             self.emit_at(now, || EventKind::Started { send, attempt });
             let started = self.now();
@@ -873,7 +874,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 // The retry cannot start before its wake-up, nor before the bucket's
                 // next token, which other callers can only push later. The token is
                 // taken after the admission, whose wait moves the deadline on: once an
-                // admission of this call has waited, the gate decides instead.
+                // admission of this call has waited, the send's rate wait decides
+                // instead (it refuses a wait that would reach the budget's end).
                 let starts = match &self.client.bucket {
                     Some(bucket) if !self.admission_waited => wake.max(bucket.next_token_at()),
                     _ => wake,

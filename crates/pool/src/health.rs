@@ -69,7 +69,8 @@ pub struct ApiHealth {
     /// Of those, the ones that succeeded.
     pub successes_in_window: u32,
     /// Sends that never went out, in the window: each `Failed { sent: false }`. A send
-    /// refused at the gate (breaker open, auth, budget), in a call refused outright or
+    /// refused at the gate or before it left (breaker open, auth, a budget that ended
+    /// there or in its permit or rate wait), in a call refused outright or
     /// in one that had sent before (a retry), a budget used up by the request closure,
     /// or a request that could not be built.
     pub refused_in_window: u32,

@@ -132,7 +132,8 @@ pub enum EventKind {
         /// 0 for a synthetic failure.
         ms: u64,
         /// `false` for a synthetic pair (fail-fast rejection, auth failure, budget
-        /// ending at the gate, a request that could not be built): filter these out
+        /// ending at the gate or before the send, in its permit or rate wait, a
+        /// request that could not be built): filter these out
         /// of request-rate figures.
         sent: bool,
     },
@@ -144,7 +145,8 @@ pub enum EventKind {
         attempt: u32,
     },
     /// The send failed with `NotSent` and is sent again with no back-off (back
-    /// through the gate: breaker, admission, tokens, permit).
+    /// through the gate and the send's waits: breaker, admission, auth token,
+    /// permit, rate token).
     /// Sits between that send's `Failed` and the next `Started`.
     Redialing {
         /// The number the redial will have.

@@ -484,7 +484,7 @@ macro_rules! transport_impl {
             /// The request is sent by the draft's client, or, on a client the adapter
             /// built, by its newest client at the time of sending (chosen in
             /// [`Transport::send`](vantage_api_pool::Transport::send), so a rebuild during
-            /// the permit wait reaches requests already prepared).
+            /// the permit or rate-token wait reaches requests already prepared).
             fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
                 let (client, request) = draft.build_split();
                 let request = request.map_err(transport_error)?;
