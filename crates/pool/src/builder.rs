@@ -169,7 +169,10 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     /// `ceil(per_second)`. The bucket starts full, so in any window of length T up to
     /// burst + `per_second` × T sends may start (at 10/s: ten at once, then one every
     /// 100 ms). A send takes its token last, after its permit, so this holds while
-    /// callers queue for permits too. Set it below an API's hard quota, or use
+    /// callers queue for permits too. The token is charged at the clock reading its
+    /// `Started` event carries (for a send that waited for nothing, the one taken
+    /// before the request closure ran), so a closure that takes time delays its send
+    /// by as much past its token. Set it below an API's hard quota, or use
     /// [`rate_limit_with_burst`](Self::rate_limit_with_burst) with a burst of 1.
     /// `build()` refuses 0, negative, NaN and infinite rates, and one so slow that
     /// refilling the burst would take more than [`MAX_REFILL`](crate::rate::MAX_REFILL).

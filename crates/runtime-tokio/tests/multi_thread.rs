@@ -5,7 +5,8 @@
 //! nothing is left in flight or queued.
 //!
 //! A rate bucket (10,000/s, burst 8) makes sends wait for tokens holding their
-//! permits, some of them aborted there.
+//! permits (the aborts rarely land in that wait; `pool/tests/leak_check.rs` drops
+//! calls there on virtual time).
 //!
 //! Real time is spent only on the pool's own short back-offs (1 ms), breaker
 //! cooldowns (5 ms) and rate waits, so the test takes about a second.

@@ -199,6 +199,9 @@ struct Shared {
     /// the timers gone also finds it raised; it waits for it to fall before it takes
     /// an empty ready queue for "nothing happens".
     waking: AtomicUsize,
+    /// Times a driver waited for `waking` to fall: lets a unit test see that it did.
+    #[cfg(test)]
+    waited_for_wakes: AtomicUsize,
 }
 
 struct Clock {
@@ -457,6 +460,8 @@ impl VirtualRuntime {
                 home: OnceLock::new(),
                 main_generation: AtomicU32::new(0),
                 waking: AtomicUsize::new(0),
+                #[cfg(test)]
+                waited_for_wakes: AtomicUsize::new(0),
             }),
         }
     }
@@ -1242,6 +1247,8 @@ impl VirtualRuntime {
                 // An `advance` on another thread is between taking its timers and
                 // waking their tasks: the queue is empty only for now.
                 if shared.waking.load(Ordering::SeqCst) > 0 {
+                    #[cfg(test)]
+                    shared.waited_for_wakes.fetch_add(1, Ordering::SeqCst);
                     std::thread::yield_now();
                     continue;
                 }
@@ -1266,6 +1273,8 @@ impl VirtualRuntime {
                 // looked for: wait for its wakes, then look at the queue (in this
                 // order: its wakes reach the queue before `waking` falls).
                 if shared.waking.load(Ordering::SeqCst) > 0 {
+                    #[cfg(test)]
+                    shared.waited_for_wakes.fetch_add(1, Ordering::SeqCst);
                     std::thread::yield_now();
                     continue;
                 }
@@ -2081,5 +2090,50 @@ impl<T> Future for JoinHandle<T> {
                 )
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The race of an `advance` on another thread, made to happen every time: the
+    /// due timer is taken (as `advance` does under the clock lock) and its wake
+    /// made only once the driver has found nothing else to do and waits.
+    #[test]
+    fn a_driver_waits_for_the_wakes_an_advance_has_not_made_yet() {
+        let rt = VirtualRuntime::new();
+        let sleeper = rt.clone();
+        let handle = rt.spawn(async move { sleeper.sleep(Duration::from_secs(1)).await });
+        rt.run_until_idle().unwrap();
+        let mut wakers = Vec::new();
+        {
+            let mut clock = lock(&rt.shared.clock);
+            let target = clock.now.saturating_add(Duration::from_secs(1));
+            rt.move_clock(&mut clock, target, &mut wakers);
+            rt.shared.waking.fetch_add(1, Ordering::SeqCst);
+        }
+        assert_eq!(wakers.len(), 1);
+        let done = Arc::new(AtomicBool::new(false));
+        let waker_thread = {
+            let (shared, done) = (Arc::clone(&rt.shared), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let _woken = WakingGuard(&shared.waking);
+                while shared.waited_for_wakes.load(Ordering::SeqCst) == 0 {
+                    if done.load(Ordering::SeqCst) {
+                        return; // the driver gave up without waiting
+                    }
+                    std::thread::yield_now();
+                }
+                for waker in wakers {
+                    waker.wake();
+                }
+            })
+        };
+        let result = rt.run();
+        done.store(true, Ordering::SeqCst);
+        waker_thread.join().unwrap();
+        assert_eq!(result, Ok(()));
+        assert!(handle.is_finished());
     }
 }

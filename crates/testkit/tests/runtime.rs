@@ -784,7 +784,10 @@ fn a_runtime_without_tasks_can_be_driven_from_any_thread() {
 fn an_advance_on_another_thread_is_never_taken_for_a_deadlock() {
     // `advance` takes the due timers under the clock lock and wakes their tasks
     // after it: a driver that looks in between finds no timer and an empty queue,
-    // and must wait for the wake rather than report a deadlock.
+    // and must wait for the wake rather than report a deadlock. A stress test of
+    // real threads: on a loaded machine it may not hit the race (the unit test in
+    // `runtime.rs` makes it every time; this one also catches the driver looking
+    // at the counter and the queue in the wrong order).
     for round in 0..40 {
         let rt = VirtualRuntime::new().with_time_limit(Duration::MAX);
         let stop = Arc::new(AtomicBool::new(false));
