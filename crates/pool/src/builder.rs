@@ -14,7 +14,7 @@ use crate::client::{Events, ResilientClient, Shared};
 use crate::concurrency::Limiter;
 use crate::error::ConfigError;
 use crate::observer::TransportObserver;
-use crate::policy::RetryPolicy;
+use crate::policy::{CallPolicy, RetryMode, RetryPolicy};
 use crate::rate::{RateLimit, TokenBucket};
 use crate::runtime::Runtime;
 use crate::transport::Transport;
@@ -63,7 +63,8 @@ pub struct ClientBuilder<T, R, A = NoAuth> {
     transport: T,
     runtime: R,
     auth: A,
-    default_retry: RetryPolicy,
+    default_policy: CallPolicy,
+    default_retry: Option<RetryPolicy>,
     request_id_header: HeaderName,
     retry_count_header: Option<HeaderName>,
     observer: Option<(Arc<str>, Arc<dyn TransportObserver>)>,
@@ -80,6 +81,7 @@ impl<T, R, A> std::fmt::Debug for ClientBuilder<T, R, A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientBuilder")
             .field("api", &self.observer.as_ref().map(|(k, _)| k))
+            .field("default_policy", &self.default_policy)
             .field("default_retry", &self.default_retry)
             .field("max_parallel", &self.max_parallel)
             .field("rate", &self.rate)
@@ -96,7 +98,8 @@ impl<T: Transport, R: Runtime> ClientBuilder<T, R, NoAuth> {
             transport,
             runtime,
             auth: NoAuth,
-            default_retry: RetryPolicy::default(),
+            default_policy: CallPolicy::default(),
+            default_retry: None,
             request_id_header: DEFAULT_REQUEST_ID_HEADER,
             retry_count_header: None,
             observer: None,
@@ -108,18 +111,47 @@ impl<T: Transport, R: Runtime> ClientBuilder<T, R, NoAuth> {
 }
 
 impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
-    /// The retry schedule of [`ResilientClient::execute`]; default 3 retries from
-    /// 250 ms capped at 10 s. `build()` refuses a `max` below `base`.
+    /// The policy of [`ResilientClient::execute`]: its retries, breaker mode,
+    /// jitter, time limits and idempotency. Default: [`CallPolicy::default`],
+    /// [`bounded`](CallPolicy::bounded) with [`RetryPolicy::default`] (3 retries from
+    /// 250 ms capped at 10 s, 10 s per attempt, 30 s for the whole call).
     ///
-    /// `execute` runs it under [`CallPolicy::bounded`](crate::CallPolicy::bounded)'s
-    /// time limits: 10 s per attempt and 30 s for the whole call, and a retry the
-    /// budget has no room for is not attempted. So a schedule whose back-offs (or a
-    /// server's `Retry-After`) reach past 30 s is cut short there, without an error.
-    /// For a longer one, give
-    /// [`execute_with`](ResilientClient::execute_with) a policy with time limits of
-    /// its own: `CallPolicy::bounded(retry).with_time_limits(attempt, Some(budget))`.
+    /// It replaces an earlier [`default_retry`](Self::default_retry); a later one
+    /// changes its retry only.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool::{CallPolicy, ResilientClient, RetryPolicy};
+    /// use vantage_api_pool_testkit::{ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// // A slow API: a minute per attempt, five for the whole call, every call.
+    /// let slow = CallPolicy::bounded(RetryPolicy::default())
+    ///     .with_time_limits(Duration::from_secs(60), Some(Duration::from_secs(300)))?;
+    /// let client = ResilientClient::builder(ScriptedTransport::new(&rt), rt.clone())
+    ///     .default_policy(slow.clone())
+    ///     .build()?;
+    /// assert_eq!(client.default_policy(), &slow);
+    /// # Ok::<(), vantage_api_pool::ConfigError>(())
+    /// ```
+    pub fn default_policy(mut self, policy: CallPolicy) -> Self {
+        self.default_policy = policy;
+        self.default_retry = None;
+        self
+    }
+
+    /// The retry schedule of [`ResilientClient::execute`]: the default policy's retry
+    /// becomes [`RetryMode::Bounded`]`(retry)`, the rest of it (time limits, breaker
+    /// mode, jitter) stays as [`default_policy`](Self::default_policy) set it. Default:
+    /// 3 retries from 250 ms capped at 10 s. `build()` refuses a `max` below `base`.
+    ///
+    /// Under the default policy's time limits (10 s per attempt, 30 s for the whole
+    /// call) a retry the budget has no room for is not attempted, so a schedule
+    /// whose back-offs (or a server's `Retry-After`) reach past 30 s is cut short
+    /// there, without an error. For a longer one, give the client a
+    /// [`default_policy`](Self::default_policy) with longer time limits.
     pub fn default_retry(mut self, retry: RetryPolicy) -> Self {
-        self.default_retry = retry;
+        self.default_retry = Some(retry);
         self
     }
 
@@ -243,6 +275,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
             transport: self.transport,
             runtime: self.runtime,
             auth: source,
+            default_policy: self.default_policy,
             default_retry: self.default_retry,
             request_id_header: self.request_id_header,
             retry_count_header: self.retry_count_header,
@@ -257,8 +290,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming the first setting it refuses: `default_retry.max`
-    /// below `default_retry.base`; `max_parallel` of 0 or above
+    /// A [`ConfigError`] naming the first setting it refuses: a
+    /// [`default_retry`](Self::default_retry) whose `max` is below its `base`
+    /// (`default_retry.max`); `max_parallel` of 0 or above
     /// [`MAX_PERMITS`](crate::concurrency::MAX_PERMITS); a `rate_limit` that is not a
     /// finite number above zero or too slow to refill its burst (`rate_limit.burst`
     /// for a burst of 0); a breaker threshold of 0 (`breaker.threshold`), a zero
@@ -276,11 +310,15 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
                  credentials, framing)",
             ));
         }
-        if self.default_retry.max < self.default_retry.base {
-            return Err(ConfigError::new(
-                "default_retry.max",
-                "must not be below default_retry.base",
-            ));
+        let mut default_policy = self.default_policy;
+        if let Some(retry) = self.default_retry {
+            if retry.max < retry.base {
+                return Err(ConfigError::new(
+                    "default_retry.max",
+                    "must not be below default_retry.base",
+                ));
+            }
+            default_policy.set_retry(RetryMode::Bounded(retry));
         }
         let limiter = Limiter::new(self.max_parallel)?;
         let bucket = match self.rate {
@@ -302,7 +340,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
                 runtime: self.runtime,
                 auth: self.auth,
                 auth_state: AuthState::new(),
-                default_retry: self.default_retry,
+                default_policy,
                 request_id_header: self.request_id_header,
                 retry_count_header: self.retry_count_header,
                 events: Events::new(self.observer),

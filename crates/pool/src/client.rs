@@ -15,7 +15,7 @@ use crate::builder::ClientBuilder;
 use crate::concurrency::Limiter;
 use crate::error::ClientError;
 use crate::observer::{CallId, EventKind, TransportEvent, TransportObserver};
-use crate::policy::{CallPolicy, RetryPolicy};
+use crate::policy::CallPolicy;
 use crate::rate::TokenBucket;
 use crate::runtime::Runtime;
 use crate::time::Instant;
@@ -61,7 +61,7 @@ impl<T, R, A> fmt::Debug for ResilientClient<T, R, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResilientClient")
             .field("api", &self.shared.events.key())
-            .field("default_retry", &self.shared.default_retry)
+            .field("default_policy", &self.shared.default_policy)
             .finish_non_exhaustive()
     }
 }
@@ -72,7 +72,7 @@ pub(crate) struct Shared<T, R, A> {
     pub(crate) runtime: R,
     pub(crate) auth: A,
     pub(crate) auth_state: AuthState,
-    pub(crate) default_retry: RetryPolicy,
+    pub(crate) default_policy: CallPolicy,
     pub(crate) request_id_header: HeaderName,
     pub(crate) retry_count_header: Option<HeaderName>,
     pub(crate) events: Events,
@@ -204,10 +204,15 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         Call::new(&self.shared, policy, id).run(build)
     }
 
-    /// Runs one call under [`CallPolicy::bounded`] with the client's default
-    /// [`RetryPolicy`]: 10 s per attempt, 30 s for the whole call (a retry that
-    /// could not start within the 30 s is not attempted). For other time limits, use
+    /// Runs one call under the client's [default policy](Self::default_policy).
+    /// Unless the builder set another ([`default_policy`], [`default_retry`]), that
+    /// is [`CallPolicy::default`]: `bounded` with 3 retries from 250 ms capped at
+    /// 10 s, 10 s per attempt and 30 s for the whole call (a retry that could not
+    /// start within the 30 s is not attempted). For another policy on one call, use
     /// [`execute_with`](ResilientClient::execute_with).
+    ///
+    /// [`default_policy`]: crate::ClientBuilder::default_policy
+    /// [`default_retry`]: crate::ClientBuilder::default_retry
     ///
     /// Dropping the returned future cancels the call, as for
     /// [`execute_with`](ResilientClient::execute_with).
@@ -218,7 +223,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     where
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
-        self.call(CallPolicy::bounded(self.shared.default_retry), build)
+        self.call(&self.shared.default_policy, build)
     }
 
     /// Reports something only the caller knows (rows parsed, a write acknowledged) to
@@ -247,10 +252,10 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         &self.shared.runtime
     }
 
-    /// The default retry schedule of [`execute`](ResilientClient::execute).
+    /// The policy of [`execute`](ResilientClient::execute), as the builder set it.
     #[must_use]
-    pub fn default_retry(&self) -> RetryPolicy {
-        self.shared.default_retry
+    pub fn default_policy(&self) -> &CallPolicy {
+        &self.shared.default_policy
     }
 
     /// The breaker's state now: `Closed`, `Open { until }` or `HalfOpen`. A client

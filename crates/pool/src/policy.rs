@@ -219,8 +219,9 @@ pub struct CallPolicy {
 }
 
 /// [`CallPolicy::bounded`] with [`RetryPolicy::default`]: what
-/// [`execute`](crate::ResilientClient::execute) uses on a client whose default retry
-/// was not changed.
+/// [`execute`](crate::ResilientClient::execute) uses on a client whose builder set
+/// no [`default_policy`](crate::ClientBuilder::default_policy) or
+/// [`default_retry`](crate::ClientBuilder::default_retry).
 impl Default for CallPolicy {
     fn default() -> Self {
         CallPolicy::bounded(RetryPolicy::default())
@@ -282,6 +283,12 @@ impl CallPolicy {
     pub fn with_retry(mut self, retry: RetryMode) -> Result<Self, ConfigError> {
         self.retry = retry.validate()?;
         Ok(self)
+    }
+
+    /// Replaces the retry mode with one already checked (the builder's
+    /// `default_retry`).
+    pub(crate) fn set_retry(&mut self, retry: RetryMode) {
+        self.retry = retry;
     }
 
     /// Replaces the breaker mode.

@@ -17,8 +17,8 @@ use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::runtime::SendRuntime;
 use vantage_api_pool::transport::read_body;
 use vantage_api_pool::{
-    BreakerState, CallPolicy, EventKind, Instant, Report, RetryPolicy, Runtime, TransportError,
-    TransportErrorKind, TransportResponse, timeout_at,
+    BreakerState, CallPolicy, EventKind, Instant, Jitter, Report, RetryMode, RetryPolicy, Runtime,
+    TransportError, TransportErrorKind, TransportResponse, timeout_at,
 };
 use vantage_api_pool_testkit::{RecordingObserver, Reply, VirtualRuntime};
 
@@ -135,7 +135,7 @@ fn auth_keeps_the_settings_made_before_it() {
         }))
         .build()
         .unwrap();
-    assert_eq!(client.default_retry(), p);
+    assert_eq!(client.default_policy().retry(), &RetryMode::Bounded(p));
     w.transport.push_many([Reply::status(503), Reply::ok()]);
     w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
         .unwrap()
@@ -252,14 +252,108 @@ fn default_retry_reads_back_what_the_builder_set() {
         base: ms(1),
         max: ms(2),
     };
+    let client = w.builder().default_retry(p).build().unwrap();
     assert_eq!(
-        w.builder()
-            .default_retry(p)
-            .build()
+        client.default_policy(),
+        &CallPolicy::bounded(RetryPolicy::default())
+            .with_retry(RetryMode::Bounded(p))
             .unwrap()
-            .default_retry(),
-        p
     );
+}
+
+#[test]
+fn the_default_policy_is_bounded_with_the_default_retry_unless_set() {
+    let w = World::new();
+    assert_eq!(w.client().default_policy(), &CallPolicy::default());
+    assert_eq!(
+        CallPolicy::default(),
+        CallPolicy::bounded(RetryPolicy::default())
+    );
+}
+
+/// A minute per attempt and five for the whole call, a server's delay honoured up to
+/// a minute.
+fn slow_api_policy() -> CallPolicy {
+    CallPolicy::bounded(RetryPolicy {
+        max_retries: 3,
+        base: ms(250),
+        max: secs(60),
+    })
+    .with_jitter(Jitter::None)
+    .unwrap()
+    .with_time_limits(secs(60), Some(secs(300)))
+    .unwrap()
+}
+
+#[test]
+fn execute_runs_under_the_builders_default_policy_time_limits() {
+    let w = World::new();
+    // 45 s for the head: past bounded's 10 s attempt limit, inside the policy's 60 s.
+    // Then a 503 asking for 40 s: past bounded's 30 s budget, inside its 300 s.
+    w.transport.push_many([
+        Reply::status(503).after(secs(45)),
+        Reply::status(503).header("retry-after", "40"),
+        Reply::ok(),
+    ]);
+    let client = w
+        .builder()
+        .default_policy(slow_api_policy())
+        .build()
+        .unwrap();
+    let response = w.rt.block_on(client.execute(|h| h.get("/x"))).unwrap();
+    assert_eq!(response.unwrap().status(), 200);
+    assert_eq!(
+        w.sent_at(),
+        [secs(0), secs(45) + ms(250), secs(85) + ms(250)]
+    );
+}
+
+#[test]
+fn a_default_retry_after_the_default_policy_changes_its_retry_only() {
+    let w = World::new();
+    let once = RetryPolicy {
+        max_retries: 1,
+        base: ms(10),
+        max: ms(10),
+    };
+    let client = w
+        .builder()
+        .default_policy(slow_api_policy())
+        .default_retry(once)
+        .build()
+        .unwrap();
+    let policy = client.default_policy();
+    assert_eq!(policy.retry(), &RetryMode::Bounded(once));
+    assert_eq!(
+        (policy.attempt_timeout(), policy.budget(), policy.jitter()),
+        (secs(60), Some(secs(300)), Jitter::None)
+    );
+    // One retry, then the call ends on the second 503.
+    w.transport.default_reply(Reply::status(503));
+    let err =
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
+    assert_eq!(w.sent_at(), [secs(0), ms(10)]);
+}
+
+#[test]
+fn a_default_policy_replaces_an_earlier_default_retry() {
+    let w = World::new();
+    let bad = RetryPolicy {
+        max_retries: 1,
+        base: secs(2),
+        max: secs(1),
+    };
+    // The refused schedule is gone with the retry it set, so nothing is refused.
+    let client = w
+        .builder()
+        .default_retry(bad)
+        .default_policy(slow_api_policy())
+        .build()
+        .unwrap();
+    assert_eq!(client.default_policy(), &slow_api_policy());
 }
 
 #[test]
