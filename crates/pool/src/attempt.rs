@@ -46,7 +46,7 @@ struct Ticket<'c> {
     now: Instant,
     /// Whether the call may have given way to other tasks after the breaker let it
     /// through (an admission wait, or any client with a token source), so the
-    /// breaker may have changed. The permit and rate waits after the gate add to it.
+    /// breaker may have changed: it is asked again before a request is built.
     yielded: bool,
 }
 
@@ -319,7 +319,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // for none, a waiting one takes its admission when it can send, and the
         // probe takes its slot first, so callers the probe turns away do not queue
         // for admissions either. A change during the admission wait is caught by
-        // the second look after the waits (`yielded`).
+        // the second look after the gate (`yielded`).
         let probe = loop {
             if self.deadline.is_some_and(|deadline| now >= deadline) {
                 return Err(self.timed_out_at_gate());
@@ -408,18 +408,21 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// The waits of a send that could not leave at once, holding the prepared
     /// request: the permit queue, if `held` is no permit (the lock-free take found
     /// none, or callers queued), raced against the budget's end; then the rate token,
-    /// taken holding the permit, each sleep a gate wait of known length. If a refresh
-    /// brought a newer token meanwhile, and every token since the request's own came
-    /// under its header name, the request goes out with it (a token rejected while
-    /// its refresh runs is not handed out; the request then keeps its own). Returns
-    /// the permit, the request, the generation of the token it now carries and the
-    /// clock.
+    /// taken holding the permit, each sleep a gate wait of known length. The breaker
+    /// is asked again after each wait ([`still_allowed`](Self::still_allowed)): a
+    /// send it turns back after its permit wait takes no rate token and does not
+    /// wait for one. If a refresh brought a newer token meanwhile, and every token
+    /// since the request's own came under its header name, the request goes out with
+    /// it (a token rejected while its refresh runs is not handed out; the request
+    /// then keeps its own). Returns the permit, the request, the generation of the
+    /// token it now carries and the clock, or `None` if the breaker turned it back.
     async fn wait_to_send(
         &self,
         held: Option<Permit<'c>>,
         mut request: T::Request,
         mut now: Instant,
-    ) -> Result<(Permit<'c>, T::Request, Option<u64>, Instant), ClientError> {
+        probe: &mut Option<ProbeGuard<'c>>,
+    ) -> Result<Option<(Permit<'c>, T::Request, Option<u64>, Instant)>, ClientError> {
         let client = self.client;
         let permit = match held {
             Some(permit) => permit,
@@ -432,6 +435,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     None => acquire.await,
                 };
                 now = self.now();
+                if !self.still_allowed(probe, now) {
+                    return Ok(None);
+                }
                 permit
             }
         };
@@ -439,9 +445,40 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             && let Err(wait) = bucket.try_take(now)
         {
             now = self.wait_for_token(bucket, now, wait).await?;
+            if !self.still_allowed(probe, now) {
+                return Ok(None);
+            }
         }
         let generation = self.newer_token(&mut request);
-        Ok((permit, request, generation, now))
+        Ok(Some((permit, request, generation, now)))
+    }
+
+    /// Asks the breaker again after a wait, since it may have changed meanwhile. A
+    /// probe grant goes stale if the breaker closed meanwhile (and maybe opened
+    /// again): it is given up, since sending it could put a send inside a new
+    /// cooldown or a second probe in flight. A send that is not the probe asks again,
+    /// and may be granted the probe. `false`: the breaker turns the send back (it
+    /// holds no probe then); the call goes back through the whole gate, and its
+    /// request is dropped (the next pass builds a fresh one).
+    fn still_allowed(&self, probe: &mut Option<ProbeGuard<'c>>, now: Instant) -> bool {
+        let Some(breaker) = &self.client.breaker else {
+            return true;
+        };
+        if probe
+            .as_ref()
+            .is_some_and(|held| !breaker.holds_probe(held.epoch()))
+        {
+            *probe = None;
+        }
+        if probe.is_none() {
+            match breaker.check(now) {
+                Gate::Allow { probe: granted } => {
+                    *probe = granted.map(|epoch| ProbeGuard::new(breaker, epoch));
+                }
+                Gate::OpenFor(_) => return false,
+            }
+        }
+        true
     }
 
     /// Takes a rate token now, if the client has a bucket and it has one.
@@ -503,11 +540,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 mut probe,
                 token,
                 mut now,
-                mut yielded,
+                yielded,
             } = match self.wait_for_gate().await {
                 Ok(ticket) => ticket,
                 Err(error) => return Err(self.refuse(error)),
             };
+
+            // The gate asked the breaker before its admission and auth waits; after
+            // them it is asked again, before a request is built. Turned back, the
+            // call goes back through the whole gate.
+            if yielded && !self.still_allowed(&mut probe, now) {
+                continue;
+            }
 
             // ---- prepare a fresh request (a sync helper, so the request never sits
             // in the call's state). A draft that cannot be prepared fails here, at
@@ -526,48 +570,27 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             // thing a send waits for, so the sends that start in any window obey the
             // bucket (a token taken before a permit wait would let every caller that
             // queued meanwhile leave at once when permits free). A send that has to
-            // wait for either does so in one boxed wait that holds the request.
+            // wait for either does so in one boxed wait that holds the request, and
+            // asks the breaker again after each wait; turned back, it goes back
+            // through the whole gate. A rate token taken for a pass the breaker then
+            // turns back is not refunded (a held token would let sends bunch up when
+            // the breaker closes, the moment the API is most fragile).
             let permit = match client.limiter.try_acquire() {
                 Some(permit) if self.rate_token_now(now) => permit,
-                held => match Box::pin(self.wait_to_send(held, request, now)).await {
-                    Ok((permit, waited, generation, after)) => {
+                held => match Box::pin(self.wait_to_send(held, request, now, &mut probe)).await {
+                    Ok(Some((permit, waited, generation, after))) => {
                         request = waited;
                         now = after;
-                        yielded = true;
                         self.token_generation = generation;
                         permit
                     }
+                    Ok(None) => continue,
                     Err(error) => {
                         drop(probe);
                         return Err(self.refuse(error));
                     }
                 },
             };
-            // The breaker may have changed while this send waited for its token or
-            // permit. A probe grant goes stale if the breaker closed meanwhile (and
-            // maybe opened again): it is given up, since sending it could put a send
-            // inside a new cooldown or a second probe in flight. A send that is not
-            // the probe asks again; refused, it goes back through the whole gate (the
-            // request is dropped; the next pass builds a fresh one).
-            if yielded && let Some(breaker) = &client.breaker {
-                if probe
-                    .as_ref()
-                    .is_some_and(|held| !breaker.holds_probe(held.epoch()))
-                {
-                    probe = None;
-                }
-                if probe.is_none() {
-                    match breaker.check(now) {
-                        Gate::Allow { probe: granted } => {
-                            probe = granted.map(|epoch| ProbeGuard::new(breaker, epoch));
-                        }
-                        // Back through the whole gate; the rate token taken for this
-                        // pass is not refunded (a held token would let sends bunch up
-                        // when the breaker closes, the moment the API is most fragile).
-                        Gate::OpenFor(_) => continue,
-                    }
-                }
-            }
             if !self.redialing {
                 self.attempt = self.attempt.saturating_add(1);
             }

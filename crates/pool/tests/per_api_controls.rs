@@ -1482,6 +1482,51 @@ fn a_probe_grant_that_went_stale_while_waiting_for_a_token_is_given_up() {
 }
 
 #[test]
+fn callers_queued_behind_the_send_that_opens_the_breaker_are_refused_before_their_rate_wait() {
+    // One permit, one rate token per 5 s. Two fail-fast callers pass the closed
+    // breaker and queue for the permit behind a send whose 503 opens it at 1 s. Each
+    // is turned back as soon as it gets the permit: it neither waits for a rate token
+    // it would not use (until 5 s, then 10 s) nor takes one, so the first is not
+    // refused at 5 s and the second does not go out as the probe at 10 s.
+    let w = World::new();
+    w.transport
+        .on_path("/fail", [Reply::status(503).after(secs(1))]);
+    w.transport.default_reply(Reply::ok());
+    let client = w
+        .builder()
+        .breaker(1, secs(5), secs(60))
+        .max_parallel(1)
+        .rate_limit_with_burst(0.2, 1)
+        .build()
+        .unwrap();
+    let _fail = w.spawn_call(&client, CallPolicy::background(), "/fail");
+    let queued: Vec<_> = (0..2)
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    for call in queued {
+        let result = w.rt.block_on(call).unwrap().map_err(|e| e.kind());
+        assert_eq!(result, Err(ErrorKind::BreakerOpen));
+    }
+    assert_eq!(w.sent_at(), [secs(0)], "only /fail goes out");
+    let refused_at: Vec<_> = w
+        .events()
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::Failed { sent: false, .. }))
+        .map(|e| e.at.since_origin())
+        .collect();
+    assert_eq!(refused_at, [secs(1), secs(1)]);
+    // The bucket still holds the token the refused callers left: a send at the end
+    // of the cooldown (6 s) goes out at once, not at 10 s.
+    w.rt.run_until(at(secs(6))).unwrap();
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(0), secs(6)]);
+    w.assert_contract();
+}
+
+#[test]
 fn a_send_that_waited_for_a_token_refresh_meets_the_breaker_that_opened_meanwhile() {
     // A call passes the closed breaker, then waits for a refresh another call's 401
     // started; meanwhile a 503 opens the breaker. Asked again after the wait, the
