@@ -13,14 +13,14 @@
 //! | what the error says | kind | why |
 //! |---|---|---|
 //! | `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
-//! | from [`send`](vantage_api_pool::transport::SendTransport::send) only: `is_builder()` about a URL that is not http/https | `Interrupted` | raised while following a redirect to `ftp://…` or `myapp://…`: `prepare` let only http/https requests through, so the request was sent and answered (a `Location` that cannot be resolved is not followed: the 3xx is the response) |
+//! | from [`send`](vantage_api_pool::transport::SendTransport::send) only, of a request whose own URL is http or https: `is_builder()` about a URL that is not | `Interrupted` | raised while following a redirect to `ftp://…` or `myapp://…`, so the request was sent and answered (a `Location` that cannot be resolved is not followed: the 3xx is the response). A request whose own URL has another scheme (changed after `prepare`, which refuses one, or made with `ReqwestRequest::new`) stays `Config` |
+//! | a TLS alert from the server refusing the handshake (`handshake_failure`, `access_denied`, `decrypt_error`, or one about a certificate: `certificate_required`, `bad_certificate`, `unknown_ca`, …) | `Tls` | checked before hyper's signals below, which a refusal that reaches a fresh connection before the request does also raises (`NotSent`, and a redial would meet it again); under TLS 1.3 the server checks a client certificate only after the client has finished its side of the handshake and written the request, so the refusal comes on the first read and not as a connect error; the server never let the request through |
 //! | a [`hyper::Error`] in the chain with `is_canceled()` | `NotSent` | hyper hands a request back with this error only when it never started writing it (the connection closed or failed first) |
 //! | a [`hyper::Error`] in the chain with `is_closed()` | `NotSent` | while sending, only the readiness check of a connection raises it, before the request is handed over |
 //! | a hyper-util client error about the request itself (`client error (User...)`: an HTTP version or method it does not support) | `Config` | our side, nothing sent |
 //! | a hyper-util client error that is not a connect error and has no [`connect_info`](hyper_util::client::legacy::Error::connect_info) | `NotSent` | hyper-util attaches the connection's info to every error raised once a connection had the request; without it, the error came while a fresh connection was being set up (for example the server closed it before hyper's first read) |
-//! | an [`h2::Error`] from the server: a `REFUSED_STREAM` reset, or a `GOAWAY` with `NO_ERROR` | `NotSent` | RFC 9113 §8.7: the server did not process the stream (reqwest's default retry would resend these itself; see the crate docs) |
+//! | an [`h2::Error`] from the server: a `REFUSED_STREAM` reset, or a `GOAWAY` (any error code) | `NotSent` | RFC 9113 §8.7 and §6.8: the server did not process the stream (h2 gives a `GOAWAY` as the error only of the streams above its last stream id, and of those opened after it; reqwest's default retry would resend these itself; see the crate docs) |
 //! | a [`hyper::Error`] in the chain with `is_parse_too_large()` | `TooLarge` | the response head was over hyper's limits (more than 100 headers, or a head larger than its read buffer) |
-//! | a TLS alert from the server refusing the handshake (`handshake_failure`, `access_denied`, `decrypt_error`, or one about a certificate: `certificate_required`, `bad_certificate`, `unknown_ca`, …) | `Tls` | under TLS 1.3 the server checks a client certificate only after the client has finished its side of the handshake and written the request, so the refusal comes on the first read and not as a connect error; the server never let the request through |
 //! | `is_connect()` with an `io::ErrorKind::InvalidData` in the chain | `Tls` | rustls reports handshake and certificate failures as `InvalidData` through tokio-rustls |
 //! | `is_connect()` otherwise (refused, DNS, connect timeout, unreachable, reset during the TCP or TLS handshake) | `Connect` | no connection, nothing reached the server |
 //! | `is_timeout()` (the request's or client's `timeout`, `read_timeout`) | `TimedOut` | the exchange was cut; the server may have acted |
@@ -117,8 +117,9 @@ pub fn body_error(err: reqwest::Error) -> TransportError {
     TransportError::new(kind, describe(&err))
 }
 
-/// [`transport_error`] for an error of [`reqwest::Client::execute`] on a request that
-/// `prepare` let through (http or https): a builder error about a URL of another
+/// [`transport_error`] for an error of [`reqwest::Client::execute`] on a request whose
+/// own URL is http or https (`send` checks; `prepare` refuses other schemes, but a
+/// request can be changed after it): a builder error about a URL of another
 /// scheme was raised while following a redirect, after the request was sent and
 /// answered, so it is `Interrupted`, not `Config`. Before sending, reqwest raises
 /// builder errors only about the request's own URL (an `https_only` client refusing
@@ -157,13 +158,16 @@ fn kind_of(err: &reqwest::Error) -> TransportErrorKind {
     if err.is_builder() {
         return TransportErrorKind::Config;
     }
-    #[cfg(not(target_arch = "wasm32"))]
-    if let Some(kind) = native::protocol_signal(err) {
-        return kind;
-    }
+    // Before hyper's signals: a refusal that reaches a fresh connection before the
+    // request does reads to hyper as a connection failed before it was handed the
+    // request (`NotSent`), but a redial would meet the same refusal.
     #[cfg(not(target_arch = "wasm32"))]
     if native::handshake_refused(err) {
         return TransportErrorKind::Tls;
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(kind) = native::protocol_signal(err) {
+        return kind;
     }
     #[cfg(not(target_arch = "wasm32"))]
     if err.is_connect() {
@@ -262,11 +266,15 @@ mod native {
         }
     }
 
+    /// A stream the server refused, or one it named unprocessed in a `GOAWAY`,
+    /// whatever its error code (RFC 9113 §6.8). h2 gives the server's `GOAWAY` as
+    /// the error only of streams above its last stream id, and of streams opened
+    /// after it; a stream at or below that id that the connection's close then cuts
+    /// fails with a broken pipe (`Interrupted`).
     fn h2_signal(source: &(dyn StdError + 'static)) -> Option<TransportErrorKind> {
         let h2 = source.downcast_ref::<h2::Error>()?;
         let refused = h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
-        let graceful_goaway = h2.is_go_away() && h2.reason() == Some(h2::Reason::NO_ERROR);
-        (h2.is_remote() && (refused || graceful_goaway)).then_some(TransportErrorKind::NotSent)
+        (h2.is_remote() && (refused || h2.is_go_away())).then_some(TransportErrorKind::NotSent)
     }
 }
 

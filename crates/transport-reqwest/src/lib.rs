@@ -525,10 +525,12 @@ macro_rules! transport_impl {
                 let guarded = redirect::carries_secret(request.headers());
                 #[cfg(target_arch = "wasm32")]
                 let guarded = false;
+                let http_url = matches!(request.url().scheme(), "http" | "https");
                 Sending {
                     pending: client.execute(request),
                     guarded,
                     redirected: false,
+                    http_url,
                 }
             }
 
@@ -590,6 +592,10 @@ pin_project_lite::pin_project! {
         guarded: bool,
         // A tracked redirect policy decided on a redirect during this send.
         redirected: bool,
+        // The request's own URL is http or https, so a builder error about another
+        // scheme came from a redirect (`prepare` refuses other schemes, but a
+        // request can be changed after it, or made with `ReqwestRequest::new`).
+        http_url: bool,
     }
 }
 
@@ -611,7 +617,9 @@ where
         {
             let (poll, redirected) = redirect::noting(*this.guarded, || this.pending.poll(cx));
             *this.redirected |= redirected;
-            let map_error = if *this.redirected {
+            let map_error = if !*this.http_url {
+                error::transport_error
+            } else if *this.redirected {
                 error::after_redirect
             } else {
                 error::send_error
@@ -622,9 +630,14 @@ where
         #[cfg(target_arch = "wasm32")]
         {
             let _ = (this.guarded, this.redirected);
+            let map_error = if *this.http_url {
+                error::send_error
+            } else {
+                error::transport_error
+            };
             this.pending
                 .poll(cx)
-                .map(|result| result.map(ReqwestResponse::new).map_err(error::send_error))
+                .map(|result| result.map(ReqwestResponse::new).map_err(map_error))
         }
     }
 }

@@ -4,11 +4,9 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+
 use std::time::Duration;
 
 use common::*;
@@ -20,53 +18,6 @@ use vantage_api_pool_reqwest::ReqwestTransport;
 use vantage_api_pool_testkit::RecordingObserver;
 
 const PATH: &str = "/secret/orders?token=hunter2";
-
-/// A connector layer that waits `0` after each connection is established, before
-/// hyper gets it: long enough for a server's immediate close to arrive first.
-#[derive(Clone)]
-struct DelayAfterConnect(Duration);
-
-impl<S> tower_layer::Layer<S> for DelayAfterConnect {
-    type Service = Delayed<S>;
-
-    fn layer(&self, inner: S) -> Delayed<S> {
-        Delayed {
-            inner,
-            delay: self.0,
-        }
-    }
-}
-
-#[derive(Clone)]
-struct Delayed<S> {
-    inner: S,
-    delay: Duration,
-}
-
-impl<S, R> tower_service::Service<R> for Delayed<S>
-where
-    S: tower_service::Service<R>,
-    S::Future: Send + 'static,
-    S::Response: Send,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: R) -> Self::Future {
-        let connecting = self.inner.call(request);
-        let delay = self.delay;
-        Box::pin(async move {
-            let connection = connecting.await?;
-            tokio::time::sleep(delay).await;
-            Ok(connection)
-        })
-    }
-}
 
 /// The adapter's default client, each new connection handed to hyper `ms`
 /// milliseconds after it is established.
@@ -267,9 +218,9 @@ enum H2Act {
     Ok,
     Refuse,
     Stall,
-    /// Take the stream, then go away gracefully (`GOAWAY` with `NO_ERROR`, naming
-    /// this stream as processed) and close the connection without answering.
-    GoAwayAfterTaking,
+    /// Take the stream, then go away (`GOAWAY` with this error code, naming this
+    /// stream as processed) and close the connection without answering.
+    GoAwayAfterTaking(h2::Reason),
 }
 
 /// An HTTP/2 (prior knowledge, cleartext) server on 127.0.0.1:0.
@@ -306,8 +257,8 @@ impl H2Server {
                                 }
                                 H2Act::Refuse => respond.send_reset(h2::Reason::REFUSED_STREAM),
                                 H2Act::Stall => stalled.push(respond),
-                                H2Act::GoAwayAfterTaking => {
-                                    connection.abrupt_shutdown(h2::Reason::NO_ERROR);
+                                H2Act::GoAwayAfterTaking(reason) => {
+                                    connection.abrupt_shutdown(reason);
                                     stalled.push(respond);
                                 }
                             }
@@ -351,7 +302,15 @@ fn first_refused(n: usize) -> H2Act {
 
 fn first_taken_then_gone_away(n: usize) -> H2Act {
     if n == 0 {
-        H2Act::GoAwayAfterTaking
+        H2Act::GoAwayAfterTaking(h2::Reason::NO_ERROR)
+    } else {
+        H2Act::Ok
+    }
+}
+
+fn first_taken_then_gone_away_on_an_error(n: usize) -> H2Act {
+    if n == 0 {
+        H2Act::GoAwayAfterTaking(h2::Reason::INTERNAL_ERROR)
     } else {
         H2Act::Ok
     }
@@ -361,24 +320,33 @@ fn first_taken_then_gone_away(n: usize) -> H2Act {
 async fn an_http2_stream_the_server_took_before_going_away_is_interrupted_not_unsent() {
     // RFC 9113 §6.8: a GOAWAY names the last stream the server may have processed;
     // only streams after it are "not sent". This one was taken, so a POST is not
-    // resent (and a GET is retried as an interrupted exchange).
-    for (post, expected) in [
-        (
-            true,
-            vec!["started s1 a1", "failed s1 a1 transport:interrupted"],
-        ),
-        (
-            false,
-            vec![
-                "started s1 a1",
-                "failed s1 a1 transport:interrupted",
-                "retry a2 after 5ms",
-                "started s2 a2",
-                "ok s2 a2 200",
-            ],
-        ),
-    ] {
-        let server = H2Server::start(first_taken_then_gone_away).await;
+    // resent (and a GET is retried as an interrupted exchange), whether the server
+    // went away gracefully or on an error.
+    type Script = fn(usize) -> H2Act;
+    let scripts: [(&str, Script); 2] = [
+        ("NO_ERROR", first_taken_then_gone_away),
+        ("INTERNAL_ERROR", first_taken_then_gone_away_on_an_error),
+    ];
+    for ((code, script), (post, expected)) in scripts.into_iter().flat_map(|script| {
+        [
+            (
+                true,
+                vec!["started s1 a1", "failed s1 a1 transport:interrupted"],
+            ),
+            (
+                false,
+                vec![
+                    "started s1 a1",
+                    "failed s1 a1 transport:interrupted",
+                    "retry a2 after 5ms",
+                    "started s2 a2",
+                    "ok s2 a2 200",
+                ],
+            ),
+        ]
+        .map(|case| (script, case))
+    }) {
+        let server = H2Server::start(script).await;
         let transport = h2_transport();
         let observer = RecordingObserver::new();
         let client = client(transport, &observer);
@@ -392,16 +360,122 @@ async fn an_http2_stream_the_server_took_before_going_away_is_interrupted_not_un
                 }
             })
             .await;
-        assert_eq!(trace(&observer), expected, "post: {post}");
+        assert_eq!(trace(&observer), expected, "{code}, post: {post}");
         if post {
             let error = result.unwrap_err();
-            assert!(!error.nothing_sent(), "{error}");
-            eprintln!("taken, then GOAWAY (h2): {}", message(&error));
-            assert_eq!(server.streams(), 1);
+            assert!(!error.nothing_sent(), "{code}: {error}");
+            eprintln!("taken, then GOAWAY {code} (h2): {}", message(&error));
+            assert_eq!(server.streams(), 1, "{code}");
         } else {
-            assert_eq!(result.unwrap().status(), StatusCode::OK);
-            assert_eq!(server.streams(), 2);
+            assert_eq!(result.unwrap().status(), StatusCode::OK, "{code}");
+            assert_eq!(server.streams(), 2, "{code}");
         }
+    }
+}
+
+/// A raw HTTP/2 (prior knowledge, cleartext) server on 127.0.0.1:0 whose first
+/// connection answers the first stream with `GOAWAY(last_stream_id = 0, code)`, saying
+/// no stream was processed, and closes; later connections answer every stream `200`
+/// with no body. Written by hand: the `h2` server names the streams it accepted as
+/// processed. Returns the URL, the streams received and the server.
+async fn goaway_server(code: u32) -> (String, Arc<AtomicUsize>, ServerTask) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SETTINGS: u8 = 4;
+    const HEADERS: u8 = 1;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let streams = Arc::new(AtomicUsize::new(0));
+    let task = tokio::spawn({
+        let streams = Arc::clone(&streams);
+        async move {
+            let mut tasks = JoinSet::new();
+            let mut first = true;
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let go_away = std::mem::take(&mut first);
+                let streams = Arc::clone(&streams);
+                tasks.spawn(async move {
+                    let mut preface = [0u8; 24];
+                    if socket.read_exact(&mut preface).await.is_err() {
+                        return;
+                    }
+                    // An empty SETTINGS frame.
+                    let _ = socket.write_all(&[0, 0, 0, SETTINGS, 0, 0, 0, 0, 0]).await;
+                    loop {
+                        let mut head = [0u8; 9];
+                        if socket.read_exact(&mut head).await.is_err() {
+                            return;
+                        }
+                        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                        let (kind, flags) = (head[3], head[4]);
+                        let id =
+                            u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+                        let mut payload = vec![0u8; len];
+                        if socket.read_exact(&mut payload).await.is_err() {
+                            return;
+                        }
+                        match kind {
+                            SETTINGS if flags & 1 == 0 => {
+                                // Its ACK.
+                                let ack = [0, 0, 0, SETTINGS, 1, 0, 0, 0, 0];
+                                let _ = socket.write_all(&ack).await;
+                            }
+                            HEADERS => {
+                                streams.fetch_add(1, Ordering::SeqCst);
+                                if go_away {
+                                    // GOAWAY (type 7), 8 bytes: last stream id 0, code.
+                                    let mut frame = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
+                                    frame.extend_from_slice(&0u32.to_be_bytes());
+                                    frame.extend_from_slice(&code.to_be_bytes());
+                                    let _ = socket.write_all(&frame).await;
+                                    let _ = socket.shutdown().await;
+                                    return;
+                                }
+                                // HEADERS, END_STREAM | END_HEADERS: `:status: 200`
+                                // (HPACK static index 8).
+                                let mut frame = vec![0, 0, 1, HEADERS, 5];
+                                frame.extend_from_slice(&id.to_be_bytes());
+                                frame.push(0x88);
+                                let _ = socket.write_all(&frame).await;
+                            }
+                            _ => {}
+                        }
+                    }
+                });
+            }
+        }
+    });
+    (format!("http://{addr}{PATH}"), streams, ServerTask(task))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_above_a_goaways_last_stream_is_not_sent_whatever_its_error_code() {
+    // RFC 9113 §6.8: the streams above a GOAWAY's last stream id were not processed,
+    // whatever its error code, so a POST among them is redialed.
+    for (name, code) in [
+        ("NO_ERROR", 0x0),
+        ("INTERNAL_ERROR", 0x2),
+        ("ENHANCE_YOUR_CALM", 0xb),
+    ] {
+        let (url, streams, _server) = goaway_server(code).await;
+        let observer = RecordingObserver::new();
+        let client = client(h2_transport(), &observer);
+        let response = client
+            .execute_with(&policy(0), |http| http.post(&url).body("amount=5"))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {}", message(&e)));
+        assert_eq!(response.status(), StatusCode::OK, "{name}");
+        assert_eq!(
+            trace(&observer),
+            [
+                "started s1 a1",
+                "failed s1 a1 transport:not_sent",
+                "redialing s2 a1",
+                "started s2 a1",
+                "ok s2 a1 200",
+            ],
+            "{name}"
+        );
+        assert_eq!(streams.load(Ordering::SeqCst), 2, "{name}");
     }
 }
 

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    ServerTask, assert_no_url, ok, policy, policy_with_timeout, read_request, short, trace,
+    DelayAfterConnect, ServerTask, assert_no_url, ok, policy, policy_with_timeout, read_request,
+    short, trace,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -140,11 +141,28 @@ fn trusting_client(
     ResilientClient<ReqwestTransport, TokioRuntime>,
     ReqwestTransport,
 ) {
+    trusting_client_with_delay(observer, Duration::ZERO)
+}
+
+/// [`trusting_client`], each new connection handed to hyper `delay` after its
+/// handshake.
+fn trusting_client_with_delay(
+    observer: &RecordingObserver,
+    delay: Duration,
+) -> (
+    ResilientClient<ReqwestTransport, TokioRuntime>,
+    ReqwestTransport,
+) {
     let ca = reqwest::Certificate::from_pem(CA).expect("ca.pem");
     let transport = ReqwestTransport::with_builder(move || {
-        ReqwestTransport::default_client_builder()
+        let builder = ReqwestTransport::default_client_builder()
             .no_proxy()
-            .tls_certs_only([ca.clone()])
+            .tls_certs_only([ca.clone()]);
+        if delay.is_zero() {
+            builder
+        } else {
+            builder.connector_layer(DelayAfterConnect(delay))
+        }
     })
     .expect("client");
     let client = ResilientClient::builder(transport.clone(), TokioRuntime::new())
@@ -259,15 +277,23 @@ async fn a_server_that_requires_a_client_certificate_gives_a_final_tls_error_not
     // Under TLS 1.3 the client has finished its side and written the POST before
     // the server's `certificate_required` alert arrives, on the first read: still a
     // handshake the server refused, with nothing let through, so `Tls` (final,
-    // nothing sent), not `Interrupted` ("something may have been sent").
-    for (version, versions) in [
-        ("1.2", &[&rustls::version::TLS12]),
-        ("1.3", &[&rustls::version::TLS13]),
+    // nothing sent), not `Interrupted` ("something may have been sent"). When the
+    // alert reaches the fresh connection before hyper hands it the request, hyper
+    // reads it as a connection that failed before the request (`NotSent`): still
+    // `Tls`, and not redialed, which would meet the same refusal.
+    for (version, versions, delay) in [
+        ("1.2", &[&rustls::version::TLS12], Duration::ZERO),
+        ("1.3", &[&rustls::version::TLS13], Duration::ZERO),
+        (
+            "1.3, alert first",
+            &[&rustls::version::TLS13],
+            Duration::from_millis(100),
+        ),
     ] {
         let server =
             TlsServer::start_with(server_config(versions, true), |_| Some(ok("paid"))).await;
         let observer = RecordingObserver::new();
-        let (client, _transport) = trusting_client(&observer);
+        let (client, _transport) = trusting_client_with_delay(&observer, delay);
         let url = server.url("/charge");
         let error = client
             .execute_with(&policy(3).idempotent(true), |http| {
@@ -289,6 +315,11 @@ async fn a_server_that_requires_a_client_certificate_gives_a_final_tls_error_not
             "TLS {version}"
         );
         assert_eq!(server.requests(), 0, "TLS {version}");
+        assert_eq!(
+            server.connections.load(Ordering::SeqCst),
+            1,
+            "TLS {version}: no redial"
+        );
     }
 }
 

@@ -467,6 +467,29 @@ async fn a_draft_that_cannot_be_built_is_config() {
     assert_no_url(&err, "ftp://127.0.0.1/secret?token=hunter2");
 }
 
+#[tokio::test]
+async fn a_request_whose_own_url_is_not_http_is_config_when_sent() {
+    // `prepare` refuses the scheme, but a prepared request can be changed after it
+    // (it dereferences mutably) or made with `ReqwestRequest::new`: reqwest refuses
+    // it when sending, before anything leaves. Not a redirect's target, so `Config`,
+    // not `Interrupted`.
+    let transport = transport();
+    let url = "ftp://127.0.0.1/secret?token=hunter2";
+    let mut changed = transport
+        .prepare(transport.handle().post("http://127.0.0.1:9/charge"))
+        .unwrap();
+    *changed.url_mut() = url.parse().unwrap();
+    let made = ReqwestRequest::new(
+        transport.handle().clone(),
+        reqwest::Request::new(Method::GET, url.parse().unwrap()),
+    );
+    for request in [changed, made] {
+        let err = transport.send(request).await.unwrap_err();
+        assert_eq!(err.kind(), TransportErrorKind::Config, "{err}");
+        assert_no_url(&err, url);
+    }
+}
+
 #[test]
 fn the_futures_are_send() {
     fn assert_send<T: Send>(_: &T) {}

@@ -358,3 +358,55 @@ pub(crate) fn assert_no_url(error: &ClientError) {
 pub(crate) fn message(error: &ClientError) -> String {
     std::error::Error::source(error).map_or_else(String::new, |s| s.to_string())
 }
+
+/// A connector layer that waits `.0` after each connection is established (TCP, and
+/// TLS for https), before hyper gets it: long enough for a server's immediate close,
+/// or its TLS alert, to arrive first.
+#[derive(Clone)]
+pub(crate) struct DelayAfterConnect(pub(crate) Duration);
+
+impl<S> tower_layer::Layer<S> for DelayAfterConnect {
+    type Service = Delayed<S>;
+
+    fn layer(&self, inner: S) -> Delayed<S> {
+        Delayed {
+            inner,
+            delay: self.0,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Delayed<S> {
+    inner: S,
+    delay: Duration,
+}
+
+impl<S, R> tower_service::Service<R> for Delayed<S>
+where
+    S: tower_service::Service<R>,
+    S::Future: Send + 'static,
+    S::Response: Send,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        let connecting = self.inner.call(request);
+        let delay = self.delay;
+        Box::pin(async move {
+            let connection = connecting.await?;
+            tokio::time::sleep(delay).await;
+            Ok(connection)
+        })
+    }
+}
