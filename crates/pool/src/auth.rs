@@ -23,6 +23,52 @@ use http::{HeaderName, HeaderValue};
 
 use crate::sync::{Mutex, MutexGuard, PoisonError};
 
+/// An array of the names no token may take (see [`RESERVED_TOKEN_HEADERS`]), after
+/// the given ones: the builder's list of names a retry-count header may not take
+/// adds the credentials.
+macro_rules! reserved_headers {
+    ($($first:expr),*) => {
+        [
+            $($first,)*
+            $crate::classify::IDEMPOTENCY_KEY,
+            ::http::header::HOST,
+            ::http::header::CONTENT_LENGTH,
+            ::http::header::CONTENT_TYPE,
+            ::http::header::CONTENT_ENCODING,
+            ::http::header::TRANSFER_ENCODING,
+            ::http::header::CONNECTION,
+            ::http::HeaderName::from_static("keep-alive"),
+            ::http::HeaderName::from_static("proxy-connection"),
+            ::http::header::TE,
+            ::http::header::TRAILER,
+            ::http::header::UPGRADE,
+        ]
+    };
+}
+pub(crate) use reserved_headers;
+
+/// The header names a token may not come under: the idempotency key and the headers
+/// that frame the message or the connection. A [`TokenSource`] that gives one, or
+/// an empty or blank value, fails the fetch: the call ends with
+/// [`ErrorKind::Auth`](crate::ErrorKind::Auth), nothing sent.
+pub const RESERVED_TOKEN_HEADERS: [HeaderName; 12] = reserved_headers!();
+
+/// Refuses a token under a name in [`RESERVED_TOKEN_HEADERS`], or with an empty or
+/// blank value: sent, it would break the request's framing or carry no credential.
+fn checked(token: (HeaderName, HeaderValue)) -> Result<(HeaderName, HeaderValue), AuthError> {
+    let (name, value) = &token;
+    if RESERVED_TOKEN_HEADERS.contains(name) {
+        return Err(format!(
+            "the token source gave a header the request depends on (`{name}`), not a credential"
+        )
+        .into());
+    }
+    if value.as_bytes().trim_ascii().is_empty() {
+        return Err(format!("the token source gave an empty `{name}` value").into());
+    }
+    Ok(token)
+}
+
 /// The error a [`TokenSource`] returns; it becomes the source of an
 /// [`ErrorKind::Auth`](crate::ErrorKind::Auth) client error.
 ///
@@ -94,7 +140,9 @@ pub trait TokenSource {
 
     /// Fetches a fresh token, as the header name and value to apply
     /// (for example `authorization: Bearer …`). The value is marked sensitive before
-    /// use. Dropping the future abandons the fetch.
+    /// use. Dropping the future abandons the fetch. A name among
+    /// [`RESERVED_TOKEN_HEADERS`], or an empty or blank value, is refused as a failed
+    /// fetch.
     fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>>;
 }
 
@@ -432,7 +480,7 @@ impl FetchGuard<'_> {
             let mut inner = self.state.lock();
             inner.fetching = false;
             inner.fetches_done += 1;
-            let outcome = match result {
+            let outcome = match result.and_then(checked) {
                 Ok((name, mut value)) => {
                     value.set_sensitive(true);
                     inner.generation += 1;

@@ -7,9 +7,8 @@ use http::{HeaderName, header};
 
 use std::time::Duration;
 
-use crate::auth::{AuthState, NoAuth, TokenSource};
+use crate::auth::{AuthState, NoAuth, TokenSource, reserved_headers};
 use crate::breaker::{BreakerConfig, CircuitBreaker};
-use crate::classify::IDEMPOTENCY_KEY;
 use crate::client::{Events, ResilientClient, Shared};
 use crate::concurrency::Limiter;
 use crate::error::ConfigError;
@@ -19,25 +18,14 @@ use crate::rate::{RateLimit, TokenBucket};
 use crate::runtime::Runtime;
 use crate::transport::Transport;
 
-/// The header names [`ClientBuilder::retry_count_header`] refuses: the idempotency
-/// key, credentials, and the headers that frame the message or the connection.
-pub const RESERVED_RETRY_COUNT_HEADERS: [HeaderName; 15] = [
-    IDEMPOTENCY_KEY,
+/// The header names [`ClientBuilder::retry_count_header`] refuses: credentials, and
+/// the names no token may take ([`RESERVED_TOKEN_HEADERS`](crate::auth::RESERVED_TOKEN_HEADERS): the idempotency key and
+/// the headers that frame the message or the connection).
+pub const RESERVED_RETRY_COUNT_HEADERS: [HeaderName; 15] = reserved_headers!(
     header::AUTHORIZATION,
     header::PROXY_AUTHORIZATION,
-    header::COOKIE,
-    header::HOST,
-    header::CONTENT_LENGTH,
-    header::CONTENT_TYPE,
-    header::CONTENT_ENCODING,
-    header::TRANSFER_ENCODING,
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-];
+    header::COOKIE
+);
 
 /// The default header read for [`ClientError::request_id`](crate::ClientError::request_id).
 pub const DEFAULT_REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");

@@ -1344,6 +1344,64 @@ fn a_token_source_error_is_final_with_a_synthetic_pair() {
 }
 
 #[test]
+fn a_token_under_a_framing_header_or_with_an_empty_value_is_an_auth_error() {
+    use http::HeaderName;
+    use vantage_api_pool::auth::RESERVED_TOKEN_HEADERS;
+    let cases = [
+        (http::header::HOST, "evil.example"),
+        (http::header::CONTENT_LENGTH, "999"),
+        (HeaderName::from_static("idempotency-key"), "k"),
+        (AUTHORIZATION, ""),
+        (AUTHORIZATION, "  "),
+    ];
+    for (name, value) in cases {
+        assert_eq!(
+            RESERVED_TOKEN_HEADERS.contains(&name),
+            !value.trim().is_empty(),
+            "{name}"
+        );
+        let w = World::new();
+        w.transport.default_reply(Reply::ok());
+        let token = (name.clone(), HeaderValue::from_static(value));
+        let client = w
+            .builder()
+            .auth(token_fn(move || {
+                let token = token.clone();
+                async move { Ok::<_, AuthError>(token) }
+            }))
+            .build()
+            .unwrap();
+        let err = w.background_error(&client);
+        assert_eq!(err.kind(), ErrorKind::Auth, "{name}: {value:?}");
+        assert_eq!(w.transport.request_count(), 0, "{name}: {value:?}");
+        let reason = std::error::Error::source(&err).unwrap().to_string();
+        assert!(reason.contains(name.as_str()), "{reason}");
+    }
+    // A credential in a cookie, or under a header of the API's own, goes out.
+    for name in [http::header::COOKIE, HeaderName::from_static("x-api-key")] {
+        let w = World::new();
+        w.transport.default_reply(Reply::ok());
+        let token = (name.clone(), HeaderValue::from_static("session=s3cr3t"));
+        let client = w
+            .builder()
+            .auth(token_fn(move || {
+                let token = token.clone();
+                async move { Ok::<_, AuthError>(token) }
+            }))
+            .build()
+            .unwrap();
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            w.transport.requests()[0].headers[&name],
+            "session=s3cr3t",
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn the_token_never_appears_in_events_errors_or_debug() {
     let w = World::new();
     require_token(&w, "never");
