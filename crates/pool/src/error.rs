@@ -66,11 +66,12 @@ pub enum ErrorKind {
     /// A time limit ended the call: an attempt timeout, the call's budget, or the
     /// transport's own timeout (reported here, never as `Transport(TimedOut)`);
     /// [`ClientError::time_limit`] tells which. When the limit ended the call before
-    /// a retry, redial or replay went out, `source()` is the failed send's
-    /// [`ClientError`] (the 503 with its body, say).
+    /// a retry, redial or replay went out, [`ClientError::last_failure`] (and
+    /// `source()`) is the failed send's [`ClientError`] (the 503 with its body, say).
     TimedOut,
     /// The circuit breaker was open and the policy fails fast; nothing was sent this
-    /// time. On a retry, `source()` is the failed send's [`ClientError`].
+    /// time. On a retry, [`ClientError::last_failure`] (and `source()`) is the
+    /// failed send's [`ClientError`].
     BreakerOpen,
     /// The auth token source failed. Not retried by the client. `source()` is a
     /// [`SharedAuthError`](crate::auth::SharedAuthError), whose
@@ -299,6 +300,28 @@ impl ClientError {
     #[must_use]
     pub fn time_limit(&self) -> Option<TimeLimit> {
         self.time_limit
+    }
+
+    /// For a call that a time limit or the breaker ended after it had sent
+    /// ([`ErrorKind::TimedOut`] or [`ErrorKind::BreakerOpen`] before a retry, redial
+    /// or replay went out): the failed send's error, with its status, body and
+    /// request id. It is also this error's `source()`. `None` for every other error,
+    /// and for a call refused before it sent anything.
+    ///
+    /// ```
+    /// use vantage_api_pool::{ClientError, ErrorKind};
+    ///
+    /// fn describe(error: &ClientError) -> String {
+    ///     match (error.kind(), error.last_failure()) {
+    ///         (ErrorKind::BreakerOpen, Some(last)) => format!("gave up after {last}"),
+    ///         _ => error.to_string(),
+    ///     }
+    /// }
+    /// # let _ = describe;
+    /// ```
+    #[must_use]
+    pub fn last_failure(&self) -> Option<&ClientError> {
+        self.source.as_deref()?.downcast_ref::<ClientError>()
     }
 
     /// The delay the server asked for on the last response (`retry-after-ms` or

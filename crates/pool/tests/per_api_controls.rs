@@ -299,10 +299,15 @@ fn fifty_waiting_callers_send_one_probe_per_cooldown_then_all_complete() {
 }
 
 /// The `ClientError` under `err`: the failed send a refusal ended the call after.
+/// `err.last_failure()`, which must be there and be `err`'s source.
 fn last_failure(err: &vantage_api_pool::ClientError) -> &vantage_api_pool::ClientError {
-    std::error::Error::source(err)
-        .and_then(|s| s.downcast_ref::<vantage_api_pool::ClientError>())
-        .unwrap_or_else(|| panic!("no earlier failure under {err:?}"))
+    let last = err
+        .last_failure()
+        .unwrap_or_else(|| panic!("no earlier failure under {err:?}"));
+    let source = std::error::Error::source(err)
+        .and_then(|s| s.downcast_ref::<vantage_api_pool::ClientError>());
+    assert!(source.is_some_and(|source| std::ptr::eq(source, last)));
+    last
 }
 
 #[test]
@@ -347,6 +352,8 @@ fn a_refusal_after_failed_sends_keeps_the_last_failure_as_its_source() {
         Some(StatusCode::SERVICE_UNAVAILABLE)
     );
     assert!(!err.nothing_sent(), "the first send got a 503");
+    // The 503 itself has no earlier failure.
+    assert!(last_failure(&err).last_failure().is_none());
 
     // The event reports the same error, source included.
     let failed: Vec<_> = w
@@ -371,6 +378,7 @@ fn a_refusal_after_failed_sends_keeps_the_last_failure_as_its_source() {
             .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::BreakerOpen);
     assert!(std::error::Error::source(&err).is_none());
+    assert!(err.last_failure().is_none());
 }
 
 #[test]
