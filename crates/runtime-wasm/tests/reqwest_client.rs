@@ -4,7 +4,8 @@
 //!
 //! `scripts/wasm-test` starts the server and sets `VANTAGE_FAULT_SERVER` (for
 //! example `http://127.0.0.1:38211`) when it compiles this file; compiled without it,
-//! every test here fails and says so.
+//! every test that talks to the server fails and says so (the refused-connection
+//! test talks to none).
 #![cfg(target_arch = "wasm32")]
 
 use std::sync::Arc;
@@ -247,7 +248,8 @@ async fn a_request_timeout_longer_than_a_js_timer_takes_is_cut_to_it_not_a_panic
     for asked in [
         Duration::MAX,
         Duration::from_secs(30 * 24 * 3600),
-        MAX_WASM_TIMEOUT + Duration::from_micros(1),
+        // reqwest takes whole milliseconds, cut down: the first value it panics on.
+        MAX_WASM_TIMEOUT + Duration::from_millis(1),
     ] {
         let draft = transport.handle().get(&url).timeout(asked);
         let prepared = transport.prepare(draft).expect("a valid request");
@@ -275,6 +277,63 @@ async fn a_request_timeout_longer_than_a_js_timer_takes_is_cut_to_it_not_a_panic
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.bytes().await.expect("a body").as_ref(), b"ok");
     assert_eq!(counted("count", &path).await, 1);
+}
+
+/// Wraps `setTimeout` so that every delay it is given is kept, in order, in
+/// `globalThis.__delays`; `restore` puts the real one back and returns the delays.
+fn record_timer_delays(restore: bool) -> Vec<f64> {
+    let body = "if (restore) {\
+                    globalThis.setTimeout = globalThis.__realSetTimeout;\
+                    const delays = globalThis.__delays;\
+                    globalThis.__delays = [];\
+                    return delays;\
+                }\
+                globalThis.__realSetTimeout = globalThis.__realSetTimeout || globalThis.setTimeout;\
+                globalThis.__delays = [];\
+                globalThis.setTimeout = function (f, delay, ...rest) {\
+                    globalThis.__delays.push(delay);\
+                    return globalThis.__realSetTimeout(f, delay, ...rest);\
+                };\
+                return [];";
+    let delays = js_sys::Function::new_with_args("restore", body)
+        .call1(&JsValue::NULL, &JsValue::from_bool(restore))
+        .expect("the wrapper is installed");
+    js_sys::Array::from(&delays)
+        .iter()
+        .filter_map(|d| d.as_f64())
+        .collect()
+}
+
+#[wasm_bindgen_test]
+async fn a_request_timeout_reaches_its_timer_rounded_up_never_cut_down() {
+    // reqwest hands the timeout to `setTimeout` as whole milliseconds cut down, and a
+    // Node timer can fire a millisecond early: `send` rounds it up, plus one.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            record_timer_delays(true);
+        }
+    }
+    let transport = ReqwestTransport::new(reqwest::Client::new());
+    let url = format!("{}{}", server(), fresh("plain"));
+    for (asked, armed) in [
+        (Duration::from_micros(9_990), 11.0),
+        (Duration::from_micros(900), 2.0),
+        (Duration::from_secs(5), 5_001.0),
+    ] {
+        let restore = Restore;
+        record_timer_delays(false);
+        let draft = transport.handle().get(&url).timeout(asked);
+        let prepared = transport.prepare(draft).expect("a valid request");
+        // Answered or cut by its (short) timeout: only the timer it armed counts.
+        let _ = transport.send(prepared).await;
+        let delays = record_timer_delays(true);
+        drop(restore);
+        assert!(
+            delays.contains(&armed),
+            "{asked:?}: timers armed {delays:?}, none of {armed} ms"
+        );
+    }
 }
 
 /// Replaces `fetch` with one whose every answer is a 200 whose body fails after its

@@ -175,7 +175,9 @@ pub use error::{body_error, transport_error};
 /// The longest request timeout (`RequestBuilder::timeout`) a request keeps on
 /// `wasm32`: 2^31 - 1 ms (24.8 days), the longest delay a JavaScript timer takes. A
 /// longer one, `Duration::MAX` included, is cut to it when the request is sent
-/// (reqwest would panic on it there). Native targets keep every timeout as given.
+/// (reqwest would panic on it there); a shorter one is rounded up to whole
+/// milliseconds, plus one, so that its timer never cuts the fetch early. Native
+/// targets keep every timeout as given.
 pub const MAX_WASM_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(i32::MAX as u64);
 pub use request::ReqwestRequest;
 pub use response::ReqwestResponse;
@@ -562,15 +564,19 @@ macro_rules! transport_impl {
     };
 }
 
-/// A JavaScript timer takes at most 2^31 - 1 ms, and reqwest panics (an abort on
-/// wasm32, which ends the whole instance) on a longer request timeout: it is cut to
-/// [`MAX_WASM_TIMEOUT`], 24.8 days, which is as good as none.
+/// reqwest hands a request's timeout to `setTimeout` as whole milliseconds, cut
+/// down (a 9.99 ms timeout becomes 9 ms, 0.9 ms becomes 0), and a timer in Node can
+/// fire up to a millisecond before its delay: the timeout is rounded up to whole
+/// milliseconds, plus one, so the fetch is never cut before it. A JavaScript timer
+/// takes at most 2^31 - 1 ms, and reqwest panics (an abort on wasm32, which ends the
+/// whole instance) on a longer one: it is cut to [`MAX_WASM_TIMEOUT`], 24.8 days,
+/// which is as good as none.
 #[cfg(target_arch = "wasm32")]
 fn cap_wasm_timeout(mut request: reqwest::Request) -> reqwest::Request {
-    if let Some(timeout) = request.timeout_mut()
-        && *timeout > MAX_WASM_TIMEOUT
-    {
-        *timeout = MAX_WASM_TIMEOUT;
+    if let Some(timeout) = request.timeout_mut() {
+        let millis = timeout.as_nanos().div_ceil(1_000_000).saturating_add(1);
+        let max = MAX_WASM_TIMEOUT.as_millis();
+        *timeout = std::time::Duration::from_millis(millis.min(max) as u64);
     }
     request
 }
