@@ -107,6 +107,10 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     /// It replaces an earlier [`default_retry`](Self::default_retry); a later one
     /// changes its retry only.
     ///
+    /// The transport's own time limits still hold: a reqwest client's read timeout
+    /// (30 s on the one the reqwest adapter builds) also ends the wait for a response
+    /// head, so an attempt limit longer than it needs a longer read timeout too.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use vantage_api_pool::{CallPolicy, ResilientClient, RetryPolicy};

@@ -1626,11 +1626,30 @@ fn a_send_that_waited_for_a_token_refresh_meets_the_breaker_that_opened_meanwhil
     let _unauth = w.spawn_call(&client, CallPolicy::background(), "/unauth");
     w.rt.run_until(at(ms(20))).unwrap();
     assert_eq!(client.breaker_state(), BreakerState::Closed);
-    let late = w.spawn_call(&client, CallPolicy::background(), "/late");
+    // The breaker's second look comes before the request is built: the pass it
+    // turns back builds nothing.
+    let built = Arc::new(AtomicU32::new(0));
+    let late = {
+        let (client, built) = (client.clone(), Arc::clone(&built));
+        w.rt.spawn(async move {
+            client
+                .execute_with(&CallPolicy::background(), |h| {
+                    built.fetch_add(1, Ordering::SeqCst);
+                    h.get("/late")
+                })
+                .await
+                .map(|_| ())
+        })
+    };
     w.rt.run().unwrap();
     let result = w.rt.block_on(late).unwrap().map_err(|e| e.kind());
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
     assert_eq!(result, Err(ErrorKind::BreakerOpen));
+    assert_eq!(
+        built.load(Ordering::SeqCst),
+        0,
+        "a request built for nothing"
+    );
     let late_sent = w
         .transport
         .requests()
