@@ -1351,6 +1351,22 @@ fn a_token_source_error_is_final_with_a_synthetic_pair() {
     );
 }
 
+/// A client of `w` whose token source always gives `name: value`.
+fn with_token(
+    w: &World,
+    name: http::HeaderName,
+    value: &'static str,
+) -> Client<impl vantage_api_pool::TokenSource + use<>> {
+    let token = (name, HeaderValue::from_static(value));
+    w.builder()
+        .auth(token_fn(move || {
+            let token = token.clone();
+            async move { Ok::<_, AuthError>(token) }
+        }))
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn a_token_under_a_framing_header_or_with_an_empty_value_is_an_auth_error() {
     use http::HeaderName;
@@ -1370,15 +1386,7 @@ fn a_token_under_a_framing_header_or_with_an_empty_value_is_an_auth_error() {
         );
         let w = World::new();
         w.transport.default_reply(Reply::ok());
-        let token = (name.clone(), HeaderValue::from_static(value));
-        let client = w
-            .builder()
-            .auth(token_fn(move || {
-                let token = token.clone();
-                async move { Ok::<_, AuthError>(token) }
-            }))
-            .build()
-            .unwrap();
+        let client = with_token(&w, name.clone(), value);
         let err = w.background_error(&client);
         assert_eq!(err.kind(), ErrorKind::Auth, "{name}: {value:?}");
         assert_eq!(w.transport.request_count(), 0, "{name}: {value:?}");
@@ -1389,15 +1397,7 @@ fn a_token_under_a_framing_header_or_with_an_empty_value_is_an_auth_error() {
     for name in [http::header::COOKIE, HeaderName::from_static("x-api-key")] {
         let w = World::new();
         w.transport.default_reply(Reply::ok());
-        let token = (name.clone(), HeaderValue::from_static("session=s3cr3t"));
-        let client = w
-            .builder()
-            .auth(token_fn(move || {
-                let token = token.clone();
-                async move { Ok::<_, AuthError>(token) }
-            }))
-            .build()
-            .unwrap();
+        let client = with_token(&w, name.clone(), "session=s3cr3t");
         w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
             .unwrap()
             .unwrap();
