@@ -431,4 +431,17 @@ mod tests {
             Duration::MAX
         );
     }
+
+    #[test]
+    fn a_zero_base_stays_at_the_floor_past_the_128th_retry() {
+        // `UntilCancelled { base: ZERO, .. }` reaches these retries; 2^128 no longer
+        // fits, and must not read as "past the ceiling".
+        for retry in [127, 128, 1_000, u32::MAX] {
+            assert_eq!(
+                backoff(Duration::ZERO, ms(10_000), retry),
+                MIN_BACKOFF,
+                "retry {retry}"
+            );
+        }
+    }
 }

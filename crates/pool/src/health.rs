@@ -821,4 +821,99 @@ mod tests {
             BreakerView::Open { .. }
         ));
     }
+
+    #[test]
+    fn snapshots_are_sorted_by_name() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        for name in ["b", "c", "a"] {
+            h.on_event(name, &ev(0, EventKind::BreakerClosed));
+        }
+        let names = |all: Vec<(Arc<str>, ApiHealth)>| {
+            all.into_iter()
+                .map(|(name, _)| name.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(h.snapshots()), ["a", "b", "c"]);
+        assert_eq!(names(h.snapshots_at(at(5))), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn in_flight_never_reads_negative_while_a_started_is_late() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        let ok = EventKind::Succeeded {
+            send: 1,
+            attempt: 1,
+            status: StatusCode::OK,
+            ms: 20,
+            bytes: None,
+        };
+        // Its `Started` (at 10 ms) is not heard yet.
+        h.on_event("a", &ev(30, ok));
+        assert_eq!(h.snapshot("a").unwrap().in_flight, 0);
+    }
+
+    #[test]
+    fn the_mean_latency_of_a_window_where_every_send_failed() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        for (t, ms) in [(0, 40), (10, 60)] {
+            let error = ClientError::new(ErrorKind::Status(StatusCode::SERVICE_UNAVAILABLE), 1);
+            let failed = EventKind::Failed {
+                send: 1,
+                attempt: 1,
+                error,
+                ms,
+                sent: true,
+            };
+            h.on_event("a", &ev(t, failed));
+        }
+        let a = h.snapshot("a").unwrap();
+        assert_eq!(
+            (a.success_rate, a.mean_latency_ms, a.max_latency_ms),
+            (Some(0.0), Some(50.0), Some(60))
+        );
+    }
+
+    #[test]
+    fn redials_are_counted_apart_from_retries() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        h.on_event(
+            "a",
+            &ev(
+                0,
+                EventKind::Redialing {
+                    send: 2,
+                    attempt: 1,
+                },
+            ),
+        );
+        h.on_event(
+            "a",
+            &ev(
+                1,
+                EventKind::Redialing {
+                    send: 3,
+                    attempt: 1,
+                },
+            ),
+        );
+        let a = h.snapshot("a").unwrap();
+        assert_eq!((a.redials, a.retries), (2, 0));
+    }
+
+    #[test]
+    fn an_opening_heard_after_a_later_event_keeps_its_own_time() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        h.on_event("a", &ev(500, started()));
+        let opened = EventKind::BreakerOpened {
+            cooldown: Duration::from_secs(5),
+        };
+        h.on_event("a", &ev(400, opened));
+        assert_eq!(
+            h.snapshot("a").unwrap().breaker,
+            BreakerView::Open {
+                since: at(400),
+                cooldown: Duration::from_secs(5),
+            }
+        );
+    }
 }

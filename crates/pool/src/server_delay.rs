@@ -475,4 +475,17 @@ mod tests {
         let one_more = b"18446744073709551616000";
         assert_eq!(server_delay(&headers(&[(MS, one_more)]), now()), None);
     }
+
+    #[test]
+    fn a_number_past_u128_is_ignored_not_wrapped() {
+        // 11 × 2^128 + 5, which wraps to 5 in a u128.
+        let huge = b"3743106036130323098097120681749450326021";
+        for name in [MS, "retry-after"] {
+            assert_eq!(
+                server_delay(&headers(&[(name, huge)]), now()),
+                None,
+                "{name}"
+            );
+        }
+    }
 }
