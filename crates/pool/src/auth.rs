@@ -880,4 +880,34 @@ mod tests {
         assert_eq!(generation(poll(&mut z)), Some(3));
         assert_eq!(generation(poll(&mut n)), Some(3));
     }
+
+    #[test]
+    fn a_token_first_under_a_new_name_can_be_replaced_by_a_newer_one_of_that_name() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        /// t1 under `authorization`, then t2, t3, ... under `x-api-key`.
+        struct Renaming(AtomicU32);
+        impl TokenSource for Renaming {
+            fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+                let n = self.0.fetch_add(1, SeqCst) + 1;
+                let name = if n == 1 {
+                    http::header::AUTHORIZATION
+                } else {
+                    HeaderName::from_static("x-api-key")
+                };
+                std::future::ready(Ok((name, HeaderValue::from_str(&format!("t{n}")).unwrap())))
+            }
+        }
+        let state = AuthState::new();
+        let source = Renaming(AtomicU32::new(0));
+        let block = futures::executor::block_on;
+        assert_eq!(block(state.token(&source, None)).unwrap().generation, 1);
+        // A 401 for t1 brings t2 under a new name (renamed at generation 2).
+        assert_eq!(block(state.token(&source, Some(1))).unwrap().generation, 2);
+        // A request built with t2 waits; a 401 elsewhere brings t3, same name as t2.
+        assert_eq!(block(state.token(&source, Some(2))).unwrap().generation, 3);
+        let newer = state.newer_under_same_name(2).expect("t3 can replace t2");
+        assert_eq!(newer.generation, 3);
+        // A request built with t1 cannot take it (it would carry both headers).
+        assert!(state.newer_under_same_name(1).is_none());
+    }
 }

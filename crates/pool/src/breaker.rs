@@ -627,4 +627,41 @@ mod tests {
             "breaker.cooldown"
         );
     }
+
+    #[test]
+    fn a_straggler_failure_in_half_open_with_no_probe_changes_nothing() {
+        // The probe's prober was dropped (slot freed, still half-open); a failure
+        // from a send that started before the breaker opened is no failed probe.
+        let b = breaker();
+        open_it(&b, at(0));
+        let Gate::Allow { probe: Some(epoch) } = b.check(at(5)) else {
+            panic!("the probe is granted")
+        };
+        b.release_probe(epoch);
+        assert_eq!(b.record(Failure, None, at(6)), None);
+        assert_eq!(b.state(at(6)), BreakerState::HalfOpen);
+        // The next caller gets the probe at once.
+        assert!(matches!(b.check(at(6)), Gate::Allow { probe: Some(_) }));
+    }
+
+    #[test]
+    fn an_old_epoch_does_not_hold_a_newer_probe() {
+        let b = breaker();
+        open_it(&b, at(0));
+        let Gate::Allow { probe: Some(first) } = b.check(at(5)) else {
+            panic!()
+        };
+        b.release_probe(first);
+        let Gate::Allow {
+            probe: Some(second),
+        } = b.check(at(5))
+        else {
+            panic!()
+        };
+        assert!(b.holds_probe(second));
+        assert!(
+            !b.holds_probe(first),
+            "a stale grant would send a second probe"
+        );
+    }
 }

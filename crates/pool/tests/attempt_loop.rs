@@ -1324,3 +1324,117 @@ fn a_redial_that_finds_the_budget_spent_builds_no_request() {
     );
     assert_eq!(w.transport.request_count(), 1);
 }
+
+/// Advances the virtual clock by `.1` during the first `Failed` callback.
+struct AdvanceOnFirstFailure(VirtualRuntime, Duration, AtomicBool);
+
+impl TransportObserver for AdvanceOnFirstFailure {
+    fn on_event(&self, _api: &str, event: &TransportEvent) {
+        if matches!(event.kind, EventKind::Failed { .. }) && !self.2.swap(true, Ordering::SeqCst) {
+            self.0.advance(self.1);
+        }
+    }
+}
+
+#[test]
+fn a_redial_that_reaches_the_gate_exactly_at_the_budgets_end_builds_no_request() {
+    // NotSent at 1 s, then a `Failed` callback that takes exactly the 4 s left: the
+    // redial reaches the gate at the budget's end. The budget is spent *at* its end
+    // (`now >= deadline`): no request is built, no rate token is taken.
+    let w = World::new();
+    w.transport
+        .push(Reply::fail(TransportErrorKind::NotSent, "stale").after(secs(1)));
+    w.transport.default_reply(Reply::ok());
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer(
+            "api",
+            Arc::new(AdvanceOnFirstFailure(
+                w.rt.clone(),
+                secs(4),
+                AtomicBool::new(false),
+            )),
+        )
+        .rate_limit_with_burst(1.0, 2)
+        .build()
+        .unwrap();
+    let built = std::cell::Cell::new(0);
+    let err =
+        w.rt.block_on(
+            client.execute_with(&bounded_within(3, ms(10), secs(5), secs(5)), |h| {
+                built.set(built.get() + 1);
+                h.get("/x")
+            }),
+        )
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
+    assert_eq!(w.now(), secs(5));
+    assert_eq!(
+        built.get(),
+        1,
+        "the redial built a request with no time left"
+    );
+    assert_eq!(w.transport.request_count(), 1);
+    // The bucket (burst 2, 1/s) gave one token at 0 s and refilled one by 5 s: two
+    // calls go out at once now. A refused redial that took a token leaves one.
+    for path in ["/a", "/b"] {
+        w.rt.block_on(client.execute_with(&bounded(0, ms(10)), |h| h.get(path)))
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(w.sent_at(), [ms(0), secs(5), secs(5)]);
+}
+
+#[test]
+fn started_carries_the_gates_reading_not_the_clock_after_a_slow_request_closure() {
+    // The request closure takes 300 ms (say, signing a body): `Started` stands for
+    // the gate's reading (0 ms), as `TransportEvent::at` documents.
+    let w = World::new();
+    w.transport.push(Reply::ok().after(ms(10)));
+    let client = w.client();
+    let rt = w.rt.clone();
+    w.rt.block_on(client.execute_with(&bounded(0, ms(10)), |h| {
+        rt.advance(ms(300));
+        h.get("/x")
+    }))
+    .unwrap()
+    .unwrap();
+    let events = w.events();
+    let started: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::Started { .. }))
+        .map(|e| e.at.since_origin())
+        .collect();
+    assert_eq!(started, [ms(0)]);
+    assert_eq!(w.sent_at(), [ms(300)]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_second_not_sent_is_still_free_and_leaves_nothing_sent() {
+    // Two NotSent (the two free redials), then a Connect failure: no send can have
+    // reached the server, so the POST's error says nothing was sent.
+    let w = World::new();
+    let not_sent = || Reply::fail(TransportErrorKind::NotSent, "stale connection");
+    w.transport.push_many([
+        not_sent(),
+        not_sent(),
+        Reply::fail(TransportErrorKind::Connect, "refused"),
+    ]);
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(0, ms(10)), |h| h.post("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::Connect)
+    );
+    assert_eq!(w.transport.request_count(), 3);
+    assert!(
+        err.nothing_sent(),
+        "the second NotSent was taken as Interrupted"
+    );
+    w.assert_contract();
+}

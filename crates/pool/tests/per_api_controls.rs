@@ -2226,3 +2226,28 @@ fn the_probe_slot_is_free_when_a_probe_refused_after_its_grant_is_heard() {
         );
     }
 }
+
+#[test]
+fn a_401_for_a_send_that_waited_for_a_rate_token_still_refreshes_its_token() {
+    // `/warm` takes any token; `/x` only t2. The warm-up call fetches t1 and spends
+    // the bucket's only token, so the `/x` call waits ~1 s for a rate token holding
+    // t1 with no refresh meanwhile. Its 401 must still ask for a token newer than
+    // t1 (generation 1), not take the cached t1 again.
+    let w = World::new();
+    w.transport
+        .respond_with(|req, _| match (req.path(), bearer(req)) {
+            ("/warm", _) | (_, Some("Bearer t2")) => Reply::ok().after(ms(10)),
+            _ => Reply::status(401).after(ms(10)),
+        });
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b.rate_limit_with_burst(1.0, 1));
+    let policy = CallPolicy::background();
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/warm")))
+        .unwrap()
+        .unwrap();
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        .unwrap()
+        .expect("the replay goes out with a fresh token");
+    assert_eq!(tokens_sent(&w, Some("/x")), ["Bearer t1", "Bearer t2"]);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    w.assert_contract();
+}
