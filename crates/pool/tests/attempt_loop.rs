@@ -1280,52 +1280,7 @@ fn jitter_is_added_after_the_ceiling() {
     );
 }
 
-/// Moves the virtual clock on by a minute when it hears the first `Failed`.
-struct SlowOnFirstFailure(VirtualRuntime, AtomicBool);
-
-impl TransportObserver for SlowOnFirstFailure {
-    fn on_event(&self, _api: &str, event: &TransportEvent) {
-        if matches!(event.kind, EventKind::Failed { .. }) && !self.1.swap(true, Ordering::SeqCst) {
-            self.0.advance(secs(60));
-        }
-    }
-}
-
-#[test]
-fn a_redial_that_finds_the_budget_spent_builds_no_request() {
-    // A NotSent answer, then a `Failed` callback that takes a minute: the redial finds
-    // the budget spent at the top of the gate, before the request closure runs again.
-    let w = World::new();
-    w.transport
-        .push(Reply::fail(TransportErrorKind::NotSent, "stale").after(secs(1)));
-    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer(
-            "api",
-            Arc::new(SlowOnFirstFailure(w.rt.clone(), AtomicBool::new(false))),
-        )
-        .build()
-        .unwrap();
-    let built = std::cell::Cell::new(0);
-    let err =
-        w.rt.block_on(
-            client.execute_with(&bounded_within(3, ms(10), secs(5), secs(5)), |h| {
-                built.set(built.get() + 1);
-                h.get("/x")
-            }),
-        )
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::TimedOut);
-    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
-    assert_eq!(
-        built.get(),
-        1,
-        "the redial built a request with no time left"
-    );
-    assert_eq!(w.transport.request_count(), 1);
-}
-
-/// Advances the virtual clock by `.1` during the first `Failed` callback.
+/// Moves the virtual clock on by `.1` when it hears the first `Failed`.
 struct AdvanceOnFirstFailure(VirtualRuntime, Duration, AtomicBool);
 
 impl TransportObserver for AdvanceOnFirstFailure {
@@ -1336,24 +1291,20 @@ impl TransportObserver for AdvanceOnFirstFailure {
     }
 }
 
-#[test]
-fn a_redial_that_reaches_the_gate_exactly_at_the_budgets_end_builds_no_request() {
-    // NotSent at 1 s, then a `Failed` callback that takes exactly the 4 s left: the
-    // redial reaches the gate at the budget's end. The budget is spent *at* its end
-    // (`now >= deadline`): no request is built, no rate token is taken.
-    let w = World::new();
+/// A call under a 5 s budget whose first send is `NotSent` at 1 s, on a client with a
+/// rate bucket (burst 2, 1/s) whose observer moves the clock on by `by` when it hears
+/// that `Failed`, so the redial meets the gate with that much less time. Returns the
+/// client, the call's error and how many requests the call built.
+fn a_redial_after_a_slow_failed_callback(
+    w: &World,
+    by: Duration,
+) -> (Client, vantage_api_pool::ClientError, u32) {
     w.transport
         .push(Reply::fail(TransportErrorKind::NotSent, "stale").after(secs(1)));
     w.transport.default_reply(Reply::ok());
+    let observer = AdvanceOnFirstFailure(w.rt.clone(), by, AtomicBool::new(false));
     let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer(
-            "api",
-            Arc::new(AdvanceOnFirstFailure(
-                w.rt.clone(),
-                secs(4),
-                AtomicBool::new(false),
-            )),
-        )
+        .observer("api", Arc::new(observer))
         .rate_limit_with_burst(1.0, 2)
         .build()
         .unwrap();
@@ -1367,17 +1318,35 @@ fn a_redial_that_reaches_the_gate_exactly_at_the_budgets_end_builds_no_request()
         )
         .unwrap()
         .unwrap_err();
+    (client, err, built.get())
+}
+
+#[test]
+fn a_redial_that_finds_the_budget_spent_builds_no_request() {
+    // The `Failed` callback takes a minute: the redial finds the budget spent at the
+    // top of the gate, before the request closure runs again.
+    let w = World::new();
+    let (_, err, built) = a_redial_after_a_slow_failed_callback(&w, secs(60));
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
+    assert_eq!(built, 1, "the redial built a request with no time left");
+    assert_eq!(w.transport.request_count(), 1);
+}
+
+#[test]
+fn a_redial_that_reaches_the_gate_exactly_at_the_budgets_end_builds_no_request() {
+    // The `Failed` callback takes exactly the 4 s left: the redial reaches the gate at
+    // the budget's end. The budget is spent *at* its end: no request is built, no
+    // rate token is taken.
+    let w = World::new();
+    let (client, err, built) = a_redial_after_a_slow_failed_callback(&w, secs(4));
     assert_eq!(err.kind(), ErrorKind::TimedOut);
     assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
     assert_eq!(w.now(), secs(5));
-    assert_eq!(
-        built.get(),
-        1,
-        "the redial built a request with no time left"
-    );
+    assert_eq!(built, 1, "the redial built a request with no time left");
     assert_eq!(w.transport.request_count(), 1);
-    // The bucket (burst 2, 1/s) gave one token at 0 s and refilled one by 5 s: two
-    // calls go out at once now. A refused redial that took a token leaves one.
+    // The bucket (burst 2, 1/s) gave one token at 0 s and is full again by 5 s: two
+    // calls go out at once now. A refused redial that took a token would leave one.
     for path in ["/a", "/b"] {
         w.rt.block_on(client.execute_with(&bounded(0, ms(10)), |h| h.get(path)))
             .unwrap()
