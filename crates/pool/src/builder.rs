@@ -304,16 +304,15 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
                  credentials, framing)",
             ));
         }
-        let mut default_policy = self.default_policy;
-        if let Some(retry) = self.default_retry {
-            if retry.max < retry.base {
-                return Err(ConfigError::new(
-                    "default_retry.max",
-                    "must not be below default_retry.base",
-                ));
-            }
-            default_policy.set_retry(RetryMode::Bounded(retry));
-        }
+        let default_policy = match self.default_retry {
+            Some(retry) => self
+                .default_policy
+                .with_retry(RetryMode::Bounded(retry))
+                .map_err(|_| {
+                    ConfigError::new("default_retry.max", "must not be below default_retry.base")
+                })?,
+            None => self.default_policy,
+        };
         let limiter = Limiter::new(self.max_parallel)?;
         let bucket = match self.rate {
             None => None,

@@ -844,14 +844,7 @@ mod tests {
         let h = HealthObserver::new(Duration::from_secs(10));
         for (t, ms) in [(0, 40), (10, 60)] {
             let error = ClientError::new(ErrorKind::Status(StatusCode::SERVICE_UNAVAILABLE), 1);
-            let failed = EventKind::Failed {
-                send: 1,
-                attempt: 1,
-                error,
-                ms,
-                sent: true,
-            };
-            h.on_event("a", &ev(t, failed));
+            h.on_event("a", &ev(t, failed(ms, true, error)));
         }
         let a = h.snapshot("a").unwrap();
         assert_eq!(
@@ -863,26 +856,10 @@ mod tests {
     #[test]
     fn redials_are_counted_apart_from_retries() {
         let h = HealthObserver::new(Duration::from_secs(10));
-        h.on_event(
-            "a",
-            &ev(
-                0,
-                EventKind::Redialing {
-                    send: 2,
-                    attempt: 1,
-                },
-            ),
-        );
-        h.on_event(
-            "a",
-            &ev(
-                1,
-                EventKind::Redialing {
-                    send: 3,
-                    attempt: 1,
-                },
-            ),
-        );
+        for send in [2, 3] {
+            let redialing = EventKind::Redialing { send, attempt: 1 };
+            h.on_event("a", &ev(u64::from(send), redialing));
+        }
         let a = h.snapshot("a").unwrap();
         assert_eq!((a.redials, a.retries), (2, 0));
     }
@@ -891,10 +868,7 @@ mod tests {
     fn an_opening_heard_after_a_later_event_keeps_its_own_time() {
         let h = HealthObserver::new(Duration::from_secs(10));
         h.on_event("a", &ev(500, started()));
-        let opened = EventKind::BreakerOpened {
-            cooldown: Duration::from_secs(5),
-        };
-        h.on_event("a", &ev(400, opened));
+        h.on_event("a", &ev(400, opened_for_5_s()));
         assert_eq!(
             h.snapshot("a").unwrap().breaker,
             BreakerView::Open {

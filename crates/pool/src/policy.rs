@@ -285,12 +285,6 @@ impl CallPolicy {
         Ok(self)
     }
 
-    /// Replaces the retry mode with one already checked (the builder's
-    /// `default_retry`).
-    pub(crate) fn set_retry(&mut self, retry: RetryMode) {
-        self.retry = retry;
-    }
-
     /// Replaces the breaker mode.
     #[must_use]
     pub fn with_breaker_mode(mut self, breaker: BreakerMode) -> Self {

@@ -346,6 +346,18 @@ struct ExecutorEntry {
 }
 
 impl Shared {
+    /// Whether an `advance` on another thread has taken timers out and not yet woken
+    /// their tasks; if so, yields the thread once, so the caller looks again after.
+    fn yield_to_wakes_in_transit(&self) -> bool {
+        if self.waking.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        #[cfg(test)]
+        self.waited_for_wakes.fetch_add(1, Ordering::SeqCst);
+        std::thread::yield_now();
+        true
+    }
+
     fn now(&self) -> Instant {
         match self.now_nanos.load(Ordering::Acquire) {
             NOW_IN_CLOCK => lock(&self.clock).now,
@@ -1246,10 +1258,7 @@ impl VirtualRuntime {
             if batch.keys.is_empty() {
                 // An `advance` on another thread is between taking its timers and
                 // waking their tasks: the queue is empty only for now.
-                if shared.waking.load(Ordering::SeqCst) > 0 {
-                    #[cfg(test)]
-                    shared.waited_for_wakes.fetch_add(1, Ordering::SeqCst);
-                    std::thread::yield_now();
+                if shared.yield_to_wakes_in_transit() {
                     continue;
                 }
                 if matches!(until, Until::Idle) {
@@ -1272,10 +1281,7 @@ impl VirtualRuntime {
                 // An `advance` on another thread may have taken the timers just
                 // looked for: wait for its wakes, then look at the queue (in this
                 // order: its wakes reach the queue before `waking` falls).
-                if shared.waking.load(Ordering::SeqCst) > 0 {
-                    #[cfg(test)]
-                    shared.waited_for_wakes.fetch_add(1, Ordering::SeqCst);
-                    std::thread::yield_now();
+                if shared.yield_to_wakes_in_transit() {
                     continue;
                 }
                 if !shared.queue.is_empty() {
