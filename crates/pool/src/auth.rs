@@ -800,6 +800,33 @@ mod tests {
         assert_eq!(generation(poll(&mut fetcher)), Some(1));
     }
 
+    /// A new call that waited on a refresh which failed sends the cached token,
+    /// even when a later refresh, abandoned before the call ran again, left that
+    /// token rejected: it does not fetch again, nor fail with the error it shares.
+    #[test]
+    fn a_waiter_whose_refresh_failed_sends_the_cached_token_after_an_abandoned_refresh() {
+        let (state, source) = (AuthState::new(), Controlled::default());
+        source.next_fetch().send(token("Bearer t1")).unwrap();
+        futures::executor::block_on(state.token(&source, None)).unwrap();
+        // A's 401 for t1 starts F1; C, a new call, waits for it.
+        let f1 = source.next_fetch();
+        let mut a = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut a)), None);
+        let mut c = Box::pin(state.token(&source, None));
+        assert_eq!(generation(poll(&mut c)), None);
+        // F1 fails. Before C runs again, D's 401 for t1 starts F2 and D is dropped:
+        // t1 stays rejected and no refresh runs.
+        f1.send(Err("identity provider down".into())).unwrap();
+        assert_eq!(generation(poll(&mut a)), Some(0), "A shares the failure");
+        let _f2 = source.next_fetch();
+        let mut d = Box::pin(state.token(&source, Some(1)));
+        assert_eq!(generation(poll(&mut d)), None);
+        drop(d);
+        assert!(state.current(None).is_none(), "t1 is still rejected");
+        assert_eq!(generation(poll(&mut c)), Some(1), "C sends the cached t1");
+        assert_eq!(state.fetches(), 3, "C started no fetch of its own");
+    }
+
     /// A caller that waited on a fetch which was abandoned takes it over; the error
     /// of an earlier, unrelated fetch is not shared with it.
     #[test]
