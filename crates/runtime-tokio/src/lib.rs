@@ -284,6 +284,12 @@ fn fresh_seed() -> u64 {
     let nanos = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64); // the low 64 bits are the ones that vary
+    seed_from(nanos, count)
+}
+
+/// The seed of the `count`th runtime made at wall-clock `nanos`: runtimes made in
+/// the same nanosecond (a coarse clock) still draw different jitter.
+fn seed_from(nanos: u64, count: u64) -> u64 {
     mix(nanos ^ mix(count.wrapping_mul(GAMMA)))
 }
 
@@ -307,6 +313,15 @@ mod tests {
     fn unit_interval_stays_below_one() {
         assert_eq!(unit_interval(0), 0.0);
         assert!(unit_interval(u64::MAX) < 1.0);
+    }
+
+    #[test]
+    fn runtimes_made_at_the_same_instant_get_different_seeds() {
+        for nanos in [0, 1_700_000_000_000_000_000, u64::MAX] {
+            let seeds: std::collections::HashSet<u64> =
+                (0..64).map(|count| seed_from(nanos, count)).collect();
+            assert_eq!(seeds.len(), 64, "a seed repeats at {nanos}");
+        }
     }
 
     #[test]

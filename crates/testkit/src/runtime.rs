@@ -2103,6 +2103,37 @@ impl<T> Future for JoinHandle<T> {
 mod tests {
     use super::*;
 
+    /// Does what an `advance` by one second on another thread does before its
+    /// wakes: takes the one timer due and counts its wake as in transit. The
+    /// returned thread makes the wake once a driver waits for it, or returns
+    /// without it once `done` is set (a driver that gave up without waiting).
+    fn advance_with_its_wake_in_transit(
+        rt: &VirtualRuntime,
+        done: &Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        let mut wakers = Vec::new();
+        {
+            let mut clock = lock(&rt.shared.clock);
+            let target = clock.now.saturating_add(Duration::from_secs(1));
+            rt.move_clock(&mut clock, target, &mut wakers);
+            rt.shared.waking.fetch_add(1, Ordering::SeqCst);
+        }
+        assert_eq!(wakers.len(), 1);
+        let (shared, done) = (Arc::clone(&rt.shared), Arc::clone(done));
+        std::thread::spawn(move || {
+            let _woken = WakingGuard(&shared.waking);
+            while shared.waited_for_wakes.load(Ordering::SeqCst) == 0 {
+                if done.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::yield_now();
+            }
+            for waker in wakers {
+                waker.wake();
+            }
+        })
+    }
+
     /// The race of an `advance` on another thread, made to happen every time: the
     /// due timer is taken (as `advance` does under the clock lock) and its wake
     /// made only once the driver has found nothing else to do and waits.
@@ -2112,34 +2143,40 @@ mod tests {
         let sleeper = rt.clone();
         let handle = rt.spawn(async move { sleeper.sleep(Duration::from_secs(1)).await });
         rt.run_until_idle().unwrap();
-        let mut wakers = Vec::new();
-        {
-            let mut clock = lock(&rt.shared.clock);
-            let target = clock.now.saturating_add(Duration::from_secs(1));
-            rt.move_clock(&mut clock, target, &mut wakers);
-            rt.shared.waking.fetch_add(1, Ordering::SeqCst);
-        }
-        assert_eq!(wakers.len(), 1);
         let done = Arc::new(AtomicBool::new(false));
-        let waker_thread = {
-            let (shared, done) = (Arc::clone(&rt.shared), Arc::clone(&done));
-            std::thread::spawn(move || {
-                let _woken = WakingGuard(&shared.waking);
-                while shared.waited_for_wakes.load(Ordering::SeqCst) == 0 {
-                    if done.load(Ordering::SeqCst) {
-                        return; // the driver gave up without waiting
-                    }
-                    std::thread::yield_now();
-                }
-                for waker in wakers {
-                    waker.wake();
-                }
-            })
-        };
+        let waker_thread = advance_with_its_wake_in_transit(&rt, &done);
         let result = rt.run();
         done.store(true, Ordering::SeqCst);
         waker_thread.join().unwrap();
         assert_eq!(result, Ok(()));
         assert!(handle.is_finished());
+    }
+
+    /// As above, with a later timer: the driver waits for the wake in transit before
+    /// it looks for the next timer, so the woken task runs at the time it was due.
+    #[test]
+    fn a_wake_in_transit_runs_before_the_clock_moves_to_a_later_timer() {
+        let rt = VirtualRuntime::new();
+        let sleeper = rt.clone();
+        let first = rt.spawn(async move {
+            sleeper.sleep(Duration::from_secs(1)).await;
+            sleeper.elapsed()
+        });
+        let later = rt.clone();
+        rt.spawn(async move { later.sleep(Duration::from_secs(5)).await })
+            .detach();
+        rt.run_until_idle().unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let waker_thread = advance_with_its_wake_in_transit(&rt, &done);
+        let woke_at = rt.block_on(first);
+        done.store(true, Ordering::SeqCst);
+        waker_thread.join().unwrap();
+        assert_eq!(
+            woke_at,
+            Ok(Duration::from_secs(1)),
+            "the clock jumped ahead"
+        );
+        assert_eq!(rt.run(), Ok(()));
+        assert_eq!(rt.elapsed(), Duration::from_secs(5));
     }
 }

@@ -595,6 +595,48 @@ fn tasks_can_spawn_tasks_and_read_the_clock() {
     assert_eq!(rt.block_on(outer).unwrap(), at(2000));
 }
 
+/// Wakes its own task and yields once, as a busy task between steps does.
+async fn yield_once() {
+    let mut yielded = false;
+    poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
+#[test]
+fn the_clock_stands_still_while_a_task_is_runnable() {
+    let rt = VirtualRuntime::new();
+    let sleeper = rt.clone();
+    rt.spawn(async move { sleeper.sleep(Duration::from_secs(1)).await })
+        .detach();
+    let rt2 = rt.clone();
+    let busy = rt.spawn(async move {
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            yield_once().await;
+            seen.push(rt2.elapsed());
+        }
+        seen
+    });
+    assert_eq!(rt.block_on(busy).unwrap(), vec![Duration::ZERO; 6]);
+    assert_eq!(rt.run(), Ok(()));
+    assert_eq!(rt.elapsed(), Duration::from_secs(1));
+    // A spawned task that wakes itself in its poll is polled again, to its end.
+    let done = rt.spawn(async {
+        yield_once().await;
+        7
+    });
+    assert_eq!(rt.run(), Ok(()));
+    assert!(done.is_finished());
+    assert_eq!(rt.block_on(done), Ok(7));
+}
+
 struct SetOnDrop(Arc<AtomicBool>);
 
 impl Drop for SetOnDrop {

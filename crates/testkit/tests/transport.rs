@@ -498,6 +498,12 @@ fn in_flight_counts_concurrent_sends_and_dropped_ones() {
         at(4000),
         "the aborted send's delay no longer holds time"
     );
+    // A later send alone does not lower the peak.
+    transport.push(Reply::ok());
+    rt.block_on(transport.send(get(&transport, "/")))
+        .unwrap()
+        .unwrap();
+    assert_eq!((transport.in_flight(), transport.peak_in_flight()), (0, 5));
 }
 
 #[test]
@@ -603,6 +609,10 @@ fn a_draft_that_cannot_be_built_fails_prepare_with_config() {
             http.get("/").header("x-v", "\u{7f}").invalid(),
             "config: invalid value for header `x-v`",
         ),
+        (
+            http.get("/").header("x-a", "\n").header("x-b", "\n"),
+            "config: invalid value for header `x-a`",
+        ),
     ];
     for (draft, message) in cases {
         let err = transport.prepare(draft).unwrap_err();
@@ -629,9 +639,12 @@ fn admit_waits_as_configured_and_counts_only_completed_admissions() {
     assert!(cut.is_err());
     assert_eq!(transport.admitted(), 2);
 
-    // A closure: one sender per second.
+    // A closure: one sender per second. It is told the virtual time each asks at.
     let next = Arc::new(Mutex::new(Instant::ORIGIN));
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let asked_at = Arc::clone(&asked);
     transport.admit_with(move |now| {
+        asked_at.lock().unwrap().push(now);
         let mut next = next.lock().unwrap();
         let slot = (*next).max(now);
         *next = slot + Duration::from_secs(1);
@@ -657,6 +670,8 @@ fn admit_waits_as_configured_and_counts_only_completed_admissions() {
         ]
     );
     assert_eq!(transport.admitted(), 5);
+    assert_eq!(*asked.lock().unwrap(), [start; 3]);
+    assert_ne!(start, Instant::ORIGIN);
 
     transport.admit_delay(Duration::ZERO);
     let before = rt.now();
