@@ -157,6 +157,11 @@ mod tests {
             &url("http://a.test/"),
             &url("http://a.test:8080/")
         ));
+        // Same host and port, another scheme: a token must not go out in clear text.
+        assert!(!same_origin(
+            &url("https://a.test:8443/"),
+            &url("http://a.test:8443/")
+        ));
         assert!(!same_origin(&url("http://a.test/"), &url("http://b.test/")));
     }
 

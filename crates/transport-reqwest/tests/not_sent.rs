@@ -13,7 +13,7 @@ use common::*;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use vantage_api_pool::http::{Response, StatusCode};
-use vantage_api_pool::{ErrorKind, TransportErrorKind};
+use vantage_api_pool::{ErrorKind, TransportErrorKind, TransportResponse};
 use vantage_api_pool_reqwest::ReqwestTransport;
 use vantage_api_pool_testkit::RecordingObserver;
 
@@ -216,7 +216,10 @@ async fn a_close_racing_the_next_request_on_a_pooled_connection_never_fails_a_ge
 #[derive(Clone, Copy, Debug)]
 enum H2Act {
     Ok,
-    Refuse,
+    /// Take the stream, then reset it (`REFUSED_STREAM`: not processed).
+    Reset(h2::Reason),
+    /// Answer `200` without ending the stream, then reset it: the body breaks off.
+    HeadThenReset(h2::Reason),
     Stall,
     /// Take the stream, then go away (`GOAWAY` with this error code, naming this
     /// stream as processed) and close the connection without answering.
@@ -232,7 +235,10 @@ struct H2Server {
 }
 
 impl H2Server {
-    async fn start(script: fn(usize) -> H2Act) -> H2Server {
+    async fn start<S>(script: S) -> H2Server
+    where
+        S: Fn(usize) -> H2Act + Copy + Send + 'static,
+    {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
@@ -255,7 +261,22 @@ impl H2Server {
                                 H2Act::Ok => {
                                     let _ = respond.send_response(Response::new(()), true);
                                 }
-                                H2Act::Refuse => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                                H2Act::Reset(reason) => respond.send_reset(reason),
+                                H2Act::HeadThenReset(reason) => {
+                                    if let Ok(mut body) =
+                                        respond.send_response(Response::new(()), false)
+                                    {
+                                        // A reset drops the stream's frames still
+                                        // queued: one turn of the connection writes
+                                        // the head out first.
+                                        std::future::poll_fn(|cx| {
+                                            let _ = connection.poll_closed(cx);
+                                            std::task::Poll::Ready(())
+                                        })
+                                        .await;
+                                        body.send_reset(reason);
+                                    }
+                                }
                                 H2Act::Stall => stalled.push(respond),
                                 H2Act::GoAwayAfterTaking(reason) => {
                                     connection.abrupt_shutdown(reason);
@@ -297,7 +318,11 @@ fn h2_transport() -> ReqwestTransport {
 }
 
 fn first_refused(n: usize) -> H2Act {
-    if n == 0 { H2Act::Refuse } else { H2Act::Ok }
+    if n == 0 {
+        H2Act::Reset(h2::Reason::REFUSED_STREAM)
+    } else {
+        H2Act::Ok
+    }
 }
 
 fn first_taken_then_gone_away(n: usize) -> H2Act {
@@ -373,12 +398,80 @@ async fn an_http2_stream_the_server_took_before_going_away_is_interrupted_not_un
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_reset_for_another_reason_than_refused_is_interrupted_not_unsent() {
+    // RFC 9113 §8.7: only `REFUSED_STREAM` says the server did not process the
+    // stream. Reset on any other code, it may have been processed: a POST is not
+    // resent.
+    for reason in [h2::Reason::INTERNAL_ERROR, h2::Reason::CANCEL] {
+        let server = H2Server::start(move |n| {
+            if n == 0 {
+                H2Act::Reset(reason)
+            } else {
+                H2Act::Ok
+            }
+        })
+        .await;
+        let observer = RecordingObserver::new();
+        let client = client(h2_transport(), &observer);
+        let url = server.url();
+        let error = client
+            .execute_with(&policy(1), |http| http.post(&url).body("amount=5"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            trace(&observer),
+            ["started s1 a1", "failed s1 a1 transport:interrupted"],
+            "{reason:?}"
+        );
+        assert!(!error.nothing_sent(), "{reason:?}: {error}");
+        assert_eq!(server.streams(), 1, "{reason:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_body_refused_after_its_head_breaks_off_as_interrupted() {
+    // The head arrived, so the request reached the server: a body failure is never
+    // `NotSent`, whatever the stream's reset code says.
+    let server = H2Server::start(|_| H2Act::HeadThenReset(h2::Reason::REFUSED_STREAM)).await;
+    let observer = RecordingObserver::new();
+    let client = client(h2_transport(), &observer);
+    let url = server.url();
+    let policy = policy(0);
+    let call = || client.execute_with(&policy, |http| http.get(&url));
+    let error = call().await.unwrap().bytes().await.unwrap_err();
+    assert_eq!(error.kind(), TransportErrorKind::Interrupted, "{error}");
+    let mut response = call().await.unwrap();
+    let error = loop {
+        match response.chunk().await {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the body ended cleanly"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(error.kind(), TransportErrorKind::Interrupted, "{error}");
+    assert_eq!(
+        trace(&observer),
+        ["started s1 a1", "ok s1 a1 200"].repeat(2)
+    );
+    assert_eq!(server.streams(), 2);
+}
+
+/// `GOAWAY(last_stream_id = 0, code)`: no stream was processed.
+fn go_away_none_processed(code: u32) -> Vec<u8> {
+    // GOAWAY (type 7), 8 bytes on stream 0: last stream id 0, code.
+    let mut frame = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
+    frame.extend_from_slice(&0u32.to_be_bytes());
+    frame.extend_from_slice(&code.to_be_bytes());
+    frame
+}
+
 /// A raw HTTP/2 (prior knowledge, cleartext) server on 127.0.0.1:0 whose first
-/// connection answers the first stream with `GOAWAY(last_stream_id = 0, code)`, saying
-/// no stream was processed, and closes; later connections answer every stream `200`
-/// with no body. Written by hand: the `h2` server names the streams it accepted as
-/// processed. Returns the URL, the streams received and the server.
-async fn goaway_server(code: u32) -> (String, Arc<AtomicUsize>, ServerTask) {
+/// connection answers the first stream with the bytes `first` and closes; later
+/// connections answer every stream `200` with no body. Written by hand: the `h2`
+/// server names the streams it accepted as processed in its `GOAWAY`, and sends no
+/// malformed frame. Returns the URL, the streams received and the server.
+async fn raw_h2_server(first: Vec<u8>) -> (String, Arc<AtomicUsize>, ServerTask) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const SETTINGS: u8 = 4;
     const HEADERS: u8 = 1;
@@ -389,9 +482,9 @@ async fn goaway_server(code: u32) -> (String, Arc<AtomicUsize>, ServerTask) {
         let streams = Arc::clone(&streams);
         async move {
             let mut tasks = JoinSet::new();
-            let mut first = true;
+            let mut first = Some(first);
             while let Ok((mut socket, _)) = listener.accept().await {
-                let go_away = std::mem::take(&mut first);
+                let answer = std::mem::take(&mut first);
                 let streams = Arc::clone(&streams);
                 tasks.spawn(async move {
                     let mut preface = [0u8; 24];
@@ -421,12 +514,8 @@ async fn goaway_server(code: u32) -> (String, Arc<AtomicUsize>, ServerTask) {
                             }
                             HEADERS => {
                                 streams.fetch_add(1, Ordering::SeqCst);
-                                if go_away {
-                                    // GOAWAY (type 7), 8 bytes: last stream id 0, code.
-                                    let mut frame = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
-                                    frame.extend_from_slice(&0u32.to_be_bytes());
-                                    frame.extend_from_slice(&code.to_be_bytes());
-                                    let _ = socket.write_all(&frame).await;
+                                if let Some(frames) = &answer {
+                                    let _ = socket.write_all(frames).await;
                                     let _ = socket.shutdown().await;
                                     return;
                                 }
@@ -456,7 +545,7 @@ async fn an_http2_stream_above_a_goaways_last_stream_is_not_sent_whatever_its_er
         ("INTERNAL_ERROR", 0x2),
         ("ENHANCE_YOUR_CALM", 0xb),
     ] {
-        let (url, streams, _server) = goaway_server(code).await;
+        let (url, streams, _server) = raw_h2_server(go_away_none_processed(code)).await;
         let observer = RecordingObserver::new();
         let client = client(h2_transport(), &observer);
         let response = client
@@ -467,6 +556,27 @@ async fn an_http2_stream_above_a_goaways_last_stream_is_not_sent_whatever_its_er
         assert_eq!(trace(&observer), REDIALED_ONCE, "{name}");
         assert_eq!(streams.load(Ordering::SeqCst), 2, "{name}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_the_client_gives_up_on_a_protocol_error_is_interrupted() {
+    // A DATA frame on stream 0 breaks the protocol: the client goes away on its own
+    // `GOAWAY(PROTOCOL_ERROR)`, which says nothing of what the server processed. The
+    // POST the server took is not resent.
+    const DATA_ON_STREAM_ZERO: [u8; 10] = [0, 0, 1, 0, 0, 0, 0, 0, 0, b'x'];
+    let (url, streams, _server) = raw_h2_server(DATA_ON_STREAM_ZERO.to_vec()).await;
+    let observer = RecordingObserver::new();
+    let client = client(h2_transport(), &observer);
+    let error = client
+        .execute_with(&policy(1), |http| http.post(&url).body("amount=5"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        trace(&observer),
+        ["started s1 a1", "failed s1 a1 transport:interrupted"]
+    );
+    assert!(!error.nothing_sent(), "{error}");
+    assert_eq!(streams.load(Ordering::SeqCst), 1);
 }
 
 fn first_stalls(n: usize) -> H2Act {
