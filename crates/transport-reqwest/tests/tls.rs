@@ -27,9 +27,20 @@ const CA: &[u8] = include_bytes!("certs/ca.pem");
 const CERT: &[u8] = include_bytes!("certs/server.pem");
 const KEY: &[u8] = include_bytes!("certs/server.key");
 
+/// What the server does with a request it read.
+enum Answer {
+    /// Writes these bytes.
+    Bytes(String),
+    /// Never answers.
+    Never,
+    /// Drops the connection without TLS's `close_notify`: the client reads an
+    /// unexpected end of file.
+    CutWithoutCloseNotify,
+}
+
 /// An HTTPS server on 127.0.0.1 (HTTP/1.1 over TLS): it answers request `n`
-/// (counted from 0) with `answer(n)`, or never when that is `None`. Dropping it
-/// aborts its task and every connection.
+/// (counted from 0) as `answer(n)` says. Dropping it aborts its task and every
+/// connection.
 struct TlsServer {
     port: u16,
     /// Request heads read after a completed handshake, in order.
@@ -40,13 +51,13 @@ struct TlsServer {
 }
 
 impl TlsServer {
-    async fn start(answer: impl Fn(usize) -> Option<String> + Send + Sync + 'static) -> TlsServer {
+    async fn start(answer: impl Fn(usize) -> Answer + Send + Sync + 'static) -> TlsServer {
         Self::start_with(server_config(rustls::DEFAULT_VERSIONS, false), answer).await
     }
 
     async fn start_with(
         config: rustls::ServerConfig,
-        answer: impl Fn(usize) -> Option<String> + Send + Sync + 'static,
+        answer: impl Fn(usize) -> Answer + Send + Sync + 'static,
     ) -> TlsServer {
         let answer = Arc::new(answer);
         let acceptor = TlsAcceptor::from(Arc::new(config));
@@ -73,12 +84,15 @@ impl TlsServer {
                                 heads.push(head);
                                 heads.len() - 1
                             };
-                            let Some(bytes) = answer(n) else {
-                                std::future::pending::<()>().await;
-                                return;
-                            };
-                            if tls.write_all(bytes.as_bytes()).await.is_err() {
-                                return;
+                            match answer(n) {
+                                Answer::Bytes(bytes) => {
+                                    if tls.write_all(bytes.as_bytes()).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                Answer::Never => std::future::pending::<()>().await,
+                                // Dropped without a shutdown: no `close_notify`.
+                                Answer::CutWithoutCloseNotify => return,
                             }
                         }
                     });
@@ -141,14 +155,15 @@ fn trusting_client(
     ResilientClient<ReqwestTransport, TokioRuntime>,
     ReqwestTransport,
 ) {
-    trusting_client_with_delay(observer, Duration::ZERO)
+    trusting_client_with(observer, Duration::ZERO, None)
 }
 
 /// [`trusting_client`], each new connection handed to hyper `delay` after its
-/// handshake.
-fn trusting_client_with_delay(
+/// handshake, presenting `identity` as its client certificate when given.
+fn trusting_client_with(
     observer: &RecordingObserver,
     delay: Duration,
+    identity: Option<reqwest::Identity>,
 ) -> (
     ResilientClient<ReqwestTransport, TokioRuntime>,
     ReqwestTransport,
@@ -158,6 +173,10 @@ fn trusting_client_with_delay(
         let builder = ReqwestTransport::default_client_builder()
             .no_proxy()
             .tls_certs_only([ca.clone()]);
+        let builder = match &identity {
+            Some(identity) => builder.identity(identity.clone()),
+            None => builder,
+        };
         if delay.is_zero() {
             builder
         } else {
@@ -174,7 +193,7 @@ fn trusting_client_with_delay(
 
 #[tokio::test]
 async fn a_call_over_https_succeeds_and_its_body_streams_to_the_caller() {
-    let server = TlsServer::start(|_| Some(ok("https ok"))).await;
+    let server = TlsServer::start(|_| Answer::Bytes(ok("https ok"))).await;
     let observer = RecordingObserver::new();
     let (client, _transport) = trusting_client(&observer);
     let url = server.url("/orders");
@@ -194,7 +213,14 @@ async fn a_retry_after_a_cut_send_goes_out_on_a_rebuilt_client_that_still_trusts
     // The first request is never answered: its time limit cuts it, the adapter
     // rebuilds its client (the connection is distrusted), and the retry must make a
     // new TLS connection with the same trust settings.
-    let server = TlsServer::start(|n| (n > 0).then(|| ok("https ok"))).await;
+    let server = TlsServer::start(|n| {
+        if n > 0 {
+            Answer::Bytes(ok("https ok"))
+        } else {
+            Answer::Never
+        }
+    })
+    .await;
     let observer = RecordingObserver::new();
     let (client, transport) = trusting_client(&observer);
     let url = server.url("/orders");
@@ -222,7 +248,7 @@ async fn a_retry_after_a_cut_send_goes_out_on_a_rebuilt_client_that_still_trusts
 
 #[tokio::test]
 async fn an_untrusted_certificate_is_a_final_tls_error_and_nothing_is_sent() {
-    let server = TlsServer::start(|_| Some(ok("https ok"))).await;
+    let server = TlsServer::start(|_| Answer::Bytes(ok("https ok"))).await;
     let observer = RecordingObserver::new();
     // The adapter's defaults: the platform's roots, which do not hold the test CA.
     let client = ReqwestTransport::tokio_builder(
@@ -280,20 +306,31 @@ async fn a_server_that_requires_a_client_certificate_gives_a_final_tls_error_not
     // nothing sent), not `Interrupted` ("something may have been sent"). When the
     // alert reaches the fresh connection before hyper hands it the request, hyper
     // reads it as a connection that failed before the request (`NotSent`): still
-    // `Tls`, and not redialed, which would meet the same refusal.
-    for (version, versions, delay) in [
-        ("1.2", &[&rustls::version::TLS12], Duration::ZERO),
-        ("1.3", &[&rustls::version::TLS13], Duration::ZERO),
+    // `Tls`, and not redialed, which would meet the same refusal. A certificate the
+    // server will not take (the server's own, not for client authentication) is
+    // refused the same way under TLS 1.3, with `unsupported_certificate`.
+    let servers_own = || Some(reqwest::Identity::from_pem(&[CERT, KEY].concat()).expect("pem"));
+    for (version, versions, delay, identity) in [
+        ("1.2", &[&rustls::version::TLS12], Duration::ZERO, None),
+        ("1.3", &[&rustls::version::TLS13], Duration::ZERO, None),
         (
             "1.3, alert first",
             &[&rustls::version::TLS13],
             Duration::from_millis(100),
+            None,
+        ),
+        (
+            "1.3, a certificate it will not take",
+            &[&rustls::version::TLS13],
+            Duration::ZERO,
+            servers_own(),
         ),
     ] {
         let server =
-            TlsServer::start_with(server_config(versions, true), |_| Some(ok("paid"))).await;
+            TlsServer::start_with(server_config(versions, true), |_| Answer::Bytes(ok("paid")))
+                .await;
         let observer = RecordingObserver::new();
-        let (client, _transport) = trusting_client_with_delay(&observer, delay);
+        let (client, _transport) = trusting_client_with(&observer, delay, identity);
         let url = server.url("/charge");
         let error = client
             .execute_with(&policy(3).idempotent(true), |http| {
@@ -324,6 +361,32 @@ async fn a_server_that_requires_a_client_certificate_gives_a_final_tls_error_not
 }
 
 #[tokio::test]
+async fn a_tls_connection_cut_without_close_notify_after_the_request_is_interrupted() {
+    // The server read the POST, then dropped the connection with no `close_notify`:
+    // the client's read ends in an unexpected end of file. The request arrived, so
+    // it is `Interrupted` and not resent.
+    let server = TlsServer::start(|_| Answer::CutWithoutCloseNotify).await;
+    let observer = RecordingObserver::new();
+    let (client, _transport) = trusting_client(&observer);
+    let url = server.url("/charge");
+    let error = client
+        .execute_with(&policy(3), |http| http.post(&url).body("amount=5"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted),
+        "{error}"
+    );
+    assert!(!error.nothing_sent(), "{error}");
+    assert_eq!(
+        trace(&observer),
+        ["started s1 a1", "failed s1 a1 transport:interrupted"]
+    );
+    assert_eq!(server.requests(), 1);
+}
+
+#[tokio::test]
 async fn a_refused_redirect_to_plain_http_names_no_part_of_its_target() {
     // `https_only` refuses the hop to http, and reqwest reports it as an error inside
     // the redirect error, one that still carries the target URL. Its text must not
@@ -336,7 +399,7 @@ async fn a_refused_redirect_to_plain_http_names_no_part_of_its_target() {
         "http://127.0.0.1:1/it's/hunter2",
     ] {
         let server = TlsServer::start(move |_| {
-            Some(common::response(
+            Answer::Bytes(common::response(
                 "302 Found",
                 &[&format!("location: {location}")],
                 "",
