@@ -202,8 +202,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     /// [`rate_limit_with_burst`](Self::rate_limit_with_burst) with a burst of 1.
     /// `build()` refuses 0, negative, NaN and infinite rates, and one so slow that
     /// refilling the burst would take more than [`MAX_REFILL`](crate::rate::MAX_REFILL).
-    /// The bucket counts whole nanoseconds: a rate above 10⁹/s acts as 10⁹/s, and the
-    /// burst is at most `u32::MAX` (see [`RateLimit::per_second`](crate::rate::RateLimit::per_second)).
+    /// The bucket counts whole nanoseconds: a rate above 10⁹/s acts as 10⁹/s, a very
+    /// high one is rounded down to 10⁹/n per second, and the burst is at most
+    /// `u32::MAX` (see [`RateLimit::per_second`](crate::rate::RateLimit::per_second)).
     pub fn rate_limit(mut self, per_second: f64) -> Self {
         self.rate = Some((per_second, None));
         self

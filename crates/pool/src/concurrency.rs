@@ -43,7 +43,8 @@ const ONE: usize = 2;
 /// nobody is queued, taking and returning a permit is a compare-exchange on that
 /// word and nothing else; once somebody waits, every caller goes through the lock,
 /// which keeps the queue in arrival order. The flag is set and cleared only under
-/// the lock, by a compare-exchange, so a lock-free caller either acts before the
+/// the lock, each an atomic read-modify-write of the word (a compare-exchange to
+/// set it, a `fetch_and` to clear it), so a lock-free caller either acts before the
 /// change or sees it.
 #[derive(Debug)]
 pub struct Limiter {

@@ -26,6 +26,7 @@ pub const MAX_ERROR_BODY: usize = 2048;
 ///     .with_attempt_timeout(std::time::Duration::ZERO)
 ///     .unwrap_err();
 /// assert_eq!(err.setting(), "attempt_timeout");
+/// assert_eq!(err.reason(), "must be greater than zero");
 /// assert_eq!(err.to_string(), "invalid attempt_timeout: must be greater than zero");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -39,12 +39,18 @@ impl RateLimit {
     /// The bucket counts whole nanoseconds, so a rate above 10⁹ per second acts as
     /// 10⁹ per second (one token per nanosecond: in effect no limit), and the burst
     /// is at most `u32::MAX`. Both are accepted, not refused: a huge rate is the usual
-    /// way to ask for a bucket that never waits.
+    /// way to ask for a bucket that never waits. The interval between tokens is
+    /// rounded up to whole nanoseconds, so the bucket never grants faster than the
+    /// rate, but a very high rate is slowed to 10⁹/n per second: 7×10⁸/s refills
+    /// every 2 ns, as 5×10⁸/s does (below 10⁶/s the difference is under 0.1%).
     ///
     /// ```
     /// use vantage_api_pool::rate::RateLimit;
     /// let r = RateLimit::per_second(2.5).unwrap();
     /// assert_eq!(r.burst(), 3);
+    /// assert_eq!(RateLimit::per_second(2.2).unwrap().burst(), 3, "rounded up");
+    /// let two_ns = std::time::Duration::from_nanos(2);
+    /// assert_eq!(RateLimit::per_second(7e8).unwrap().interval(), two_ns);
     /// assert_eq!(RateLimit::per_second(f64::NAN).unwrap_err().setting(), "rate_limit");
     /// ```
     pub fn per_second(per_second: f64) -> Result<Self, ConfigError> {
@@ -152,8 +158,9 @@ impl TokenBucket {
     }
 
     /// The earliest instant at which [`try_take`](TokenBucket::try_take) could
-    /// succeed, if nobody takes a token first ([`Instant::ORIGIN`] while the bucket
-    /// has never been drained). Taking only ever moves it later, so a caller that
+    /// succeed, if nobody takes a token first: an instant at or before the clock
+    /// while the bucket holds a token ([`Instant::ORIGIN`] before the first take).
+    /// Taking only ever moves it later, so a caller that
     /// needs a token before some deadline knows it cannot have one when this is past
     /// the deadline.
     ///

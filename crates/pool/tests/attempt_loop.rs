@@ -488,6 +488,17 @@ fn a_408_is_retried_only_when_idempotent() {
             .unwrap()
             .unwrap_err();
     assert_eq!(err.attempts(), 3);
+    // A POST marked idempotent is retried; the mark taken back, it is not.
+    let marked = bounded(2, ms(10)).idempotent(true);
+    for (policy, attempts) in [(marked.clone(), 3), (marked.idempotent(false), 1)] {
+        let sent = w.transport.request_count();
+        let err =
+            w.rt.block_on(client.execute_with(&policy, |h| h.post("/x")))
+                .unwrap()
+                .unwrap_err();
+        assert_eq!(err.attempts(), attempts);
+        assert_eq!(w.transport.request_count() - sent, attempts as usize);
+    }
 }
 
 #[test]
