@@ -28,6 +28,8 @@ use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, Virt
 /// One call's plan and what became of it.
 struct CallPlan {
     policy: CallPolicy,
+    /// A POST (idempotent only if the policy says so), else a GET.
+    post: bool,
     start: Duration,
     drop_at: Option<Duration>,
 }
@@ -367,9 +369,12 @@ fn run_seed(seed: u64) -> Result<(), String> {
     .map_err(|e| format!("build: {e}"))?;
 
     let n_calls = 1 + rng.below(32) as usize;
+    // Methods from a stream of their own, so they leave the other draws unchanged.
+    let mut methods = Rng(seed ^ 0x9057);
     let plans: Vec<CallPlan> = (0..n_calls)
         .map(|_| {
             let policy = policy(&mut rng);
+            let post = methods.chance(30);
             // Half the calls start within 300 ms of each other, so they meet at the
             // gate (a token fetch, the permits, the probe).
             let start = if rng.chance(50) {
@@ -389,6 +394,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
             });
             CallPlan {
                 policy,
+                post,
                 start,
                 drop_at,
             }
@@ -400,6 +406,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
     for (plan, record) in plans.iter().zip(&records) {
         let fut = client.call(
             plan.policy.clone(),
+            plan.post,
             plan.start,
             record.clone(),
             ids.clone(),
@@ -662,6 +669,50 @@ fn run_seed(seed: u64) -> Result<(), String> {
         }
     }
 
+    // A POST not marked idempotent is never sent again once a send of it may have
+    // been processed: a 408, a 5xx other than a 503 with a server delay, a cut or
+    // interrupted exchange.
+    for (call, evs) in &by_call {
+        let Some(plan) = plans.iter().zip(&records).find_map(|(plan, record)| {
+            (record.lock().unwrap().call == Some(*call)).then_some(plan)
+        }) else {
+            continue;
+        };
+        if !plan.post || plan.policy.is_idempotent() {
+            continue;
+        }
+        let mut maybe_processed = None;
+        for e in evs {
+            match &e.kind {
+                EventKind::Started { send, .. } => {
+                    if let Some(after) = &maybe_processed {
+                        problems.push(format!(
+                            "{call:?}: a POST sent again (send {send}) after {after}"
+                        ));
+                    }
+                }
+                EventKind::Failed {
+                    error, sent: true, ..
+                } => {
+                    let again = match error.kind() {
+                        ErrorKind::Status(s) => {
+                            s == 408
+                                || (s.is_server_error()
+                                    && !(s == 503 && error.retry_after().is_some()))
+                        }
+                        ErrorKind::Transport(TransportErrorKind::Interrupted)
+                        | ErrorKind::TimedOut => true,
+                        _ => false,
+                    };
+                    if again {
+                        maybe_processed = Some(error.to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
     check_probes(&events, &mut problems);
 
     // A failure only doubles the cooldown when it is the probe's: every re-opening is
@@ -763,6 +814,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
     let probe: Arc<Mutex<CallRecord>> = Arc::default();
     rt.block_on(client.call(
         CallPolicy::essential().with_breaker_mode(BreakerMode::WaitForProbe),
+        false,
         Duration::ZERO,
         probe.clone(),
         ids.clone(),
@@ -793,6 +845,7 @@ trait SimClient {
     fn call(
         &self,
         policy: CallPolicy,
+        post: bool,
         start: Duration,
         record: Arc<Mutex<CallRecord>>,
         ids: Arc<AtomicU64>,
@@ -809,6 +862,7 @@ impl<A: vantage_api_pool::TokenSource + 'static> SimClient
     fn call(
         &self,
         policy: CallPolicy,
+        post: bool,
         start: Duration,
         record: Arc<Mutex<CallRecord>>,
         ids: Arc<AtomicU64>,
@@ -823,7 +877,10 @@ impl<A: vantage_api_pool::TokenSource + 'static> SimClient
                 r.call = Some(CallId(ids.fetch_add(1, Ordering::SeqCst) + 1));
             }
             let result = client
-                .execute_with(&policy, |h| h.get("/sim"))
+                .execute_with(
+                    &policy,
+                    |h| if post { h.post("/sim") } else { h.get("/sim") },
+                )
                 .await
                 .map(|_| ());
             let mut r = record.lock().unwrap();
