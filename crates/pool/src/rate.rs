@@ -290,12 +290,20 @@ mod tests {
         let b = TokenBucket::new(RateLimit::with_burst(10.0, 10).unwrap());
         let mut now = at_ms(0);
         let mut granted = Vec::new();
-        while granted.len() < 100 {
+        // Each refusal names a wait after which the next take succeeds: 90 waits.
+        for _ in 0..190 {
             match b.try_take(now) {
                 Ok(()) => granted.push(now),
-                Err(wait) => now += wait,
+                Err(wait) => {
+                    assert!(!wait.is_zero(), "a refusal with no wait at {now:?}");
+                    now += wait;
+                }
+            }
+            if granted.len() == 100 {
+                break;
             }
         }
+        assert_eq!(granted.len(), 100);
         assert_eq!(granted[9], at_ms(0));
         assert_eq!(granted[10], at_ms(100));
         assert_eq!(granted[99], at_ms(9_000));
