@@ -285,14 +285,14 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming the first setting it refuses: a
+    /// A [`ConfigError`] naming the first setting it refuses, checked in this order:
+    /// a `retry_count_header` among [`RESERVED_RETRY_COUNT_HEADERS`]; a
     /// [`default_retry`](Self::default_retry) whose `max` is below its `base`
     /// (`default_retry.max`); `max_parallel` of 0 or above
     /// [`MAX_PERMITS`](crate::concurrency::MAX_PERMITS); a `rate_limit` that is not a
     /// finite number above zero or too slow to refill its burst (`rate_limit.burst`
     /// for a burst of 0); a breaker threshold of 0 (`breaker.threshold`), a zero
-    /// cooldown or one above its max (`breaker.cooldown`); a `retry_count_header`
-    /// among [`RESERVED_RETRY_COUNT_HEADERS`].
+    /// cooldown or one above its max (`breaker.cooldown`).
     pub fn build(self) -> Result<ResilientClient<T, R, A>, ConfigError> {
         if self
             .retry_count_header

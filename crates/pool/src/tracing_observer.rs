@@ -81,7 +81,7 @@ impl TransportObserver for TracingObserver {
                 tracing::debug!(target: "vantage_api_pool", api, event = name, call, at_ms);
             }
             EventKind::RowsPulled { n } => {
-                tracing::debug!(target: "vantage_api_pool", api, event = name, n, at_ms);
+                tracing::debug!(target: "vantage_api_pool", api, event = name, call, n, at_ms);
             }
         }
     }

@@ -15,12 +15,13 @@ use http::header::{AUTHORIZATION, HeaderName};
 use vantage_api_pool::auth::{AuthError, send_token_fn};
 use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::runtime::SendRuntime;
+use vantage_api_pool::transport::SendTransportResponse;
 use vantage_api_pool::transport::read_body;
 use vantage_api_pool::{
-    BreakerState, CallPolicy, EventKind, Instant, Jitter, Report, RetryMode, RetryPolicy, Runtime,
-    TransportError, TransportErrorKind, TransportResponse, timeout_at,
+    BreakerState, CallPolicy, ClientBuilder, EventKind, Instant, Jitter, Report, RetryMode,
+    RetryPolicy, Runtime, TransportError, TransportErrorKind, TransportResponse, timeout_at,
 };
-use vantage_api_pool_testkit::{RecordingObserver, Reply, VirtualRuntime};
+use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
 
 #[test]
 fn max_parallel_is_eight_unless_set() {
@@ -39,6 +40,101 @@ fn max_parallel_is_eight_unless_set() {
         w.sent_at(),
         [vec![Duration::ZERO; 8], vec![secs(1)]].concat()
     );
+}
+
+type Builder = ClientBuilder<ScriptedTransport, VirtualRuntime>;
+
+/// When four calls made at once go out, through a client `configure` sets up.
+fn four_sends_at(configure: impl FnOnce(Builder) -> Builder) -> Vec<Duration> {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = configure(w.builder()).build().unwrap();
+    let calls: Vec<_> = (0..4)
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    for c in calls {
+        w.rt.block_on(c).unwrap().unwrap();
+    }
+    w.sent_at()
+}
+
+#[test]
+fn the_last_max_parallel_rate_limit_and_breaker_set_win() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok().after(secs(1)));
+    let client = w.builder().max_parallel(2).max_parallel(3).build().unwrap();
+    let calls: Vec<_> = (0..4)
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .collect();
+    w.rt.run().unwrap();
+    for c in calls {
+        w.rt.block_on(c).unwrap().unwrap();
+    }
+    assert_eq!(client.peak_in_flight(), 3);
+    // 2/s: a burst of 2, then one every 500 ms; 1/s with a burst of 1: one a second.
+    let fast = [Duration::ZERO, Duration::ZERO, ms(500), secs(1)];
+    let slow = [Duration::ZERO, secs(1), secs(2), secs(3)];
+    assert_eq!(four_sends_at(|b| b.rate_limit(1.0).rate_limit(2.0)), fast);
+    assert_eq!(
+        four_sends_at(|b| b.rate_limit_with_burst(1.0, 1).rate_limit(2.0)),
+        fast
+    );
+    assert_eq!(
+        four_sends_at(|b| b.rate_limit(2.0).rate_limit_with_burst(1.0, 1)),
+        slow
+    );
+    assert_eq!(
+        four_sends_at(|b| b
+            .rate_limit_with_burst(2.0, 2)
+            .rate_limit_with_burst(1.0, 1)),
+        slow
+    );
+    // One failure opens a breaker of threshold 1, not the default's (5).
+    for (threshold_one_last, opens) in [(false, false), (true, true)] {
+        let w = World::new();
+        w.transport.default_reply(Reply::status(503));
+        let builder = if threshold_one_last {
+            w.builder().default_breaker().breaker(1, secs(1), secs(1))
+        } else {
+            w.builder().breaker(1, secs(1), secs(1)).default_breaker()
+        };
+        let client = builder.build().unwrap();
+        let _ = w.background_error(&client);
+        assert_eq!(
+            client.breaker_state() != BreakerState::Closed,
+            opens,
+            "threshold 1 set last: {threshold_one_last}"
+        );
+    }
+}
+
+#[test]
+fn build_names_the_first_refused_setting_in_its_documented_order() {
+    let w = World::new();
+    let bad_retry = RetryPolicy {
+        max_retries: 1,
+        base: secs(2),
+        max: secs(1),
+    };
+    // Each step adds a bad setting checked before all the ones already there.
+    type AddBad = fn(Builder, RetryPolicy) -> Builder;
+    let steps: [(AddBad, &str); 5] = [
+        (|b, _| b.breaker(0, secs(1), secs(1)), "breaker.threshold"),
+        (|b, _| b.rate_limit(f64::NAN), "rate_limit"),
+        (|b, _| b.max_parallel(0), "max_parallel"),
+        (|b, p| b.default_retry(p), "default_retry.max"),
+        (
+            |b, _| b.retry_count_header(AUTHORIZATION),
+            "retry_count_header",
+        ),
+    ];
+    for n in 1..=steps.len() {
+        let builder = steps[..n]
+            .iter()
+            .fold(w.builder(), |b, (add, _)| add(b, bad_retry));
+        assert_eq!(builder.build().unwrap_err().setting(), steps[n - 1].1);
+    }
 }
 
 #[test]
@@ -286,6 +382,19 @@ fn slow_api_policy() -> CallPolicy {
 }
 
 #[test]
+fn auth_keeps_the_default_policy_set_before_it() {
+    let client = World::new()
+        .builder()
+        .default_policy(slow_api_policy())
+        .auth(send_token_fn(|| async {
+            Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer t")))
+        }))
+        .build()
+        .unwrap();
+    assert_eq!(client.default_policy(), &slow_api_policy());
+}
+
+#[test]
 fn execute_runs_under_the_builders_default_policy_time_limits() {
     let w = World::new();
     // 45 s for the head: past bounded's 10 s attempt limit, inside the policy's 60 s.
@@ -371,6 +480,45 @@ fn timeout_at_arms_no_timer_for_work_ready_on_its_first_poll() {
 }
 
 #[test]
+fn timeout_at_arms_no_timer_for_a_deadline_that_never_comes() {
+    let rt = VirtualRuntime::new();
+    let mut fut = pin!(timeout_at(
+        &rt,
+        Instant::FAR_FUTURE,
+        std::future::pending::<()>()
+    ));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(fut.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(rt.pending_timers(), 0);
+}
+
+/// A runtime of the plain port that keeps `Runtime::sleep`'s default.
+struct Plain(VirtualRuntime);
+impl Runtime for Plain {
+    fn now(&self) -> Instant {
+        self.0.now()
+    }
+    fn wall_clock(&self) -> SystemTime {
+        self.0.wall_clock()
+    }
+    fn sleep_until(&self, d: Instant) -> impl Future<Output = ()> {
+        Runtime::sleep_until(&self.0, d)
+    }
+    fn random(&self) -> f64 {
+        self.0.random()
+    }
+}
+
+#[test]
+fn the_plain_ports_default_sleep_counts_from_now() {
+    let rt = VirtualRuntime::new();
+    rt.block_on(rt.sleep(secs(10))).unwrap();
+    rt.block_on(Runtime::sleep(&Plain(rt.clone()), secs(1)))
+        .unwrap();
+    assert_eq!(rt.elapsed(), secs(11));
+}
+
+#[test]
 fn the_plain_ports_sleep_over_a_send_runtime_counts_from_now() {
     let rt = VirtualRuntime::new();
     rt.block_on(rt.sleep(secs(10))).unwrap();
@@ -433,6 +581,59 @@ fn the_plain_ports_sleep_uses_the_send_runtimes_own() {
     let own = OwnSleep(rt.clone(), AtomicUsize::new(0));
     rt.block_on(Runtime::sleep(&own, secs(1))).unwrap();
     assert_eq!(own.1.load(Ordering::Relaxed), 1);
+}
+
+/// A send response that knows its length better than its header says.
+struct KnownLength(http::HeaderMap);
+impl SendTransportResponse for KnownLength {
+    fn status(&self) -> http::StatusCode {
+        http::StatusCode::OK
+    }
+    fn headers(&self) -> &http::HeaderMap {
+        &self.0
+    }
+    fn content_length(&self) -> Option<u64> {
+        Some(42)
+    }
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>> + Send {
+        std::future::ready(Ok(None))
+    }
+}
+
+#[test]
+fn the_plain_response_port_keeps_a_send_responses_own_content_length() {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("7"));
+    assert_eq!(
+        TransportResponse::content_length(&KnownLength(headers)),
+        Some(42)
+    );
+}
+
+#[test]
+fn transport_error_kinds_have_stable_names() {
+    use TransportErrorKind::*;
+    assert_eq!(
+        [
+            NotSent,
+            Connect,
+            Interrupted,
+            TimedOut,
+            Tls,
+            TooLarge,
+            Config
+        ]
+        .map(TransportErrorKind::name),
+        [
+            "not_sent",
+            "connect",
+            "interrupted",
+            "timed_out",
+            "tls",
+            "too_large",
+            "config"
+        ]
+    );
 }
 
 #[test]
@@ -546,4 +747,18 @@ fn execute_with_takes_a_policy_behind_any_reference_and_execute_with_owned_keeps
     assert!(w.rt.block_on(kept).unwrap().is_ok());
     let paths: Vec<_> = w.transport.requests().into_iter().map(|r| r.path).collect();
     assert_eq!(paths, ["/ref", "/arc", "/owned"]);
+}
+
+#[test]
+fn execute_with_owned_runs_under_the_policy_it_is_given() {
+    let w = World::new();
+    w.transport.push_many([Reply::status(503), Reply::ok()]);
+    let client = w.client();
+    // No retry, though the client's default policy would retry the 503.
+    let err =
+        w.rt.block_on(client.execute_with_owned(CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
+    assert_eq!(w.transport.request_count(), 1);
 }

@@ -15,7 +15,7 @@ use vantage_api_pool_testkit::Reply;
 
 type FieldMap = BTreeMap<String, String>;
 
-/// Keeps (level, fields) for every event.
+/// Keeps (level, fields) for every event, its target as the field `target`.
 #[derive(Clone, Default)]
 struct Capture(Arc<Mutex<Vec<(Level, FieldMap)>>>);
 
@@ -39,6 +39,8 @@ impl Subscriber for Capture {
     fn event(&self, event: &Event<'_>) {
         let mut fields = Fields(FieldMap::new());
         event.record(&mut fields);
+        let target = event.metadata().target().to_owned();
+        fields.0.insert("target".to_owned(), target);
         self.0
             .lock()
             .unwrap()
@@ -139,6 +141,7 @@ fn every_kind_of_event_has_its_level_and_fields() {
         stalled.abort();
         w.rt.run_until_idle().unwrap();
         client.report(vantage_api_pool::Report::RowsPulled { n: 7 });
+        client.report(vantage_api_pool::Report::WritePushed);
     });
     let lines = capture.0.lock().unwrap().clone();
     let names: Vec<_> = lines
@@ -162,12 +165,19 @@ fn every_kind_of_event_has_its_level_and_fields() {
             "TRACE started",
             "DEBUG cancelled",
             "DEBUG rows_pulled",
+            "DEBUG write_pushed",
         ]
     );
     assert!(lines.iter().all(|(_, f)| f["api"] == "\"orders-api\""));
+    // One target, so `RUST_LOG=vantage_api_pool=debug` selects them all.
+    assert!(lines.iter().all(|(_, f)| f["target"] == "vantage_api_pool"));
     let field = |i: usize, name: &str| lines[i].1.get(name).cloned();
     assert_eq!(field(1, "kind").as_deref(), Some("\"transport\""));
     assert_eq!(field(5, "cooldown_ms").as_deref(), Some("1000.0"));
+    // A breaker change names the call whose send caused it.
+    assert_eq!(field(5, "call").as_deref(), Some("1"));
+    assert_eq!(field(10, "call").as_deref(), Some("3"));
+    assert_eq!(field(9, "status").as_deref(), Some("200"));
     // The refusal: unsent, no time, kind breaker_open.
     assert_eq!(field(7, "sent").as_deref(), Some("false"));
     assert_eq!(field(7, "ms").as_deref(), Some("0"));
@@ -175,6 +185,7 @@ fn every_kind_of_event_has_its_level_and_fields() {
     assert_eq!(field(12, "send").as_deref(), Some("1"));
     assert_eq!(field(13, "n").as_deref(), Some("7"));
     assert_eq!(field(13, "call"), None, "a report belongs to no call");
+    assert_eq!(field(14, "call"), None, "a report belongs to no call");
 }
 
 #[test]
@@ -186,7 +197,7 @@ fn the_numbers_are_the_events_own_with_times_in_milliseconds() {
             "stale connection",
         ),
         Reply::status(503).after(ms(30)),
-        Reply::ok().after(ms(40)),
+        Reply::ok().after(ms(40)).header("content-length", "0"),
     ]);
     let lines = one_traced_call(&w, bounded(1, ms(10)));
     let nth = |event: &str, n: usize| {
@@ -202,9 +213,11 @@ fn the_numbers_are_the_events_own_with_times_in_milliseconds() {
     let failed = nth("failed", 1);
     let numbers = ["send", "attempt", "ms"].map(|k| failed[k].clone());
     assert_eq!(numbers, ["2", "1", "30"]);
-    assert_eq!(nth("retry_scheduled", 0)["after_ms"], "10.0");
+    let retry = nth("retry_scheduled", 0);
+    assert_eq!([&retry["attempt"], &retry["after_ms"]], ["2", "10.0"]);
     // Sent at 40 ms (30 ms + 10 ms back-off), answered 40 ms later.
     let succeeded = nth("succeeded", 0);
     assert_eq!(succeeded["ms"], "40");
+    assert_eq!(succeeded["bytes"], "0");
     assert_eq!(succeeded["at_ms"], "80.0");
 }
