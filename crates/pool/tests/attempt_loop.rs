@@ -1246,7 +1246,7 @@ fn a_retry_whose_rate_token_comes_inside_the_budget_is_slept_for() {
 }
 
 #[test]
-fn a_retry_whose_admission_waited_is_left_to_the_gate() {
+fn a_retry_whose_admission_waited_leaves_its_rate_token_to_the_sends_own_wait() {
     // Time in admit() is not charged to the budget: each admission wait moves its end
     // on. The 503's retry needs a token at 4 s, past the budget's end as it stands at
     // the failure (3.5 s), but the retry's own admission moves that end to 5.6 s.

@@ -682,6 +682,26 @@ async fn hops_within_the_first_origin_or_across_origins_are_still_followed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_whose_location_cannot_be_resolved_comes_back_as_the_response() {
+    // Not a URL at all: reqwest does not follow it, and the 303 is the call's answer.
+    let server = FaultServer::start(|_, _| {
+        Act::Respond(response("303 See Other", &["location: http://[::1"], ""))
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let response = client
+        .execute_with(&policy(2), |http| http.post(&url).body("charge=100"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()["location"], "http://[::1");
+    assert_eq!(trace(&observer), ["started s1 a1", "ok s1 a1 303"]);
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_answered_with_a_redirect_reqwest_cannot_follow_is_not_reported_as_unsent() {
     let server = FaultServer::start(|_, _| {
         Act::Respond(response(
