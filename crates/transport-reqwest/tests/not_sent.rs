@@ -216,7 +216,8 @@ async fn a_close_racing_the_next_request_on_a_pooled_connection_never_fails_a_ge
 #[derive(Clone, Copy, Debug)]
 enum H2Act {
     Ok,
-    /// Take the stream, then reset it (`REFUSED_STREAM`: not processed).
+    /// Take the stream, then reset it with this code (only `REFUSED_STREAM` says
+    /// the server did not process it).
     Reset(h2::Reason),
     /// Answer `200` without ending the stream, then reset it: the body breaks off.
     HeadThenReset(h2::Reason),
