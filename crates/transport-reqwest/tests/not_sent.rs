@@ -415,17 +415,8 @@ async fn an_http2_stream_reset_for_another_reason_than_refused_is_interrupted_no
         .await;
         let observer = RecordingObserver::new();
         let client = client(h2_transport(), &observer);
-        let url = server.url();
-        let error = client
-            .execute_with(&policy(1), |http| http.post(&url).body("amount=5"))
-            .await
-            .unwrap_err();
-        assert_eq!(
-            trace(&observer),
-            ["started s1 a1", "failed s1 a1 transport:interrupted"],
-            "{reason:?}"
-        );
-        assert!(!error.nothing_sent(), "{reason:?}: {error}");
+        let what = format!("{reason:?}");
+        assert_post_interrupted_once(&client, &observer, &server.url(), &what).await;
         assert_eq!(server.streams(), 1, "{reason:?}");
     }
 }
@@ -568,15 +559,7 @@ async fn an_http2_connection_the_client_gives_up_on_a_protocol_error_is_interrup
     let (url, streams, _server) = raw_h2_server(DATA_ON_STREAM_ZERO.to_vec()).await;
     let observer = RecordingObserver::new();
     let client = client(h2_transport(), &observer);
-    let error = client
-        .execute_with(&policy(1), |http| http.post(&url).body("amount=5"))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        trace(&observer),
-        ["started s1 a1", "failed s1 a1 transport:interrupted"]
-    );
-    assert!(!error.nothing_sent(), "{error}");
+    assert_post_interrupted_once(&client, &observer, &url, "protocol error").await;
     assert_eq!(streams.load(Ordering::SeqCst), 1);
 }
 

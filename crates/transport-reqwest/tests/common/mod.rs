@@ -14,6 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use vantage_api_pool::{
     CallPolicy, ClientError, ErrorKind, EventKind, Jitter, ResilientClient, RetryPolicy,
+    TransportErrorKind,
 };
 use vantage_api_pool_reqwest::ReqwestTransport;
 use vantage_api_pool_testkit::RecordingObserver;
@@ -290,6 +291,33 @@ pub(crate) fn client(
         .observer("test-api", Arc::new(observer.clone()))
         .build()
         .unwrap()
+}
+
+/// POSTs `amount=5` to `url` through `client` (reporting to `observer`), with retries
+/// allowed, and checks that the POST, which may have been processed, ended on its
+/// one send as `Interrupted`: not resent, and not "nothing sent". `what` names the
+/// case in the messages.
+pub(crate) async fn assert_post_interrupted_once(
+    client: &ResilientClient<ReqwestTransport, TokioRuntime>,
+    observer: &RecordingObserver,
+    url: &str,
+    what: &str,
+) {
+    let error = client
+        .execute_with(&policy(3), |http| http.post(url).body("amount=5"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted),
+        "{what}: {error}"
+    );
+    assert!(!error.nothing_sent(), "{what}: {error}");
+    assert_eq!(
+        trace(observer),
+        ["started s1 a1", "failed s1 a1 transport:interrupted"],
+        "{what}"
+    );
 }
 
 /// A short name for an error: `503`, `timed_out`, `transport:interrupted`, ...
