@@ -23,55 +23,46 @@ use vantage_api_pool::{
 };
 use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
 
-#[test]
-fn max_parallel_is_eight_unless_set() {
+type Builder = ClientBuilder<ScriptedTransport, VirtualRuntime>;
+
+/// `n` calls made at once through a client `configure` sets up, each answered
+/// `reply`: when each send went out, and the most sends in flight at once.
+fn calls_at_once(
+    n: usize,
+    reply: Reply,
+    configure: impl FnOnce(Builder) -> Builder,
+) -> (Vec<Duration>, usize) {
     let w = World::new();
-    w.transport.default_reply(Reply::ok().after(secs(1)));
-    let client = w.client();
-    let calls: Vec<_> = (0..9)
+    w.transport.default_reply(reply);
+    let client = configure(w.builder()).build().unwrap();
+    let calls: Vec<_> = (0..n)
         .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
         .collect();
     w.rt.run().unwrap();
     for c in calls {
         w.rt.block_on(c).unwrap().unwrap();
     }
-    assert_eq!(client.peak_in_flight(), 8);
-    assert_eq!(
-        w.sent_at(),
-        [vec![Duration::ZERO; 8], vec![secs(1)]].concat()
-    );
+    (w.sent_at(), client.peak_in_flight())
 }
-
-type Builder = ClientBuilder<ScriptedTransport, VirtualRuntime>;
 
 /// When four calls made at once go out, through a client `configure` sets up.
 fn four_sends_at(configure: impl FnOnce(Builder) -> Builder) -> Vec<Duration> {
-    let w = World::new();
-    w.transport.default_reply(Reply::ok());
-    let client = configure(w.builder()).build().unwrap();
-    let calls: Vec<_> = (0..4)
-        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
-        .collect();
-    w.rt.run().unwrap();
-    for c in calls {
-        w.rt.block_on(c).unwrap().unwrap();
-    }
-    w.sent_at()
+    calls_at_once(4, Reply::ok(), configure).0
+}
+
+#[test]
+fn max_parallel_is_eight_unless_set() {
+    let (sent_at, peak) = calls_at_once(9, Reply::ok().after(secs(1)), |b| b);
+    assert_eq!(peak, 8);
+    assert_eq!(sent_at, [vec![Duration::ZERO; 8], vec![secs(1)]].concat());
 }
 
 #[test]
 fn the_last_max_parallel_rate_limit_and_breaker_set_win() {
-    let w = World::new();
-    w.transport.default_reply(Reply::ok().after(secs(1)));
-    let client = w.builder().max_parallel(2).max_parallel(3).build().unwrap();
-    let calls: Vec<_> = (0..4)
-        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
-        .collect();
-    w.rt.run().unwrap();
-    for c in calls {
-        w.rt.block_on(c).unwrap().unwrap();
-    }
-    assert_eq!(client.peak_in_flight(), 3);
+    let (_, peak) = calls_at_once(4, Reply::ok().after(secs(1)), |b| {
+        b.max_parallel(2).max_parallel(3)
+    });
+    assert_eq!(peak, 3);
     // 2/s: a burst of 2, then one every 500 ms; 1/s with a burst of 1: one a second.
     let fast = [Duration::ZERO, Duration::ZERO, ms(500), secs(1)];
     let slow = [Duration::ZERO, secs(1), secs(2), secs(3)];
@@ -260,19 +251,9 @@ fn a_second_observer_replaces_the_first() {
 
 #[test]
 fn a_rate_limit_bursts_the_rate_rounded_up_then_spaces_sends() {
-    let w = World::new();
-    w.transport.default_reply(Reply::ok());
     // 2.5/s: a burst of 3 (2.5 rounded up), then one send every 400 ms.
-    let client = w.builder().rate_limit(2.5).build().unwrap();
-    let calls: Vec<_> = (0..5)
-        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
-        .collect();
-    w.rt.run().unwrap();
-    for c in calls {
-        w.rt.block_on(c).unwrap().unwrap();
-    }
     assert_eq!(
-        w.sent_at(),
+        calls_at_once(5, Reply::ok(), |b| b.rate_limit(2.5)).0,
         [
             Duration::ZERO,
             Duration::ZERO,
