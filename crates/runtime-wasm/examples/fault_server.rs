@@ -16,6 +16,7 @@
 //! | `GET /flaky/<id>` | first request `503` with `Retry-After: 1`, later ones `200 ok` |
 //! | `GET /missing/<id>` | `404` with the body `no such order` |
 //! | `GET /stall-body/<id>` | `200` announcing 100 body bytes, sends 10 (`0123456789`), then nothing until the client closes |
+//! | `GET /stall-head/<id>` | nothing at all until the client closes (counted as a request) |
 //! | `GET /count?path=<path>` | how many requests (not preflights) `<path>` received |
 //! | `GET /preflights?path=<path>` | how many `OPTIONS` preflights `<path>` received |
 //! | anything else | `200 ok` |
@@ -124,6 +125,11 @@ fn serve(stream: TcpStream, counts: &Shared) -> std::io::Result<()> {
         std::io::copy(&mut (&mut reader).take(length), &mut std::io::sink())?;
 
         let reply = answer(&method, &target, &headers, counts);
+        if target.starts_with("/stall-head/") && method != "OPTIONS" {
+            // Counted, never answered: wait for the client to give up.
+            let _ = reader.read_to_end(&mut Vec::new());
+            return Ok(());
+        }
         writer.write_all(&reply)?;
         writer.flush()?;
         if target.starts_with("/stall-body/") && method != "OPTIONS" {

@@ -400,6 +400,52 @@ async fn a_body_error_that_only_quotes_the_timeout_abort_is_not_a_timeout() {
 }
 
 #[wasm_bindgen_test]
+async fn a_head_that_never_comes_is_timed_out_by_the_requests_timeout() {
+    // The server takes the request and never answers: reqwest's own timeout aborts
+    // the fetch before any head, which the adapter reports as `TimedOut`.
+    let transport = ReqwestTransport::new(reqwest::Client::new());
+    let path = fresh("stall-head");
+    let draft = transport
+        .handle()
+        .get(format!("{}{path}", server()))
+        .timeout(Duration::from_millis(300));
+    let prepared = transport.prepare(draft).expect("a valid request");
+    let Err(err) = transport.send(prepared).await else {
+        panic!("no head comes, yet the send succeeded");
+    };
+    assert_eq!(err.kind(), TransportErrorKind::TimedOut, "{err}");
+    assert!(!err.to_string().contains("127.0.0.1"), "{err}");
+    assert_eq!(counted("count", &path).await, 1);
+}
+
+#[wasm_bindgen_test]
+async fn a_header_fetch_cannot_carry_is_config_and_nothing_is_sent() {
+    // `http` takes bytes above 0x7f in a header value; fetch's `Headers` takes only
+    // text, so reqwest refuses the request as it sends it, before fetch is called.
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let path = fresh("plain");
+    let url = format!("{}{path}", server());
+    let value = http::HeaderValue::from_bytes(b"caf\xc3\xa9").expect("obs-text is allowed");
+    let err = client
+        .execute(|http| http.get(&url).header("x-note", value.clone()))
+        .await
+        .expect_err("fetch cannot carry the header");
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::Config),
+        "{err:?}"
+    );
+    assert_eq!(err.attempts(), 1);
+    assert!(err.nothing_sent());
+    assert_eq!(
+        counted("count", &path).await,
+        0,
+        "nothing reached the server"
+    );
+}
+
+#[wasm_bindgen_test]
 async fn a_body_cut_by_the_requests_timeout_is_timed_out() {
     // The head comes at once, then 10 of 100 body bytes, then nothing: the request's
     // own 500 ms timeout aborts the fetch mid-body, which reqwest reports as a decode

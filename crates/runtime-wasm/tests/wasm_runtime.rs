@@ -44,6 +44,43 @@ async fn a_50_ms_sleep_takes_at_least_50_ms_of_performance_now() {
 }
 
 #[wasm_bindgen_test]
+async fn the_clock_starts_at_the_runtime_and_runs_at_the_rate_of_performance_now() {
+    let first = WasmRuntime::new();
+    first.sleep(ms(100)).await;
+    let second = WasmRuntime::new();
+    let (a, b) = (first.now(), second.now());
+    // Each runtime counts from when it was made: the first is 100 ms ahead.
+    assert!(
+        a.saturating_duration_since(b) >= ms(90),
+        "{a:?} vs {b:?}: one origin for both"
+    );
+    for _ in 0..3 {
+        let raw_start = raw_performance_now();
+        let start = first.now();
+        first.sleep(ms(50)).await;
+        let raw = raw_performance_now() - raw_start;
+        let moved = (first.now() - start).as_secs_f64() * 1_000.0;
+        assert!(
+            (moved - raw).abs() < 1.0,
+            "the clock moved {moved} ms while performance.now() moved {raw} ms"
+        );
+    }
+}
+
+#[wasm_bindgen_test]
+async fn a_sleep_on_punctual_timers_arms_few_timers() {
+    // A timer that fires on time ends its sleep: a sleep re-arms only for a timer
+    // that fired early (or the setTimeout limit).
+    let rt = WasmRuntime::new();
+    for _ in 0..3 {
+        let before = timers_fire_early(0.0);
+        rt.sleep(ms(100)).await;
+        let armed = timers_fire_early(0.0) - before;
+        assert!(armed <= 3.0, "a 100 ms sleep armed {armed} timers");
+    }
+}
+
+#[wasm_bindgen_test]
 async fn short_sleeps_never_end_before_their_deadline() {
     // Node's timers fire up to about a millisecond early; the sleep re-arms then.
     let rt = WasmRuntime::new();
