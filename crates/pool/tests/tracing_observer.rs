@@ -221,3 +221,13 @@ fn the_numbers_are_the_events_own_with_times_in_milliseconds() {
     assert_eq!(succeeded["bytes"], "0");
     assert_eq!(succeeded["at_ms"], "80.0");
 }
+
+#[test]
+fn times_keep_their_fraction_of_a_millisecond() {
+    let w = World::new();
+    w.transport
+        .push(Reply::ok().after(std::time::Duration::from_micros(2_500)));
+    let lines = one_traced_call(&w, bounded(0, ms(10)));
+    let succeeded = &lines.last().expect("a line per event").1;
+    assert_eq!(succeeded["at_ms"], "2.5");
+}
