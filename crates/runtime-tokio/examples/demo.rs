@@ -22,7 +22,8 @@
 //! refresh their token once per 401 (single-flight) and are refused at once, nothing
 //! sent, while the breaker is open.
 //!
-//! The health view is built only from the observer events and `breaker_state()`: the
+//! The health view is built only from the observer events, `breaker_state()` and
+//! `token_fetches()` (shown beside a 401): the
 //! shipped [`HealthObserver`] keeps the figures per API (breaker, in flight, success
 //! rate and latency over a window, retries, last error), and the shipped
 //! [`TracingObserver`] writes the events at `DEBUG` and up (all but `Started`), with
@@ -541,8 +542,8 @@ struct ApiTotals {
     longest_after_429: Option<Duration>,
 }
 
-/// Counts sends and breaker changes, notes the changes as moments, and measures the
-/// waits after a 429.
+/// Counts sends and breaker changes, notes the changes as moments, and notes the
+/// waits the client scheduled after a 429.
 struct Totals {
     per_api: Mutex<HashMap<String, ApiTotals>>,
     /// Calls whose last failure was a 429, by API.
@@ -891,18 +892,18 @@ impl View {
         }
     }
 
-    fn last_error(&self, health: Option<&ApiHealth>) -> String {
+    /// The last error and how long ago it came; after a 401, how many tokens the
+    /// client has fetched so far (`token_fetches`), which shows the refreshes.
+    fn last_error(&self, health: Option<&ApiHealth>, token_fetches: u64) -> String {
         match health.and_then(|h| h.last_error.as_ref()) {
             Some(last) => format!(
                 "{} ({} ago{})",
                 last.error,
                 secs(self.now().saturating_duration_since(last.at)),
-                // Only profile-api has a token source: its 401s are refreshed and
-                // replayed, not failed calls.
                 if last.error.status().is_some_and(|s| s.as_u16() == 401) {
-                    "; token renewed"
+                    format!("; {token_fetches} tokens fetched")
                 } else {
-                    ""
+                    String::new()
                 }
             ),
             None => "none".to_owned(),
@@ -952,8 +953,8 @@ impl View {
         lines.push(self.paint(
             BOLD,
             &format!(
-                "{:<11} {:<17} {:>4} {:<14} {:>13} {:>5} {:>7}",
-                "API", "BREAKER", "INFL", window, "MEAN/MAX ms", "RETRY", refused
+                "{:<11} {:<17} {:>4} {:<14} {:>13} {:>7} {:>5}",
+                "API", "BREAKER left/cd", "INFL", window, "MEAN/MAX ms", refused, "RETRY"
             ),
         ));
         for api in &self.apis {
@@ -961,17 +962,18 @@ impl View {
             let (breaker, breaker_style) = View::breaker_cell(api.client.breaker(), h);
             let (success, success_style) = View::success_cell(h);
             lines.push(format!(
-                "{:<11} {} {:>4} {} {:>13} {:>5} {:>7}",
+                "{:<11} {} {:>4} {} {:>13} {:>7} {:>5}",
                 api.name,
                 self.paint(breaker_style, &format!("{:<17}", fit_to(&breaker, 17))),
                 h.map_or(0, |h| h.in_flight),
                 self.paint(success_style, &format!("{:<14}", fit_to(&success, 14))),
                 fit_to(&View::latency_cell(h), 13),
-                h.map_or(0, |h| h.retries),
                 h.map_or(0, |h| h.refused_in_window),
+                h.map_or(0, |h| h.retries),
             ));
             lines.push(self.paint(DIM, &fit(&format!("{:<11} {}", "", api.about))));
-            let mut error = format!("{:<11} last error: {}", "", self.last_error(h));
+            let last = self.last_error(h, api.client.token_fetches());
+            let mut error = format!("{:<11} last error: {last}", "");
             if let Some((long, short)) = self.quiet(h) {
                 let note = if error.chars().count() + 2 + long.chars().count() <= WIDTH {
                     long
@@ -1001,38 +1003,57 @@ impl View {
         lines
     }
 
-    /// One plain line per API, for logs and CI.
+    /// Three plain lines per API, for logs and CI (and a terminal too small for the
+    /// live view): the breaker and the sends in flight; the figures over the window;
+    /// the retries so far and the last error.
     fn snapshot_lines(&self) -> Vec<String> {
         let now = self.now().since_origin();
         let w = self.settings.window().as_secs();
         let health: HashMap<Arc<str>, ApiHealth> =
             self.health.snapshots_at(self.now()).into_iter().collect();
-        self.apis
-            .iter()
-            .map(|api| {
-                let h = health.get(api.name);
-                let (breaker, _) = View::breaker_cell(api.client.breaker(), h);
-                let (success, _) = View::success_cell(h);
-                // Figures over the window are named with it; retries are all-time.
-                let line = format!(
-                    "[{:>6}] {:<12} breaker={breaker:<24} in_flight={} success_{w}s={:<14} latency_{w}s={} retries_total={} refused_{w}s={} last_error={}",
-                    secs(now),
-                    api.name,
-                    h.map_or(0, |h| h.in_flight),
-                    success.trim(),
-                    View::latency_cell(h).replace(' ', ""),
-                    h.map_or(0, |h| h.retries),
-                    h.map_or(0, |h| h.refused_in_window),
-                    self.last_error(h),
-                );
-                match h.map(|h| self.now().saturating_duration_since(h.updated_at)) {
-                    Some(idle) if idle >= Duration::from_secs(1) => {
-                        format!("{line} quiet_for={}", secs(idle))
+        let mut lines = Vec::new();
+        for api in &self.apis {
+            let h = health.get(api.name);
+            let breaker = match api.client.breaker() {
+                BreakerNow::Open { left } => match h.map(|h| h.breaker) {
+                    Some(BreakerView::Open { cooldown, .. }) => {
+                        format!("OPEN {} left of {}", secs(left), secs(cooldown))
                     }
-                    _ => line,
-                }
-            })
-            .collect()
+                    _ => format!("OPEN {} left", secs(left)),
+                },
+                other => View::breaker_cell(other, h).0,
+            };
+            lines.push(format!(
+                "[{:>6}] {:<12} breaker {breaker}; {} in flight",
+                secs(now),
+                api.name,
+                h.map_or(0, |h| h.in_flight),
+            ));
+            let (success, _) = View::success_cell(h);
+            let latency = match h.and_then(|h| Some((h.mean_latency_ms?, h.max_latency_ms?))) {
+                Some((mean, max)) => format!("{mean:.0} ms mean, {max} ms max"),
+                None => "-".to_owned(),
+            };
+            lines.push(format!(
+                "{:9}last {w}s: ok {}; latency {latency}; refused {}",
+                "",
+                success.trim(),
+                h.map_or(0, |h| h.refused_in_window),
+            ));
+            let last = self.last_error(h, api.client.token_fetches());
+            let mut tail = format!(
+                "{:9}retries so far {}; last error: {last}",
+                "",
+                h.map_or(0, |h| h.retries)
+            );
+            if let Some(idle) = h.map(|h| self.now().saturating_duration_since(h.updated_at))
+                && idle >= Duration::from_secs(1)
+            {
+                tail.push_str(&format!("; quiet {}", secs(idle)));
+            }
+            lines.push(tail);
+        }
+        lines
     }
 }
 
@@ -1407,15 +1428,15 @@ fn summary(
     let _ = writeln!(
         out,
         "  ok/failed/dropped: calls (dropped: still running when the traffic stopped);\n  \
-         sends: by the client, server: requests the server saw; refused: calls that\n  \
-         ended before a send (breaker open, auth, time); opened: the breaker opened\n  \
+         sends: by the client, server: requests the server saw; refused: sends that\n  \
+         never left (breaker open, auth, time); opened: the breaker opened\n  \
          from closed; reopen: a probe failed, it opened again, its cooldown doubled"
     );
     let search = totals.get("search-api");
     if let (Some(shortest), Some(longest)) = (search.shortest_after_429, search.longest_after_429) {
         let _ = writeln!(
             out,
-            "retry-after      search-api waited {} to {} before the {} retries it\n                 scheduled after a 429 (asked: 1 s; jitter adds up to 25 %)",
+            "retry-after      search-api scheduled waits of {} to {} for the {} retries\n                 it made after a 429 (asked: 1 s; jitter adds up to 25 %)",
             secs(shortest),
             secs(longest),
             search.retries_after_429,
@@ -1526,7 +1547,7 @@ fn summary(
                 && search
                     .shortest_after_429
                     .is_some_and(|d| d >= Duration::from_secs(1)),
-            "every retry after a 429 waited the server's Retry-After",
+            "every retry after a 429 was scheduled at least the server's Retry-After later",
         ),
         (
             totals.get("profile-api").unauthorized > 0
