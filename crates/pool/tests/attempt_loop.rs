@@ -1146,10 +1146,15 @@ fn a_retry_due_exactly_at_the_end_of_the_budget_is_not_slept_for() {
     let w = World::new();
     w.transport
         .push(Reply::status(503).header("retry-after-ms", "1000"));
-    let client = w.client();
     let policy = bounded_within(3, ms(100), ms(500), secs(1));
+    the_503_comes_back_at_once(&w, &w.client(), &policy, ms(0));
+}
+
+/// Runs one call under `policy` and checks that it returned its 503 at `answered`,
+/// with no retry scheduled.
+fn the_503_comes_back_at_once(w: &World, client: &Client, policy: &CallPolicy, answered: Duration) {
     let err =
-        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+        w.rt.block_on(client.execute_with(policy, |h| h.get("/x")))
             .unwrap()
             .unwrap_err();
     assert_eq!(
@@ -1157,7 +1162,7 @@ fn a_retry_due_exactly_at_the_end_of_the_budget_is_not_slept_for() {
         Some(StatusCode::SERVICE_UNAVAILABLE),
         "{err:?}"
     );
-    assert_eq!(w.now(), ms(0), "no sleep into the budget's end");
+    assert_eq!(w.now(), answered, "no sleep into the budget's end");
     assert!(scheduled(&w.events()).is_empty());
     w.assert_contract();
 }
@@ -1417,4 +1422,200 @@ fn a_second_not_sent_is_still_free_and_leaves_nothing_sent() {
         "the second NotSent was taken as Interrupted"
     );
     w.assert_contract();
+}
+
+/// The (send, attempt) numbers of every `Started`, in order.
+fn started_numbers(w: &World) -> Vec<(u32, u32)> {
+    w.events()
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Started { send, attempt } => Some((send, attempt)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_error_after_a_redial_counts_attempts_not_sends() {
+    let not_sent = || Reply::fail(TransportErrorKind::NotSent, "stale connection");
+    for last in [Reply::status(503).body("down"), Reply::stall()] {
+        let w = World::new();
+        w.transport.push_many([not_sent(), last]);
+        let client = w.client();
+        let err =
+            w.rt.block_on(client.execute_with(&bounded(0, ms(10)), |h| h.get("/x")))
+                .unwrap()
+                .unwrap_err();
+        assert_eq!(w.transport.request_count(), 2);
+        assert_eq!(err.attempts(), 1, "{err:?}");
+        w.assert_contract();
+    }
+}
+
+#[test]
+fn a_retry_after_a_redialed_send_is_a_new_attempt() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::fail(TransportErrorKind::NotSent, "stale connection"),
+        Reply::status(503),
+        Reply::status(503),
+    ]);
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(started_numbers(&w), [(1, 1), (2, 1), (3, 2)]);
+    assert_eq!(err.attempts(), 2);
+    w.assert_contract();
+}
+
+#[test]
+fn a_retry_past_the_budget_is_not_slept_for_on_a_rate_limited_client_either() {
+    let w = World::new();
+    w.transport.push(
+        Reply::status(503)
+            .header("retry-after", "20")
+            .after(secs(1)),
+    );
+    let client = w.builder().rate_limit(100.0).build().unwrap();
+    let policy = bounded(3, ms(100)).with_budget(Some(secs(15))).unwrap();
+    the_503_comes_back_at_once(&w, &client, &policy, secs(1));
+}
+
+/// Admissions wait 2 s, 0, 2 s; a token every 2 s, burst 2; a budget of 1.5 s. The
+/// next token (at 4 s) is past the budget's end as it stands (3.5 s), but the third
+/// admission moves that end to 5.5 s, so the retry goes out.
+#[test]
+fn once_an_admission_waited_a_later_retry_leaves_its_token_to_the_sends_own_wait() {
+    let w = World::new();
+    let n = std::sync::atomic::AtomicU32::new(0);
+    w.transport
+        .admit_with(move |_| match n.fetch_add(1, Ordering::SeqCst) {
+            1 => Duration::ZERO,
+            _ => secs(2),
+        });
+    w.transport
+        .push_many([Reply::status(503), Reply::status(503), Reply::ok()]);
+    let client = w.builder().rate_limit_with_burst(0.5, 2).build().unwrap();
+    let policy = bounded_within(3, ms(100), secs(1), ms(1500));
+    let res =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap();
+    assert!(res.is_ok(), "{:?} sent at {:?}", res.err(), w.sent_at());
+    assert_eq!(w.sent_at(), [secs(2), ms(2100), ms(4300)]);
+    w.assert_contract();
+}
+
+#[test]
+fn an_error_body_read_to_its_end_is_kept_whole_even_if_it_ends_inside_a_character() {
+    let w = World::new();
+    w.transport
+        .default_reply(Reply::status(404).body(&b"abc\xC3"[..]).chunk_size(2));
+    let client = w.client();
+    assert_eq!(w.background_error(&client).body(), Some(&b"abc\xC3"[..]));
+}
+
+/// Moves the clock by a second inside the first `Failed` it hears, then passes every
+/// event on to the recorder.
+struct SlowFirstFailed(
+    VirtualRuntime,
+    AtomicBool,
+    vantage_api_pool_testkit::RecordingObserver,
+);
+impl TransportObserver for SlowFirstFailed {
+    fn on_event(&self, api: &str, event: &TransportEvent) {
+        if matches!(event.kind, EventKind::Failed { .. }) && !self.1.swap(true, Ordering::SeqCst) {
+            self.0.advance(secs(1));
+        }
+        self.2.on_event(api, event);
+    }
+}
+
+#[test]
+fn retry_scheduled_carries_the_failures_reading_not_the_clock_after_its_callback() {
+    let w = World::new();
+    w.transport
+        .push_many([Reply::status(503).after(ms(30)), Reply::ok()]);
+    let slow = SlowFirstFailed(w.rt.clone(), AtomicBool::new(false), w.observer.clone());
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", Arc::new(slow))
+        .build()
+        .unwrap();
+    w.rt.block_on(client.execute_with(&bounded(1, ms(100)), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let at = |kind: &str| {
+        w.observer
+            .events()
+            .into_iter()
+            .find(|r| r.event.kind.name() == kind)
+            .map(|r| r.event.at.since_origin())
+    };
+    assert_eq!(at("failed"), Some(ms(30)));
+    assert_eq!(at("retry_scheduled"), Some(ms(30)));
+}
+
+/// A transport whose every response is a 500 with the body "ab", "", "cd": an empty
+/// chunk in the middle.
+struct EmptyChunkMidBody(vantage_api_pool_testkit::ScriptedTransport);
+
+#[derive(Debug)]
+struct ChunkList(std::collections::VecDeque<&'static [u8]>, http::HeaderMap);
+
+impl vantage_api_pool::TransportResponse for ChunkList {
+    fn status(&self) -> StatusCode {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+    fn headers(&self) -> &http::HeaderMap {
+        &self.1
+    }
+    async fn chunk(
+        &mut self,
+    ) -> Result<Option<vantage_api_pool::bytes::Bytes>, vantage_api_pool::TransportError> {
+        Ok(self
+            .0
+            .pop_front()
+            .map(vantage_api_pool::bytes::Bytes::from_static))
+    }
+}
+
+impl vantage_api_pool::Transport for EmptyChunkMidBody {
+    type Handle = vantage_api_pool_testkit::ScriptedHttp;
+    type Draft = vantage_api_pool_testkit::ScriptedRequestBuilder;
+    type Request = vantage_api_pool_testkit::ScriptedRequest;
+    type Response = ChunkList;
+    fn handle(&self) -> &Self::Handle {
+        self.0.handle()
+    }
+    fn prepare(
+        &self,
+        draft: Self::Draft,
+    ) -> Result<Self::Request, vantage_api_pool::TransportError> {
+        self.0.prepare(draft)
+    }
+    fn send(
+        &self,
+        request: Self::Request,
+    ) -> impl std::future::Future<Output = Result<ChunkList, vantage_api_pool::TransportError>>
+    {
+        let sent = self.0.send(request);
+        async move {
+            sent.await?;
+            let chunks = [&b"ab"[..], &b""[..], &b"cd"[..]].into_iter().collect();
+            Ok(ChunkList(chunks, http::HeaderMap::new()))
+        }
+    }
+}
+
+#[test]
+fn an_empty_chunk_ends_the_error_body() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = ResilientClient::builder(EmptyChunkMidBody(w.transport.clone()), w.rt.clone())
+        .build()
+        .unwrap();
+    let err = w.background_error(&client);
+    assert_eq!(err.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
+    assert_eq!(err.body(), Some(&b"ab"[..]));
 }

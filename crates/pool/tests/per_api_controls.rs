@@ -2251,3 +2251,48 @@ fn a_401_for_a_send_that_waited_for_a_rate_token_still_refreshes_its_token() {
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
     w.assert_contract();
 }
+
+#[test]
+fn a_transports_own_timeout_counts_against_the_breaker() {
+    let w = World::new();
+    w.transport.push(Reply::fail(
+        vantage_api_pool::TransportErrorKind::TimedOut,
+        "read timed out",
+    ));
+    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
+    let err = w.background_error(&client);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Transport));
+    assert_eq!(opened(&w.events()), [secs(5)], "{:?}", w.kinds());
+    assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+    w.assert_contract();
+}
+
+#[test]
+fn a_401_replay_after_a_redial_is_a_new_attempt() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::fail(
+            vantage_api_pool::TransportErrorKind::NotSent,
+            "stale connection",
+        ),
+        Reply::status(401),
+        Reply::status(503),
+    ]);
+    let (client, _fetches) = client_with_counted_tokens(&w, |b| b);
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    let started: Vec<_> = w
+        .events()
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Started { send, attempt } => Some((send, attempt)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started, [(1, 1), (2, 1), (3, 2)]);
+    assert_eq!(err.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(err.attempts(), 2);
+    w.assert_contract();
+}
