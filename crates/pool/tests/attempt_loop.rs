@@ -1424,17 +1424,6 @@ fn a_second_not_sent_is_still_free_and_leaves_nothing_sent() {
     w.assert_contract();
 }
 
-/// The (send, attempt) numbers of every `Started`, in order.
-fn started_numbers(w: &World) -> Vec<(u32, u32)> {
-    w.events()
-        .iter()
-        .filter_map(|e| match e.kind {
-            EventKind::Started { send, attempt } => Some((send, attempt)),
-            _ => None,
-        })
-        .collect()
-}
-
 #[test]
 fn an_error_after_a_redial_counts_attempts_not_sends() {
     let not_sent = || Reply::fail(TransportErrorKind::NotSent, "stale connection");
@@ -1465,7 +1454,7 @@ fn a_retry_after_a_redialed_send_is_a_new_attempt() {
         w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
             .unwrap()
             .unwrap_err();
-    assert_eq!(started_numbers(&w), [(1, 1), (2, 1), (3, 2)]);
+    assert_eq!(w.started(), [(1, 1), (2, 1), (3, 2)]);
     assert_eq!(err.attempts(), 2);
     w.assert_contract();
 }

@@ -2283,15 +2283,7 @@ fn a_401_replay_after_a_redial_is_a_new_attempt() {
         w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
             .unwrap()
             .unwrap_err();
-    let started: Vec<_> = w
-        .events()
-        .iter()
-        .filter_map(|e| match e.kind {
-            EventKind::Started { send, attempt } => Some((send, attempt)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(started, [(1, 1), (2, 1), (3, 2)]);
+    assert_eq!(w.started(), [(1, 1), (2, 1), (3, 2)]);
     assert_eq!(err.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
     assert_eq!(err.attempts(), 2);
     w.assert_contract();

@@ -61,6 +61,17 @@ impl World {
             .collect()
     }
 
+    /// (send, attempt) of every `Started`, in order.
+    pub fn started(&self) -> Vec<(u32, u32)> {
+        self.events()
+            .iter()
+            .filter_map(|e| match e.kind {
+                EventKind::Started { send, attempt } => Some((send, attempt)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// (send, attempt) of every event that carries them, in order.
     pub fn numbers(&self) -> Vec<(u32, u32)> {
         self.events()
