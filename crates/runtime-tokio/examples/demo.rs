@@ -791,11 +791,16 @@ fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
 }
 
-/// Writes `text` to stdout, ignoring a closed pipe (`demo | head` must not panic).
+/// Writes `text` to stdout. A closed pipe is no panic: once the reader has gone
+/// (`demo | head`), the demo ends there with status 0, as a filter would.
 fn say(text: &str) {
     let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(text.as_bytes());
-    let _ = stdout.flush();
+    let written = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
+    if written.is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) {
+        std::process::exit(0);
+    }
 }
 
 /// The widest line the live view draws: it fits an 80-column terminal.
@@ -1064,9 +1069,8 @@ async fn dashboard(view: Arc<View>, stop_at: tokio::time::Instant) {
     let snapshot_every = if view.settings.quick { 4 } else { 8 };
     let mut printed = 0;
     let mut ticks = 0u64;
-    let mut stdout = std::io::stdout();
     if view.settings.live {
-        let _ = write!(stdout, "\x1b[2J");
+        say("\x1b[2J");
     }
     while tokio::time::Instant::now() < stop_at {
         tick.tick().await;
@@ -1084,8 +1088,7 @@ async fn dashboard(view: Arc<View>, stop_at: tokio::time::Instant) {
                     let _ = writeln!(out, "{line}");
                 }
             }
-            let _ = stdout.write_all(out.as_bytes());
-            let _ = stdout.flush();
+            say(&out);
         }
     }
 }
@@ -1104,9 +1107,7 @@ fn draw(view: &View) {
         out.push_str("\x1b[K");
     }
     out.push_str("\x1b[J");
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(out.as_bytes());
-    let _ = stdout.flush();
+    say(&out);
 }
 
 // ---------------------------------------------------------------------------------
