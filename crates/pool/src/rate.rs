@@ -160,9 +160,8 @@ impl TokenBucket {
     /// The earliest instant at which [`try_take`](TokenBucket::try_take) could
     /// succeed, if nobody takes a token first: an instant at or before the clock
     /// while the bucket holds a token ([`Instant::ORIGIN`] before the first take).
-    /// Taking only ever moves it later, so a caller that
-    /// needs a token before some deadline knows it cannot have one when this is past
-    /// the deadline.
+    /// Taking only ever moves it later, so a caller that needs a token before some
+    /// deadline knows it cannot have one when this is past the deadline.
     ///
     /// ```
     /// use std::time::Duration;

@@ -1296,14 +1296,33 @@ fn jitter_is_added_after_the_ceiling() {
     );
 }
 
-/// Moves the virtual clock on by `.1` when it hears the first `Failed`.
-struct AdvanceOnFirstFailure(VirtualRuntime, Duration, AtomicBool);
+/// Moves the virtual clock on by `by` when it hears the first `Failed`, then passes
+/// every event on to `recorder`.
+struct AdvanceOnFirstFailure {
+    rt: VirtualRuntime,
+    by: Duration,
+    done: AtomicBool,
+    recorder: vantage_api_pool_testkit::RecordingObserver,
+}
+
+impl AdvanceOnFirstFailure {
+    fn new(w: &World, by: Duration) -> Self {
+        AdvanceOnFirstFailure {
+            rt: w.rt.clone(),
+            by,
+            done: AtomicBool::new(false),
+            recorder: w.observer.clone(),
+        }
+    }
+}
 
 impl TransportObserver for AdvanceOnFirstFailure {
-    fn on_event(&self, _api: &str, event: &TransportEvent) {
-        if matches!(event.kind, EventKind::Failed { .. }) && !self.2.swap(true, Ordering::SeqCst) {
-            self.0.advance(self.1);
+    fn on_event(&self, api: &str, event: &TransportEvent) {
+        if matches!(event.kind, EventKind::Failed { .. }) && !self.done.swap(true, Ordering::SeqCst)
+        {
+            self.rt.advance(self.by);
         }
+        self.recorder.on_event(api, event);
     }
 }
 
@@ -1318,7 +1337,7 @@ fn a_redial_after_a_slow_failed_callback(
     w.transport
         .push(Reply::fail(TransportErrorKind::NotSent, "stale").after(secs(1)));
     w.transport.default_reply(Reply::ok());
-    let observer = AdvanceOnFirstFailure(w.rt.clone(), by, AtomicBool::new(false));
+    let observer = AdvanceOnFirstFailure::new(w, by);
     let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
         .observer("api", Arc::new(observer))
         .rate_limit_with_burst(1.0, 2)
@@ -1505,28 +1524,12 @@ fn an_error_body_read_to_its_end_is_kept_whole_even_if_it_ends_inside_a_characte
     assert_eq!(w.background_error(&client).body(), Some(&b"abc\xC3"[..]));
 }
 
-/// Moves the clock by a second inside the first `Failed` it hears, then passes every
-/// event on to the recorder.
-struct SlowFirstFailed(
-    VirtualRuntime,
-    AtomicBool,
-    vantage_api_pool_testkit::RecordingObserver,
-);
-impl TransportObserver for SlowFirstFailed {
-    fn on_event(&self, api: &str, event: &TransportEvent) {
-        if matches!(event.kind, EventKind::Failed { .. }) && !self.1.swap(true, Ordering::SeqCst) {
-            self.0.advance(secs(1));
-        }
-        self.2.on_event(api, event);
-    }
-}
-
 #[test]
 fn retry_scheduled_carries_the_failures_reading_not_the_clock_after_its_callback() {
     let w = World::new();
     w.transport
         .push_many([Reply::status(503).after(ms(30)), Reply::ok()]);
-    let slow = SlowFirstFailed(w.rt.clone(), AtomicBool::new(false), w.observer.clone());
+    let slow = AdvanceOnFirstFailure::new(&w, secs(1));
     let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
         .observer("api", Arc::new(slow))
         .build()
@@ -1549,31 +1552,11 @@ fn retry_scheduled_carries_the_failures_reading_not_the_clock_after_its_callback
 /// chunk in the middle.
 struct EmptyChunkMidBody(vantage_api_pool_testkit::ScriptedTransport);
 
-#[derive(Debug)]
-struct ChunkList(std::collections::VecDeque<&'static [u8]>, http::HeaderMap);
-
-impl vantage_api_pool::TransportResponse for ChunkList {
-    fn status(&self) -> StatusCode {
-        StatusCode::INTERNAL_SERVER_ERROR
-    }
-    fn headers(&self) -> &http::HeaderMap {
-        &self.1
-    }
-    async fn chunk(
-        &mut self,
-    ) -> Result<Option<vantage_api_pool::bytes::Bytes>, vantage_api_pool::TransportError> {
-        Ok(self
-            .0
-            .pop_front()
-            .map(vantage_api_pool::bytes::Bytes::from_static))
-    }
-}
-
 impl vantage_api_pool::Transport for EmptyChunkMidBody {
     type Handle = vantage_api_pool_testkit::ScriptedHttp;
     type Draft = vantage_api_pool_testkit::ScriptedRequestBuilder;
     type Request = vantage_api_pool_testkit::ScriptedRequest;
-    type Response = ChunkList;
+    type Response = Chunks;
     fn handle(&self) -> &Self::Handle {
         self.0.handle()
     }
@@ -1586,13 +1569,13 @@ impl vantage_api_pool::Transport for EmptyChunkMidBody {
     fn send(
         &self,
         request: Self::Request,
-    ) -> impl std::future::Future<Output = Result<ChunkList, vantage_api_pool::TransportError>>
-    {
+    ) -> impl std::future::Future<Output = Result<Chunks, vantage_api_pool::TransportError>> {
         let sent = self.0.send(request);
         async move {
             sent.await?;
-            let chunks = [&b"ab"[..], &b""[..], &b"cd"[..]].into_iter().collect();
-            Ok(ChunkList(chunks, http::HeaderMap::new()))
+            let mut body = Chunks::new([Ok("ab"), Ok(""), Ok("cd")]);
+            body.status = StatusCode::INTERNAL_SERVER_ERROR;
+            Ok(body)
         }
     }
 }

@@ -627,44 +627,6 @@ fn a_content_length_of_zero_is_reported_as_zero_bytes() {
     );
 }
 
-/// A response whose body is `chunks`, read one per `chunk()` call.
-struct Chunks {
-    chunks: std::collections::VecDeque<Result<Bytes, TransportError>>,
-    reads: usize,
-    headers: http::HeaderMap,
-}
-
-impl Chunks {
-    fn new(chunks: impl IntoIterator<Item = Result<&'static str, TransportErrorKind>>) -> Self {
-        Chunks {
-            chunks: chunks
-                .into_iter()
-                .map(|c| {
-                    c.map(|s: &'static str| Bytes::from_static(s.as_bytes()))
-                        .map_err(|kind| TransportError::new(kind, "broke"))
-                })
-                .collect(),
-            reads: 0,
-            headers: http::HeaderMap::new(),
-        }
-    }
-}
-
-impl TransportResponse for Chunks {
-    fn status(&self) -> http::StatusCode {
-        http::StatusCode::OK
-    }
-
-    fn headers(&self) -> &http::HeaderMap {
-        &self.headers
-    }
-
-    async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
-        self.reads += 1;
-        self.chunks.pop_front().transpose()
-    }
-}
-
 #[test]
 fn read_body_joins_the_chunks_up_to_its_limit_and_passes_a_broken_body_on() {
     let read = |body: &mut Chunks, limit| futures::executor::block_on(read_body(body, limit));

@@ -502,11 +502,11 @@ fn run_seed(seed: u64) -> Result<(), String> {
     // The records number calls as the client does (from 1, as `execute_with` is
     // called); a call's events must lie within its record's start and end, or the
     // pairing of policies and calls below would check the wrong limits.
-    let mut policy_of: HashMap<CallId, &CallPolicy> = HashMap::new();
+    let mut plan_of: HashMap<CallId, &CallPlan> = HashMap::new();
     for (plan, record) in plans.iter().zip(&records) {
         let record = record.lock().unwrap();
         let Some(call) = record.call else { continue };
-        policy_of.insert(call, &plan.policy);
+        plan_of.insert(call, plan);
         let outside = by_call.get(&call).into_iter().flatten().find(|e| {
             record.started.is_some_and(|s| e.at < s) || record.ended.is_some_and(|end| e.at > end)
         });
@@ -599,11 +599,11 @@ fn run_seed(seed: u64) -> Result<(), String> {
         }
     }
     for (call, evs) in &by_call {
-        let Some(policy) = policy_of.get(call) else {
+        let Some(plan) = plan_of.get(call) else {
             problems.push(format!("{call:?}: events of a call no plan made"));
             continue;
         };
-        let limit = attempt_limit(policy);
+        let limit = attempt_limit(&plan.policy);
         let attempts = evs
             .iter()
             .filter_map(|e| match e.kind {
@@ -621,9 +621,9 @@ fn run_seed(seed: u64) -> Result<(), String> {
         }
     }
     for (call, evs) in &by_call {
-        let ceiling = policy_of
+        let ceiling = plan_of
             .get(call)
-            .and_then(|p| p.retry().ceiling())
+            .and_then(|p| p.policy.retry().ceiling())
             .unwrap_or(Duration::MAX);
         let mut last_failed: Option<(&TransportEvent, Option<Duration>)> = None;
         // When the announced retry is due: its send may not start before.
@@ -673,9 +673,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
     // been processed: a 408, a 5xx other than a 503 with a server delay, a cut or
     // interrupted exchange.
     for (call, evs) in &by_call {
-        let Some(plan) = plans.iter().zip(&records).find_map(|(plan, record)| {
-            (record.lock().unwrap().call == Some(*call)).then_some(plan)
-        }) else {
+        let Some(plan) = plan_of.get(call) else {
             continue;
         };
         if !plan.post || plan.policy.is_idempotent() {
@@ -694,7 +692,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 EventKind::Failed {
                     error, sent: true, ..
                 } => {
-                    let again = match error.kind() {
+                    let maybe = match error.kind() {
                         ErrorKind::Status(s) => {
                             s == 408
                                 || (s.is_server_error()
@@ -704,7 +702,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
                         | ErrorKind::TimedOut => true,
                         _ => false,
                     };
-                    if again {
+                    if maybe {
                         maybe_processed = Some(error.to_string());
                     }
                 }

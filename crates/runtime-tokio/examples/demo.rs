@@ -846,6 +846,19 @@ impl View {
         self.script.clock.now()
     }
 
+    /// The cooldown of the opening the events last told of, while they say open.
+    fn cooldown(health: Option<&ApiHealth>) -> Option<Duration> {
+        match health?.breaker {
+            BreakerView::Open { cooldown, .. } => Some(cooldown),
+            _ => None,
+        }
+    }
+
+    /// The window's mean and max latency in milliseconds, once it holds a send.
+    fn latency(health: Option<&ApiHealth>) -> Option<(f64, u64)> {
+        health.and_then(|h| Some((h.mean_latency_ms?, h.max_latency_ms?)))
+    }
+
     /// The breaker cell: state from `breaker_state()`, the cooldown from the events.
     fn breaker_cell(breaker: BreakerNow, health: Option<&ApiHealth>) -> (String, &'static str) {
         match breaker {
@@ -853,8 +866,8 @@ impl View {
             BreakerNow::HalfOpen => ("half-open (probe)".to_owned(), YELLOW),
             BreakerNow::Open { left } => {
                 // Time left of the cooldown, as `OPEN 3.5/5.0s`.
-                let of = match health.map(|h| h.breaker) {
-                    Some(BreakerView::Open { cooldown, .. }) => format!("/{}", secs(cooldown)),
+                let of = match View::cooldown(health) {
+                    Some(cooldown) => format!("/{}", secs(cooldown)),
                     _ => " left".to_owned(),
                 };
                 let left = secs(left);
@@ -891,7 +904,7 @@ impl View {
     }
 
     fn latency_cell(health: Option<&ApiHealth>) -> String {
-        match health.and_then(|h| Some((h.mean_latency_ms?, h.max_latency_ms?))) {
+        match View::latency(health) {
             Some((mean, max)) => format!("{mean:.0} / {max}"),
             None => "-".to_owned(),
         }
@@ -1019,14 +1032,11 @@ impl View {
         let mut lines = Vec::new();
         for api in &self.apis {
             let h = health.get(api.name);
-            let breaker = match api.client.breaker() {
-                BreakerNow::Open { left } => match h.map(|h| h.breaker) {
-                    Some(BreakerView::Open { cooldown, .. }) => {
-                        format!("OPEN {} left of {}", secs(left), secs(cooldown))
-                    }
-                    _ => format!("OPEN {} left", secs(left)),
-                },
-                other => View::breaker_cell(other, h).0,
+            let breaker = match (api.client.breaker(), View::cooldown(h)) {
+                (BreakerNow::Open { left }, Some(cooldown)) => {
+                    format!("OPEN {} left of {}", secs(left), secs(cooldown))
+                }
+                (other, _) => View::breaker_cell(other, h).0,
             };
             lines.push(format!(
                 "[{:>6}] {:<12} breaker {breaker}; {} in flight",
@@ -1035,7 +1045,7 @@ impl View {
                 h.map_or(0, |h| h.in_flight),
             ));
             let (success, _) = View::success_cell(h);
-            let latency = match h.and_then(|h| Some((h.mean_latency_ms?, h.max_latency_ms?))) {
+            let latency = match View::latency(h) {
                 Some((mean, max)) => format!("{mean:.0} ms mean, {max} ms max"),
                 None => "-".to_owned(),
             };

@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use vantage_api_pool::Transport;
+use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::{
     CallPolicy, ClientBuilder, ClientError, EventKind, Instant, Jitter, NoAuth, ResilientClient,
-    RetryMode, RetryPolicy, TokenSource, TransportEvent,
+    RetryMode, RetryPolicy, TokenSource, Transport, TransportError, TransportErrorKind,
+    TransportEvent, TransportResponse,
 };
 use vantage_api_pool_testkit::{
     JoinHandle, RecordingObserver, ScriptedHttp, ScriptedRequestBuilder, ScriptedTransport,
@@ -207,5 +208,48 @@ impl Rng {
     }
     pub fn ms(&mut self, max: u64) -> Duration {
         ms(self.below(max + 1))
+    }
+}
+
+/// A `200` response whose body is `chunks`, read one per `chunk()` call (an `Err`
+/// is a read that fails with that kind and the message "broke").
+#[derive(Debug)]
+pub struct Chunks {
+    pub status: http::StatusCode,
+    pub chunks: std::collections::VecDeque<Result<Bytes, TransportError>>,
+    /// `chunk()` calls so far.
+    pub reads: usize,
+    headers: http::HeaderMap,
+}
+
+impl Chunks {
+    pub fn new(chunks: impl IntoIterator<Item = Result<&'static str, TransportErrorKind>>) -> Self {
+        Chunks {
+            status: http::StatusCode::OK,
+            chunks: chunks
+                .into_iter()
+                .map(|c| {
+                    c.map(|s: &'static str| Bytes::from_static(s.as_bytes()))
+                        .map_err(|kind| TransportError::new(kind, "broke"))
+                })
+                .collect(),
+            reads: 0,
+            headers: http::HeaderMap::new(),
+        }
+    }
+}
+
+impl TransportResponse for Chunks {
+    fn status(&self) -> http::StatusCode {
+        self.status
+    }
+
+    fn headers(&self) -> &http::HeaderMap {
+        &self.headers
+    }
+
+    async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
+        self.reads += 1;
+        self.chunks.pop_front().transpose()
     }
 }
