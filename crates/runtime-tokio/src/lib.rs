@@ -59,6 +59,14 @@ use pin_project_lite::pin_project;
 use vantage_api_pool::Instant;
 use vantage_api_pool::runtime::SendRuntime;
 
+/// Re-exported so callers name the same `vantage-api-pool` as this runtime:
+///
+/// ```
+/// use vantage_api_pool_tokio::vantage_api_pool::Runtime;
+/// let _ = vantage_api_pool_tokio::TokioRuntime::new().now();
+/// ```
+pub use vantage_api_pool;
+
 /// Counts runtimes made in this process, so two made in the same nanosecond still
 /// get different seeds.
 static RUNTIMES: AtomicU64 = AtomicU64::new(0);

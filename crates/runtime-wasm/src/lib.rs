@@ -43,3 +43,7 @@ mod wasm;
 
 #[cfg(target_arch = "wasm32")]
 pub use wasm::{Sleep, WasmRuntime};
+
+/// Re-exported so callers name the same `vantage-api-pool` as this runtime.
+#[cfg(target_arch = "wasm32")]
+pub use vantage_api_pool;

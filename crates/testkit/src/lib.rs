@@ -98,6 +98,13 @@ pub use runtime::{
     DEFAULT_SEED, DEFAULT_STEP_LIMIT, DEFAULT_TIME_LIMIT, DEFAULT_WALL_CLOCK_SECS, DriveError,
     JoinHandle, Sleep, VirtualRuntime,
 };
+/// Re-exported so tests name the same `vantage-api-pool` as the testkit:
+///
+/// ```
+/// use vantage_api_pool_testkit::vantage_api_pool::Runtime;
+/// let _ = vantage_api_pool_testkit::VirtualRuntime::new().now();
+/// ```
+pub use vantage_api_pool;
 pub use transport::{
     RecordedRequest, Reply, ScriptedHttp, ScriptedRequest, ScriptedRequestBuilder,
     ScriptedResponse, ScriptedTransport,

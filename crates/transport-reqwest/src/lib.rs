@@ -184,6 +184,14 @@ pub use response::ReqwestResponse;
 
 /// Re-exported so callers name the same reqwest as the adapter.
 pub use reqwest;
+/// Re-exported so callers name the same `vantage-api-pool` as the adapter
+/// with no second dependency to keep at the same version:
+///
+/// ```
+/// use vantage_api_pool_reqwest::vantage_api_pool::CallPolicy;
+/// assert!(CallPolicy::essential().budget().is_none());
+/// ```
+pub use vantage_api_pool;
 /// Re-exported with the `tokio` feature, for [`ReqwestTransport::tokio_builder`]'s
 /// return type.
 #[cfg(all(feature = "tokio", not(target_arch = "wasm32")))]
