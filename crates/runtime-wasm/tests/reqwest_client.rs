@@ -227,8 +227,13 @@ async fn a_body_is_read_by_the_caller_after_success() {
     let response = client.execute(|http| http.get(&url)).await.expect("200");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.content_length(), Some(2));
+    // The portable forms, which also compile natively.
+    assert_eq!(
+        response.as_inner().map(|inner| inner.status()),
+        Some(StatusCode::OK)
+    );
     let body = response
-        .into_inner()
+        .try_into_inner()
         .expect("the body was not read by the loop")
         .text()
         .await

@@ -82,6 +82,30 @@ mod imp {
             self.inner
         }
 
+        /// [`into_inner`](ReqwestResponse::into_inner) in the form that compiles on
+        /// every target: always `Some` here; on `wasm32`, `None` once
+        /// [`chunk`](vantage_api_pool::TransportResponse::chunk) has started reading.
+        ///
+        /// ```
+        /// use vantage_api_pool_reqwest::ReqwestResponse;
+        /// let head = http::Response::builder().status(200);
+        /// let response = ReqwestResponse::new(head.body("ok").unwrap().into());
+        /// assert_eq!(response.as_inner().map(|r| r.status()), Some(http::StatusCode::OK));
+        /// assert!(response.try_into_inner().is_some());
+        /// ```
+        #[must_use]
+        pub fn try_into_inner(self) -> Option<reqwest::Response> {
+            Some(self.inner)
+        }
+
+        /// The reqwest response, in the form that compiles on every target (see
+        /// [`try_into_inner`](ReqwestResponse::try_into_inner)): always `Some` here.
+        /// Natively the response also dereferences to it.
+        #[must_use]
+        pub fn as_inner(&self) -> Option<&reqwest::Response> {
+            Some(&self.inner)
+        }
+
         /// The rest of the body: reqwest's [`bytes`](reqwest::Response::bytes), with
         /// a failure mapped by [`body_error`](crate::body_error) (`TimedOut` for a
         /// read timeout, otherwise `Interrupted`; no URL in its text). The same call
@@ -177,6 +201,13 @@ mod imp {
         /// body.
         #[must_use]
         pub fn into_inner(self) -> Option<reqwest::Response> {
+            self.unread
+        }
+
+        /// The same as [`into_inner`](ReqwestResponse::into_inner), under the name
+        /// that natively returns an `Option` too, for code built for every target.
+        #[must_use]
+        pub fn try_into_inner(self) -> Option<reqwest::Response> {
             self.unread
         }
 
