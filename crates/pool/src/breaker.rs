@@ -59,7 +59,10 @@ impl BreakerConfig {
     /// failure opens it again at once. 408, 429 and the other untouched outcomes (see
     /// [`classify`](crate::classify::classify)) leave the breaker as it is.
     ///
-    /// Refuses a threshold of 0, a zero cooldown, and a cooldown above its max.
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `breaker.threshold` for a threshold of 0, or
+    /// `breaker.cooldown` for a zero cooldown or one above `max_cooldown`.
     ///
     /// ```
     /// use std::time::Duration;

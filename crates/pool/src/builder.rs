@@ -45,7 +45,7 @@ pub const DEFAULT_REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-req
 ///     .default_retry(RetryPolicy::default())
 ///     .observer("orders-api", Arc::new(NullObserver))
 ///     .build()?;
-/// assert_eq!(client.api_key(), Some("orders-api"));
+/// assert_eq!(client.api_name(), Some("orders-api"));
 /// # Ok::<(), vantage_api_pool::ConfigError>(())
 /// ```
 #[must_use = "a builder does nothing until build() is called"]

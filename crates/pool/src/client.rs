@@ -299,9 +299,10 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         self.shared.auth_state.fetches()
     }
 
-    /// The observer's key (the API name), if an observer is set.
+    /// The API's name, the key its observer's events come under, if an observer is
+    /// set. (Not a credential: tokens come from the client's token source.)
     #[must_use]
-    pub fn api_key(&self) -> Option<&str> {
+    pub fn api_name(&self) -> Option<&str> {
         self.shared.events.key()
     }
 }

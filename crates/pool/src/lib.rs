@@ -34,6 +34,7 @@
 //! | [`observer`] | [`TransportObserver`], [`TransportEvent`], [`EventKind`] |
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod attempt;

@@ -32,9 +32,11 @@ pub struct RateLimit {
 impl RateLimit {
     /// `per_second` sends per second with a burst of `ceil(per_second)` (at least 1).
     ///
-    /// Refuses a rate that is 0, negative, NaN, infinite, or so small that refilling
-    /// the burst would take longer than [`MAX_REFILL`] (the bucket keeps its time in
-    /// 64-bit nanoseconds).
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `rate_limit` for a rate that is 0, negative, NaN,
+    /// infinite, or so small that refilling the burst would take longer than
+    /// [`MAX_REFILL`] (the bucket keeps its time in 64-bit nanoseconds).
     ///
     /// The bucket counts whole nanoseconds, so a rate above 10⁹ per second acts as
     /// 10⁹ per second (one token per nanosecond: in effect no limit), and the burst
@@ -61,9 +63,13 @@ impl RateLimit {
         RateLimit { interval, burst }.checked()
     }
 
-    /// `per_second` sends per second with an explicit `burst`. Refuses the rates
-    /// [`per_second`](RateLimit::per_second) refuses, a burst of 0, and a burst that
-    /// would take longer than [`MAX_REFILL`] to refill.
+    /// `per_second` sends per second with an explicit `burst`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `rate_limit` for the rates
+    /// [`per_second`](RateLimit::per_second) refuses and for a burst that would take
+    /// longer than [`MAX_REFILL`] to refill, or `rate_limit.burst` for a burst of 0.
     ///
     /// ```
     /// use vantage_api_pool::rate::RateLimit;
@@ -179,7 +185,11 @@ impl TokenBucket {
         Instant::from_nanos(self.tat.load(Ordering::Acquire)).saturating_sub(self.tolerance)
     }
 
-    /// Takes one token at `now`, or says how long until one is due.
+    /// Takes one token at `now`.
+    ///
+    /// # Errors
+    ///
+    /// No token is due at `now`: the error is how long until one is (nothing taken).
     pub fn try_take(&self, now: Instant) -> Result<(), Duration> {
         let mut tat = self.tat.load(Ordering::Acquire);
         loop {

@@ -39,6 +39,8 @@ pub trait Transport {
 
     /// Turns a draft into a request.
     ///
+    /// # Errors
+    ///
     /// A draft that cannot be prepared should fail with
     /// [`TransportErrorKind::Config`]: the call then ends at once, nothing sent. The
     /// loop reports any error from here as `Config` (with its message), whatever kind
@@ -266,11 +268,15 @@ fn yield_once() -> impl Future<Output = ()> {
 /// for code generic over the transport (an adapter's own reader, such as reqwest's
 /// `bytes()`, does the same for its type).
 ///
+/// The read is not bounded in time (the call's time limits end at the response
+/// head): wrap it in [`timeout_at`](crate::timeout_at) for that. A body that arrives
+/// in one chunk is returned as that chunk, without a copy.
+///
+/// # Errors
+///
 /// A body longer than `limit` fails with [`TransportErrorKind::TooLarge`] as soon as
 /// the limit is passed, without reading on; a body that breaks fails with the
-/// transport's error. The read is not bounded in time (the call's time limits end at
-/// the response head): wrap it in [`timeout_at`](crate::timeout_at) for that. A body
-/// that arrives in one chunk is returned as that chunk, without a copy.
+/// transport's error.
 ///
 /// ```
 /// use vantage_api_pool::Transport;

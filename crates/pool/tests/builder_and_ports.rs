@@ -243,7 +243,7 @@ fn a_second_observer_replaces_the_first() {
         .observer("second", Arc::new(second.clone()))
         .build()
         .unwrap();
-    assert_eq!(client.api_key(), Some("second"));
+    assert_eq!(client.api_name(), Some("second"));
     client.report(Report::WritePushed);
     assert_eq!(second.events().len(), 1);
     assert!(w.events().is_empty());

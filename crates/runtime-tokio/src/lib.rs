@@ -47,6 +47,7 @@
 //! [`Runtime::random`](vantage_api_pool::Runtime::random) work anywhere.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 
 use std::future::Future;
 use std::pin::Pin;

@@ -37,6 +37,7 @@
 //!   scenario suite, in Node and in headless Chromium.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 
 #[cfg(target_arch = "wasm32")]
 mod wasm;

@@ -87,6 +87,7 @@
 //! leaving only counters.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 
 pub mod observer;
 pub mod runtime;
@@ -98,6 +99,10 @@ pub use runtime::{
     DEFAULT_SEED, DEFAULT_STEP_LIMIT, DEFAULT_TIME_LIMIT, DEFAULT_WALL_CLOCK_SECS, DriveError,
     JoinHandle, Sleep, VirtualRuntime,
 };
+pub use transport::{
+    RecordedRequest, Reply, ScriptedHttp, ScriptedRequest, ScriptedRequestBuilder,
+    ScriptedResponse, ScriptedTransport,
+};
 /// Re-exported so tests name the same `vantage-api-pool` as the testkit:
 ///
 /// ```
@@ -105,7 +110,3 @@ pub use runtime::{
 /// let _ = vantage_api_pool_testkit::VirtualRuntime::new().now();
 /// ```
 pub use vantage_api_pool;
-pub use transport::{
-    RecordedRequest, Reply, ScriptedHttp, ScriptedRequest, ScriptedRequestBuilder,
-    ScriptedResponse, ScriptedTransport,
-};

@@ -160,6 +160,7 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //! to `Interrupted` there.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 // The docs are written for native targets and link native-only items (the client
 // rebuild, the tokio helpers, hyper); `cargo doc` with warnings denied checks them there.
 #![cfg_attr(target_arch = "wasm32", allow(rustdoc::broken_intra_doc_links))]
@@ -351,8 +352,10 @@ impl ReqwestTransport {
     /// [`default_client_builder`](ReqwestTransport::default_client_builder), and
     /// rebuilds when a connection is distrusted.
     ///
-    /// Fails with [`TransportErrorKind::Config`] when reqwest cannot build the client
-    /// (for example when the TLS backend cannot be initialised).
+    /// # Errors
+    ///
+    /// [`TransportErrorKind::Config`] when reqwest cannot build the client (for
+    /// example when the TLS backend cannot be initialised).
     pub fn with_defaults() -> Result<Self, TransportError> {
         ReqwestTransport::with_builder(ReqwestTransport::default_client_builder)
     }
@@ -362,8 +365,11 @@ impl ReqwestTransport {
     /// [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) asks for
     /// it (see the crate docs).
     ///
-    /// Fails with [`TransportErrorKind::Config`] when reqwest cannot build the client.
     /// A later rebuild that fails keeps the client in use.
+    ///
+    /// # Errors
+    ///
+    /// [`TransportErrorKind::Config`] when reqwest cannot build the client.
     pub fn with_builder<F>(make: F) -> Result<Self, TransportError>
     where
         F: Fn() -> reqwest::ClientBuilder + Send + Sync + 'static,
@@ -443,7 +449,9 @@ impl ReqwestTransport {
     /// [`tokio_builder`](ReqwestTransport::tokio_builder) for clients built apart, for
     /// one client per tokio runtime, and for what needs a tokio runtime).
     ///
-    /// Fails with [`TransportErrorKind::Config`] when reqwest cannot build the client.
+    /// # Errors
+    ///
+    /// [`TransportErrorKind::Config`] when reqwest cannot build the client.
     pub fn tokio_default()
     -> Result<vantage_api_pool::ClientBuilder<ReqwestTransport, TokioRuntime>, TransportError> {
         Ok(vantage_api_pool::ResilientClient::builder(

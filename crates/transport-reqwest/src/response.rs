@@ -106,18 +106,24 @@ mod imp {
             Some(&self.inner)
         }
 
-        /// The rest of the body: reqwest's [`bytes`](reqwest::Response::bytes), with
-        /// a failure mapped by [`body_error`](crate::body_error) (`TimedOut` for a
-        /// read timeout, otherwise `Interrupted`; no URL in its text). The same call
-        /// on every target.
+        /// The rest of the body: reqwest's [`bytes`](reqwest::Response::bytes). The
+        /// same call on every target.
+        ///
+        /// # Errors
+        ///
+        /// A failure mapped by [`body_error`](crate::body_error): `TimedOut` for a
+        /// read timeout, otherwise `Interrupted`; no URL in its text.
         pub async fn bytes(self) -> Result<Bytes, TransportError> {
             self.inner.bytes().await.map_err(body_error)
         }
 
         /// The rest of the body as text: reqwest's [`text`](reqwest::Response::text)
         /// (UTF-8 with invalid bytes replaced; by the `Content-Type` charset if your
-        /// build enables reqwest's `charset` feature), failures as for
-        /// [`bytes`](ReqwestResponse::bytes).
+        /// build enables reqwest's `charset` feature).
+        ///
+        /// # Errors
+        ///
+        /// As for [`bytes`](ReqwestResponse::bytes).
         pub async fn text(self) -> Result<String, TransportError> {
             self.inner.text().await.map_err(body_error)
         }
@@ -220,8 +226,12 @@ mod imp {
         }
 
         /// The rest of the body, whatever
-        /// [`chunk`](vantage_api_pool::TransportResponse::chunk) has not read; failures
-        /// mapped by [`body_error`](crate::body_error). The same call on every target.
+        /// [`chunk`](vantage_api_pool::TransportResponse::chunk) has not read. The same
+        /// call on every target.
+        ///
+        /// # Errors
+        ///
+        /// A failure mapped by [`body_error`](crate::body_error).
         pub async fn bytes(mut self) -> Result<Bytes, TransportError> {
             if let Some(inner) = self.unread.take() {
                 return inner.bytes().await.map_err(body_error);
@@ -233,8 +243,11 @@ mod imp {
             Ok(Bytes::from(body))
         }
 
-        /// The rest of the body as text (UTF-8, invalid bytes replaced), failures as
-        /// for [`bytes`](ReqwestResponse::bytes).
+        /// The rest of the body as text (UTF-8, invalid bytes replaced).
+        ///
+        /// # Errors
+        ///
+        /// As for [`bytes`](ReqwestResponse::bytes).
         pub async fn text(self) -> Result<String, TransportError> {
             let body = self.bytes().await?;
             Ok(String::from_utf8_lossy(&body).into_owned())
