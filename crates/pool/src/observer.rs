@@ -240,12 +240,15 @@ impl TransportObserver for NullObserver {
 /// use vantage_api_pool::health::HealthObserver;
 ///
 /// let health = Arc::new(HealthObserver::new(Duration::from_secs(60)));
-/// let both: Arc<dyn TransportObserver> =
-///     Arc::new(Fanout::new([health.clone() as Arc<dyn TransportObserver>, Arc::new(NullObserver)]));
+/// // Observers of different types, with no casts:
+/// let both = Arc::new(Fanout::default().with(health.clone()).with(Arc::new(NullObserver)));
 /// // ClientBuilder::observer("orders-api", both)
-/// # drop(both);
+/// // Or from trait objects you already hold:
+/// let tracer: Arc<dyn TransportObserver> = Arc::new(NullObserver);
+/// let also = Fanout::new([health as Arc<dyn TransportObserver>, tracer]);
+/// # drop((both, also));
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Fanout {
     observers: Vec<Arc<dyn TransportObserver>>,
 }
@@ -257,6 +260,14 @@ impl Fanout {
         Fanout {
             observers: observers.into_iter().collect(),
         }
+    }
+
+    /// Feeds `observer` too, after the ones already here. Takes an observer of any
+    /// type, so a fan-out of different types needs no `as Arc<dyn TransportObserver>`.
+    #[must_use]
+    pub fn with<O: TransportObserver + 'static>(mut self, observer: Arc<O>) -> Self {
+        self.observers.push(observer);
+        self
     }
 }
 
@@ -321,6 +332,24 @@ mod tests {
                 "a search breaker_closed",
                 "b search breaker_closed"
             ]
+        );
+
+        // `with` appends, after what `new` was given.
+        log.0.lock().unwrap().clear();
+        let fanout = fanout.with(Arc::new(Named("c", log.clone())));
+        assert_eq!(format!("{fanout:?}"), "Fanout { observers: 3 }");
+        fanout.on_event("orders", &event);
+        assert_eq!(
+            *log.0.lock().unwrap(),
+            [
+                "a orders breaker_closed",
+                "b orders breaker_closed",
+                "c orders breaker_closed"
+            ]
+        );
+        assert_eq!(
+            format!("{:?}", Fanout::default()),
+            "Fanout { observers: 0 }"
         );
     }
 

@@ -1183,11 +1183,12 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
         after_429: Mutex::new(HashSet::new()),
         moments: Arc::clone(&moments),
     });
-    let observer: Arc<dyn TransportObserver> = Arc::new(Fanout::new([
-        health.clone() as Arc<dyn TransportObserver>,
-        Arc::new(TracingObserver::new()),
-        totals.clone(),
-    ]));
+    let observer: Arc<dyn TransportObserver> = Arc::new(
+        Fanout::default()
+            .with(health.clone())
+            .with(Arc::new(TracingObserver::new()))
+            .with(totals.clone()),
+    );
 
     // orders-api: someone is waiting, so retry until dropped and wait out the breaker.
     // `ResilientClient::builder(ReqwestTransport::new(http), TokioRuntime::new())` is
