@@ -19,7 +19,8 @@
 //! | a [`hyper::Error`] in the chain with `is_closed()` | `NotSent` | while sending, only the readiness check of a connection raises it, before the request is handed over |
 //! | a hyper-util client error about the request itself (`client error (User...)`: an HTTP version or method it does not support) | `Config` | our side, nothing sent |
 //! | a hyper-util client error that is not a connect error and has no [`connect_info`](hyper_util::client::legacy::Error::connect_info) | `NotSent` | hyper-util attaches the connection's info to every error raised once a connection had the request; without it, the error came while a fresh connection was being set up (for example the server closed it before hyper's first read) |
-//! | an [`h2::Error`] from the server: a `REFUSED_STREAM` reset, or a `GOAWAY` (any error code) | `NotSent` | RFC 9113 §8.7 and §6.8: the server did not process the stream (h2 gives a `GOAWAY` as the error only of the streams above its last stream id, and of those opened after it; reqwest's default retry would resend a refused stream and one above a `NO_ERROR` `GOAWAY` itself; see the crate docs) |
+//! | an [`h2::Error`] from the server: a `REFUSED_STREAM` reset | `NotSent` | RFC 9113 §8.7: the server did not process the stream (reqwest's default retry would resend it itself; see the crate docs) |
+//! | an [`h2::Error`] from the server: a `GOAWAY` (any error code) | `Interrupted` (below) | h2 gives a `GOAWAY` as the error of the streams above its last stream id (not processed, RFC 9113 §6.8), but hyper can also give it to a request h2 had already sent: see the cases that cannot be told apart |
 //! | a [`hyper::Error`] in the chain with `is_parse_too_large()` | `TooLarge` | the response head was over hyper's limits (more than 100 headers, or a head larger than its read buffer) |
 //! | `is_connect()` with an `io::ErrorKind::InvalidData` in the chain | `Tls` | rustls reports handshake and certificate failures as `InvalidData` through tokio-rustls |
 //! | `is_connect()` otherwise (refused, DNS, connect timeout, unreachable, reset during the TCP or TLS handshake) | `Connect` | no connection, nothing reached the server |
@@ -47,6 +48,17 @@
 //!   notices before the request reaches the connection, the request is handed back
 //!   (`NotSent`); when the request was already being written, `Interrupted`. Which
 //!   one is a race on the wire.
+//! - An HTTP/2 `GOAWAY` from the server. h2 fails the streams above its last stream
+//!   id with it, which the server did not process and which could be sent again. But
+//!   hyper 1.x, right after handing a request to h2, asks the connection whether it
+//!   is ready again, and if the `GOAWAY` arrived in between (the connection's task
+//!   runs on another thread of a multi-threaded runtime) it fails that request with
+//!   the `GOAWAY` too, though h2 had sent it and the server may have taken it (a
+//!   test saw this about once in a hundred runs: a POST the server took, then
+//!   resent). The error is the same in both cases, so a `GOAWAY` is `Interrupted`: a
+//!   POST is not resent, and an idempotent call is retried as an attempt. (The
+//!   connection-info row still comes first: an error raised before hyper-util had
+//!   handed the request to a connection is `NotSent`, whatever it carries.)
 //!
 //! On wasm32, fetch reports every network failure (refused, DNS, reset, CORS) as the
 //! same `TypeError`, so there is no `NotSent`, `Connect`, `Tls` or `TooLarge` there:
@@ -266,15 +278,13 @@ mod native {
         }
     }
 
-    /// A stream the server refused, or one it named unprocessed in a `GOAWAY`,
-    /// whatever its error code (RFC 9113 §6.8). h2 gives the server's `GOAWAY` as
-    /// the error only of streams above its last stream id, and of streams opened
-    /// after it; a stream at or below that id that the connection's close then cuts
-    /// fails with a broken pipe (`Interrupted`).
+    /// A stream the server refused (RFC 9113 §8.7). Not a `GOAWAY`: hyper can fail
+    /// a request h2 had already sent with the connection's `GOAWAY`, so that error
+    /// does not prove the request unprocessed (see the module docs).
     fn h2_signal(source: &(dyn StdError + 'static)) -> Option<TransportErrorKind> {
         let h2 = source.downcast_ref::<h2::Error>()?;
         let refused = h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
-        (h2.is_remote() && (refused || h2.is_go_away())).then_some(TransportErrorKind::NotSent)
+        (h2.is_remote() && refused).then_some(TransportErrorKind::NotSent)
     }
 }
 

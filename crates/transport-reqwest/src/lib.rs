@@ -108,8 +108,10 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //!   HTTP/2 server refused (`REFUSED_STREAM`) or cut off with a graceful `GOAWAY`, up
 //!   to twice. A client the adapter builds sets
 //!   [`retry(reqwest::retry::never())`](reqwest::ClientBuilder::retry), so these
-//!   come to the pool as `NotSent` and are redialed through its gate (at most twice a
-//!   call, each reported). On a client you supply, set it yourself; never give a
+//!   come to the pool: a refused stream as `NotSent`, redialed through its gate (at
+//!   most twice a call, each reported); a `GOAWAY` as `Interrupted`, because hyper
+//!   can fail a request h2 had already sent with the connection's `GOAWAY` (see
+//!   [`error`]), which reqwest's retry would resend too. On a client you supply, set it yourself; never give a
 //!   client used here a retry policy that retries on status codes, or retries
 //!   multiply.
 //! - hyper-util's resend of a request that a reused keep-alive connection handed back

@@ -344,10 +344,14 @@ fn first_taken_then_gone_away_on_an_error(n: usize) -> H2Act {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_stream_the_server_took_before_going_away_is_interrupted_not_unsent() {
-    // RFC 9113 §6.8: a GOAWAY names the last stream the server may have processed;
-    // only streams after it are "not sent". This one was taken, so a POST is not
-    // resent (and a GET is retried as an interrupted exchange), whether the server
-    // went away gracefully or on an error.
+    // RFC 9113 §6.8: a GOAWAY names the last stream the server may have processed.
+    // This one was taken, so a POST is not resent (and a GET is retried as an
+    // interrupted exchange), whether the server went away gracefully or on an error.
+    // Usually h2 fails the stream with a broken pipe when the connection closes; but
+    // now and then (about once in a hundred runs on two threads) hyper fails it with
+    // the GOAWAY itself, having asked the connection whether it was ready just after
+    // handing the request to h2. That is why a GOAWAY is `Interrupted`, never
+    // `NotSent`: this test failed that way while it was `NotSent`.
     type Script = fn(usize) -> H2Act;
     let scripts: [(&str, Script); 2] = [
         ("NO_ERROR", first_taken_then_gone_away),
@@ -529,9 +533,13 @@ async fn raw_h2_server(first: Vec<u8>) -> (String, Arc<AtomicUsize>, ServerTask)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http2_stream_above_a_goaways_last_stream_is_not_sent_whatever_its_error_code() {
-    // RFC 9113 §6.8: the streams above a GOAWAY's last stream id were not processed,
-    // whatever its error code, so a POST among them is redialed.
+async fn an_http2_goaway_is_interrupted_even_above_its_last_stream() {
+    // RFC 9113 §6.8: the streams above a GOAWAY's last stream id were not processed.
+    // But hyper can fail a request h2 had already sent with the connection's GOAWAY
+    // too (it asks the connection whether it is ready right after handing the
+    // request over; see `an_http2_stream_the_server_took_before_going_away_…`), and
+    // the two errors are the same: a POST failed by a GOAWAY is not resent, whatever
+    // the GOAWAY's error code and last stream id. A GET is retried.
     for (name, code) in [
         ("NO_ERROR", 0x0),
         ("INTERNAL_ERROR", 0x2),
@@ -539,13 +547,29 @@ async fn an_http2_stream_above_a_goaways_last_stream_is_not_sent_whatever_its_er
     ] {
         let (url, streams, _server) = raw_h2_server(go_away_none_processed(code)).await;
         let observer = RecordingObserver::new();
-        let client = client(h2_transport(), &observer);
-        let response = client
-            .execute_with(&policy(0), |http| http.post(&url).body("amount=5"))
+        let posting = client(h2_transport(), &observer);
+        assert_post_interrupted_once(&posting, &observer, &url, name).await;
+        assert_eq!(streams.load(Ordering::SeqCst), 1, "{name}");
+
+        let (url, streams, _server) = raw_h2_server(go_away_none_processed(code)).await;
+        let observer = RecordingObserver::new();
+        let getting = client(h2_transport(), &observer);
+        let response = getting
+            .execute_with(&policy(1), |http| http.get(&url))
             .await
             .unwrap_or_else(|e| panic!("{name}: {}", message(&e)));
         assert_eq!(response.status(), StatusCode::OK, "{name}");
-        assert_eq!(trace(&observer), REDIALED_ONCE, "{name}");
+        assert_eq!(
+            trace(&observer),
+            [
+                "started s1 a1",
+                "failed s1 a1 transport:interrupted",
+                "retry a2 after 5ms",
+                "started s2 a2",
+                "ok s2 a2 200",
+            ],
+            "{name}"
+        );
         assert_eq!(streams.load(Ordering::SeqCst), 2, "{name}");
     }
 }
