@@ -32,12 +32,6 @@ pub struct RateLimit {
 impl RateLimit {
     /// `per_second` sends per second with a burst of `ceil(per_second)` (at least 1).
     ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming `rate_limit` for a rate that is 0, negative, NaN,
-    /// infinite, or so small that refilling the burst would take longer than
-    /// [`MAX_REFILL`] (the bucket keeps its time in 64-bit nanoseconds).
-    ///
     /// The bucket counts whole nanoseconds, so a rate above 10⁹ per second acts as
     /// 10⁹ per second (one token per nanosecond: in effect no limit), and the burst
     /// is at most `u32::MAX`. Both are accepted, not refused: a huge rate is the usual
@@ -45,6 +39,12 @@ impl RateLimit {
     /// rounded up to whole nanoseconds, so the bucket never grants faster than the
     /// rate, but a very high rate is slowed to 10⁹/n per second: 7×10⁸/s refills
     /// every 2 ns, as 5×10⁸/s does (below 10⁶/s the difference is under 0.1%).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `rate_limit` for a rate that is 0, negative, NaN,
+    /// infinite, or so small that refilling the burst would take longer than
+    /// [`MAX_REFILL`] (the bucket keeps its time in 64-bit nanoseconds).
     ///
     /// ```
     /// use vantage_api_pool::rate::RateLimit;

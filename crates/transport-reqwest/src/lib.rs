@@ -111,9 +111,9 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //!   come to the pool: a refused stream as `NotSent`, redialed through its gate (at
 //!   most twice a call, each reported); a `GOAWAY` as `Interrupted`, because hyper
 //!   can fail a request h2 had already sent with the connection's `GOAWAY` (see
-//!   [`error`]), which reqwest's retry would resend too. On a client you supply, set it yourself; never give a
-//!   client used here a retry policy that retries on status codes, or retries
-//!   multiply.
+//!   [`error`]), which reqwest's retry would resend too. On a client you supply,
+//!   set it yourself; never give a client used here a retry policy that retries on
+//!   status codes, or retries multiply.
 //! - hyper-util's resend of a request that a reused keep-alive connection handed back
 //!   unwritten (the server had closed it). It cannot be turned off through reqwest;
 //!   it only resends requests that provably never left, on another connection, so
@@ -187,7 +187,7 @@ pub use response::ReqwestResponse;
 
 /// Re-exported so callers name the same reqwest as the adapter.
 pub use reqwest;
-/// Re-exported so callers name the same `vantage-api-pool` as the adapter
+/// Re-exported so callers name the same `vantage-api-pool` as the adapter,
 /// with no second dependency to keep at the same version:
 ///
 /// ```

@@ -293,6 +293,16 @@ pub(crate) fn client(
         .unwrap()
 }
 
+/// The trace of a call whose first send was `Interrupted` and whose retry, 5 ms
+/// later, got a `200`.
+pub(crate) const INTERRUPTED_THEN_OK: [&str; 5] = [
+    "started s1 a1",
+    "failed s1 a1 transport:interrupted",
+    "retry a2 after 5ms",
+    "started s2 a2",
+    "ok s2 a2 200",
+];
+
 /// POSTs `amount=5` to `url` through `client` (reporting to `observer`), with retries
 /// allowed, and checks that the POST, which may have been processed, ended on its
 /// one send as `Interrupted`: not resent, and not "nothing sent". `what` names the
