@@ -13,6 +13,7 @@
 //! | what the error says | kind | why |
 //! |---|---|---|
 //! | `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
+//! | a [`hyper::Error`] in the chain with `is_user()`: above all the caller's request body stream failing | `Interrupted` | the head (and maybe part of the body) may have been written; the errors under it are the caller's own (a relayed upload's source that could not connect, say) and are not read: by the rows below they could say `Connect` or `NotSent` |
 //! | from [`send`](vantage_api_pool::transport::SendTransport::send) only, of a request whose own URL is http or https: `is_builder()` about a URL that is not | `Interrupted` | raised while following a redirect to `ftp://…` or `myapp://…`, so the request was sent and answered (a `Location` that cannot be resolved is not followed: the 3xx is the response). A request whose own URL has another scheme (changed after `prepare`, which refuses one, or made with `ReqwestRequest::new`) stays `Config` |
 //! | a TLS alert from the server refusing the handshake (`handshake_failure`, `access_denied`, `decrypt_error`, or one about a certificate: `certificate_required`, `bad_certificate`, `unknown_ca`, …) | `Tls` | checked before hyper's signals below, which a refusal that reaches a fresh connection before the request does also raises (`NotSent`, and a redial would meet it again); under TLS 1.3 the server checks a client certificate only after the client has finished its side of the handshake and written the request, so the refusal comes on the first read and not as a connect error; the server never let the request through |
 //! | a [`hyper::Error`] in the chain with `is_canceled()` | `NotSent` | hyper hands a request back with this error only when it never started writing it (the connection closed or failed first) |
@@ -170,6 +171,12 @@ fn kind_of(err: &reqwest::Error) -> TransportErrorKind {
     if err.is_builder() {
         return TransportErrorKind::Config;
     }
+    // Before anything that reads the chain: under hyper's user error lies the
+    // caller's own error (a body stream's), which says nothing of this connection.
+    #[cfg(not(target_arch = "wasm32"))]
+    if native::callers_own_error(err) {
+        return TransportErrorKind::Interrupted;
+    }
     // Before hyper's signals: a refusal that reaches a fresh connection before the
     // request does reads to hyper as a connection failed before it was handed the
     // request (`NotSent`), but a redial would meet the same refusal.
@@ -240,6 +247,19 @@ mod native {
                         | Alert::BadCertificateHashValue
                 ))
             )
+        })
+    }
+
+    /// Whether hyper reports an error of the request as the caller gave it (a
+    /// `hyper::Error` with `is_user()`): above all a request body stream that failed,
+    /// after the head and maybe part of the body were written. The chain below it is
+    /// the caller's own error and its sources (a relayed upload whose source could not
+    /// connect, say), which must not be read as this connection's: its refused
+    /// connection would read as `Connect`, nothing sent.
+    pub(super) fn callers_own_error(err: &reqwest::Error) -> bool {
+        sources(err).any(|e| {
+            e.downcast_ref::<hyper::Error>()
+                .is_some_and(hyper::Error::is_user)
         })
     }
 

@@ -666,3 +666,45 @@ async fn after_a_timeout_a_supplied_client_keeps_its_http2_connection() {
     // was healthy, so it worked).
     assert_eq!((server.connections(), server.streams()), (1, 2));
 }
+
+#[tokio::test]
+async fn a_post_whose_own_body_stream_fails_is_interrupted_whatever_its_error_holds() {
+    // hyper reports a request body that breaks off as a user error wrapping the
+    // stream's own error, after writing the head (and here a first piece of the
+    // body). What lies under it is the caller's: a relayed upload whose source could
+    // not connect, say. Read as this connection's error, its `ConnectionRefused`
+    // made the POST `Connect` ("nothing sent"), retried three times.
+    let server = FaultServer::start(|_, _| Act::Stall).await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
+    let url = server.url(PATH);
+    let error = client
+        .execute_with(&policy(3), |http| {
+            use futures::StreamExt;
+            let first = futures::stream::iter([Ok::<_, std::io::Error>("amount=")]);
+            // The failure comes a little later, once the head has gone out.
+            let then_broken = futures::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "the upload's source refused",
+                ))
+            });
+            http.post(&url)
+                .body(reqwest::Body::wrap_stream(first.chain(then_broken)))
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted),
+        "{}",
+        message(&error)
+    );
+    assert!(!error.nothing_sent(), "{}", message(&error));
+    assert_eq!(
+        trace(&observer),
+        ["started s1 a1", "failed s1 a1 transport:interrupted"]
+    );
+    assert_eq!(server.requests().len(), 1);
+}
