@@ -123,7 +123,8 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //!   `Proxy-Authorization`, but not other headers. A [tracked](redirect::tracked)
 //!   policy follows no hop out of the API's origin for a request that carries the
 //!   token under another name (say `x-api-key`), or any header value marked
-//!   sensitive: the 3xx goes to the caller. With an untracked policy, such a token
+//!   sensitive under a name reqwest keeps on such a hop: the 3xx goes to the
+//!   caller. With an untracked policy, such a token
 //!   source should be used with
 //!   `redirect(reqwest::redirect::Policy::none())`, which hands every 3xx to the
 //!   caller. An error on a later hop (refused, DNS, TLS) would read as "never sent"
