@@ -17,9 +17,11 @@
 //! ([`HeaderValue::set_sensitive`](http::HeaderValue::set_sensitive)) under another
 //! name, a tracked policy follows no hop out of the first origin. The pool marks its
 //! token sensitive, so a token in `x-api-key` stays with the API; mark a secret you
-//! set on the draft yourself too. The client's `default_headers` are added by reqwest
-//! after the adapter has seen the request, so a secret there is not guarded; nor is
-//! a request sent with reqwest directly, outside the adapter.
+//! set on the draft yourself too. The client's `default_headers`, and the headers of
+//! a proxy of its own (`Proxy::headers`, on http URLs), are added by reqwest after
+//! the adapter has seen the request, so a secret there is not guarded; nor is a
+//! request sent with reqwest directly, outside the adapter. A body is not looked at:
+//! a 307 or 308 sends it on to the next hop, whatever its origin, as reqwest does.
 //!
 //! [`tracked`] wraps a redirect policy so that every decision it takes is noted for
 //! the send being polled: reqwest asks its policy synchronously, inside the poll of
