@@ -1,4 +1,4 @@
-//! `TracingObserver`: every event as a `tracing` event carrying the API key.
+//! `TracingObserver`: every event as a `tracing` event carrying the API name.
 //!
 //! Enabled by the `tracing` cargo feature. Levels: a real failure, a breaker opening
 //! and a refused call are `WARN`; a success, a retry, a redial, a cancellation and a

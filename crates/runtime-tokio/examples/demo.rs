@@ -27,7 +27,7 @@
 //! shipped [`HealthObserver`] keeps the figures per API (breaker, in flight, success
 //! rate and latency over a window, retries, last error), and the shipped
 //! [`TracingObserver`] writes the events at `DEBUG` and up (all but `Started`), with
-//! their API key, to a log file in the OS temp directory (its path is printed). On a
+//! their API name, to a log file in the OS temp directory (its path is printed). On a
 //! terminal of 80 x 19 or more the view is redrawn in place four times a second, in 79
 //! columns and 19 lines; otherwise (CI, a pipe, a smaller terminal) plain-text
 //! snapshots are printed every couple of seconds. At the end a summary per API is printed, and the exit code is 0 when every

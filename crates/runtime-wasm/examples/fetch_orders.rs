@@ -2,8 +2,9 @@
 //! and `WasmRuntime`, exported to JavaScript as an async function.
 //!
 //! Compiled for wasm32 by `cargo clippy --target wasm32-unknown-unknown --examples`
-//! (scripts/test);
-//! on other targets it is an empty program.
+//! (scripts/test), and built, run through `wasm-bindgen --target nodejs` and called
+//! from Node by `fetch_orders_node.js` (scripts/wasm-test); on other targets it is an
+//! empty program.
 //!
 //! In an application crate (`crate-type = ["cdylib"]`, built with `wasm-pack` or
 //! `wasm-bindgen`), JavaScript then calls `await order_count("https://api.example.com")`

@@ -3,8 +3,8 @@
 //!
 //! # The contract, as [`RecordingObserver::check_contract`] checks it
 //!
-//! Calls are identified by (api key, [`CallId`]). Call ids are numbered per client,
-//! so give each client that shares one `RecordingObserver` its own api key: two
+//! Calls are identified by (api name, [`CallId`]). Call ids are numbered per client,
+//! so give each client that shares one `RecordingObserver` its own api name: two
 //! clients under one key would mix their calls 1, 2, 3, ... and break rules they
 //! both keep. A *per-send event* is `Started`,
 //! `Succeeded`, `Failed`, `Cancelled` or `Redialing`; a *terminal* is `Succeeded`,
@@ -83,7 +83,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct RecordedEvent {
-    /// The api key of the client that emitted it.
+    /// The api name of the client that emitted it.
     pub api: Arc<str>,
     /// The event.
     pub event: TransportEvent,
@@ -105,7 +105,7 @@ struct ObserverShared {
     seen: AtomicUsize,
 }
 
-/// A [`TransportObserver`] that keeps every `(api key, event)` in order.
+/// A [`TransportObserver`] that keeps every `(api name, event)` in order.
 ///
 /// Cheap to clone; clones share one record, so a test keeps a clone of the observer
 /// it gave the client. `Send + Sync`. Recording can be switched off
@@ -206,7 +206,7 @@ impl RecordingObserver {
         self.state().events.clone()
     }
 
-    /// The recorded events of call `call` (of any api key), in order.
+    /// The recorded events of call `call` (of any api name), in order.
     ///
     /// ```
     /// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
@@ -502,7 +502,7 @@ pub struct ContractViolation {
     /// The position of the offending event in [`RecordingObserver::events`]. For
     /// [`ContractRule::NeverEnded`], the `Started` left open.
     pub index: usize,
-    /// The api key of the offending event.
+    /// The api name of the offending event.
     pub api: Arc<str>,
     /// The call of the offending event, if it has one.
     pub call: Option<CallId>,

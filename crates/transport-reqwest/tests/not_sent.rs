@@ -674,7 +674,16 @@ async fn a_post_whose_own_body_stream_fails_is_interrupted_whatever_its_error_ho
     // body). What lies under it is the caller's: a relayed upload whose source could
     // not connect, say. Read as this connection's error, its `ConnectionRefused`
     // made the POST `Connect` ("nothing sent"), retried three times.
-    let server = FaultServer::start(|_, _| Act::Stall).await;
+    // The stream fails once the server has read the request's head.
+    let head_read = Arc::new(tokio::sync::Notify::new());
+    let server = FaultServer::start({
+        let head_read = Arc::clone(&head_read);
+        move |_, _| {
+            head_read.notify_one();
+            Act::Stall
+        }
+    })
+    .await;
     let observer = RecordingObserver::new();
     let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
     let url = server.url(PATH);
@@ -682,9 +691,9 @@ async fn a_post_whose_own_body_stream_fails_is_interrupted_whatever_its_error_ho
         .execute_with(&policy(3), |http| {
             use futures::StreamExt;
             let first = futures::stream::iter([Ok::<_, std::io::Error>("amount=")]);
-            // The failure comes a little later, once the head has gone out.
-            let then_broken = futures::stream::once(async {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            let head_read = Arc::clone(&head_read);
+            let then_broken = futures::stream::once(async move {
+                head_read.notified().await;
                 Err(std::io::Error::new(
                     std::io::ErrorKind::ConnectionRefused,
                     "the upload's source refused",
