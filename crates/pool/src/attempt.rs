@@ -115,6 +115,8 @@ struct ErrorHead {
     /// The server's requested delay, unclamped.
     wait: Option<Duration>,
     request_id: Option<Arc<str>>,
+    /// It came from another origin than the request's (a redirect led there).
+    foreign: bool,
 }
 
 /// How a failed send ended, before classification (a 1xx, 2xx or 3xx head is
@@ -792,6 +794,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 .get(&client.request_id_header)
                 .and_then(|v| v.to_str().ok())
                 .map(Arc::<str>::from),
+            foreign: response.is_from_another_origin(),
         };
         (response, head)
     }
@@ -809,13 +812,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     ) -> Next {
         let client = self.client;
         let (send, attempt) = (guard.send, guard.attempt);
-        let (outcome, server_wait, error, cut_by_budget) = match sent {
+        let (outcome, server_wait, error, cut_by_budget, foreign) = match sent {
             Sent::ErrorStatus {
                 head:
                     ErrorHead {
                         status,
                         wait,
                         request_id,
+                        foreign,
                     },
                 body,
             } => {
@@ -825,7 +829,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     .with_request_id(request_id)
                     .with_retry_after(wait)
                     .with_reached(true);
-                (Outcome::Status(status), wait, error, false)
+                (Outcome::Status(status), wait, error, false, foreign)
             }
             Sent::Failed {
                 error: e,
@@ -847,6 +851,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     None,
                     error.with_reached(self.reached),
                     cut_by_budget,
+                    false,
                 )
             }
         };
@@ -854,7 +859,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             outcome,
             &CallFacts {
                 idempotent,
-                can_replay_401: client.auth.is_configured() && !self.replayed,
+                // A 401 from another origin (a redirect led there) is not about the
+                // client's token: no refresh helps.
+                can_replay_401: client.auth.is_configured() && !self.replayed && !foreign,
                 redials_used: self.redials,
                 has_server_delay: server_wait.is_some(),
                 cut_by_budget,

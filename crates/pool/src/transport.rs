@@ -240,6 +240,15 @@ pub trait TransportResponse {
         content_length_header(self.headers())
     }
 
+    /// Whether the response came from another origin than the request's: a redirect
+    /// the transport followed inside the send led there. A 401 from another origin
+    /// is final: the client's token is its API's, and it would not be sent there
+    /// (reqwest drops `Authorization` on such a hop), so no refresh can help. `false`
+    /// by default, for a transport that follows no redirect or cannot tell.
+    fn is_from_another_origin(&self) -> bool {
+        false
+    }
+
     /// The next chunk of the body, `Ok(None)` at its end. An empty chunk carries
     /// nothing: the loop's error-body read takes it as the end, and
     /// [`read_body`] skips it, giving way once.
@@ -352,6 +361,11 @@ pub trait SendTransportResponse: Send {
         content_length_header(self.headers())
     }
 
+    /// As [`TransportResponse::is_from_another_origin`]; `false` by default.
+    fn is_from_another_origin(&self) -> bool {
+        false
+    }
+
     /// As [`TransportResponse::chunk`], with a `Send` future.
     fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>> + Send;
 }
@@ -370,6 +384,11 @@ impl<T: SendTransportResponse> TransportResponse for T {
     #[inline]
     fn content_length(&self) -> Option<u64> {
         SendTransportResponse::content_length(self)
+    }
+
+    #[inline]
+    fn is_from_another_origin(&self) -> bool {
+        SendTransportResponse::is_from_another_origin(self)
     }
 
     #[inline]

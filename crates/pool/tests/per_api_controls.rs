@@ -865,6 +865,37 @@ fn a_second_401_is_final() {
 }
 
 #[test]
+fn a_401_from_another_origin_is_final_and_refreshes_nothing() {
+    // A redirect led the send to another origin, which answered 401: the client's
+    // token is its API's (and reqwest drops `Authorization` on such a hop), so a
+    // refresh cannot help. Refreshing on every such call would hammer the token
+    // endpoint: each call's 401 is for the current token.
+    let w = World::new();
+    w.transport
+        .default_reply(Reply::status(401).at_another_origin());
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b);
+    for call in 1..=3 {
+        let err =
+            w.rt.block_on(client.execute_with(&bounded(2, ms(100)), |h| h.get("/x")))
+                .unwrap()
+                .unwrap_err();
+        assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED), "call {call}");
+        assert_eq!(err.attempts(), 1, "call {call}");
+    }
+    assert_eq!(fetches.load(Ordering::SeqCst), 1, "the first fetch only");
+    assert_eq!(w.transport.requests().len(), 3);
+    // The same 401 from the API's own origin is replayed once, after a refresh.
+    w.transport.default_reply(Reply::status(401));
+    let err =
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.attempts(), 2);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    w.assert_contract();
+}
+
+#[test]
 fn sixteen_concurrent_401s_share_one_refresh_and_one_first_fetch() {
     let w = World::new();
     require_token(&w, "Bearer t2");

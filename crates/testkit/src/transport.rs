@@ -130,6 +130,8 @@ struct ResponseSpec {
     body: Bytes,
     /// `None`: the whole body at once, never stalling (most replies).
     shape: Option<Box<BodyShape>>,
+    /// As if a redirect had led to another origin.
+    foreign: bool,
 }
 
 /// How a body is delivered, when not all at once.
@@ -195,6 +197,7 @@ impl Reply {
                 headers: None,
                 body: Bytes::new(),
                 shape: None,
+                foreign: false,
             }),
             delay: Duration::ZERO,
         }
@@ -386,6 +389,33 @@ impl Reply {
     /// ```
     pub fn chunk_size(mut self, size: usize) -> Reply {
         self.shape("chunk_size").chunk_size = size;
+        self
+    }
+
+    /// Makes the response one from another origin than the request's, as if a
+    /// redirect the transport followed had led there
+    /// ([`TransportResponse::is_from_another_origin`](vantage_api_pool::TransportResponse::is_from_another_origin)):
+    /// a 401 from there is final, the token not refreshed.
+    ///
+    /// # Panics
+    ///
+    /// On a failure or a stall: only responses come from somewhere.
+    ///
+    /// ```
+    /// use vantage_api_pool::{Transport, TransportResponse};
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// transport.push(Reply::status(401).at_another_origin()).push(Reply::status(401));
+    /// for foreign in [true, false] {
+    ///     let request = transport.prepare(transport.handle().get("/x"))?;
+    ///     let response = rt.block_on(transport.send(request))??;
+    ///     assert_eq!(response.is_from_another_origin(), foreign);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn at_another_origin(mut self) -> Reply {
+        self.spec("at_another_origin").foreign = true;
         self
     }
 
@@ -790,6 +820,7 @@ pub struct ScriptedResponse {
     shape: Option<Box<BodyShape>>,
     /// Only for a body with a chunk delay.
     runtime: Option<VirtualRuntime>,
+    foreign: bool,
 }
 
 impl fmt::Debug for ScriptedResponse {
@@ -816,6 +847,7 @@ impl ScriptedResponse {
             body: spec.body,
             pos: 0,
             shape: spec.shape,
+            foreign: spec.foreign,
         }
     }
 
@@ -909,6 +941,11 @@ impl SendTransportResponse for ScriptedResponse {
 
     fn headers(&self) -> &HeaderMap {
         ScriptedResponse::headers(self)
+    }
+
+    /// As [`Reply::at_another_origin`] said.
+    fn is_from_another_origin(&self) -> bool {
+        self.foreign
     }
 
     /// The next chunk: the whole body at once unless the reply set a chunk size;

@@ -551,6 +551,7 @@ macro_rules! transport_impl {
                     pending: client.execute(request),
                     guarded,
                     redirected: false,
+                    foreign: false,
                     http_url,
                 }
             }
@@ -617,6 +618,9 @@ pin_project_lite::pin_project! {
         guarded: bool,
         // A tracked redirect policy decided on a redirect during this send.
         redirected: bool,
+        // The latest redirect a tracked policy decided on led out of the request's
+        // origin, so a response that follows comes from another origin.
+        foreign: bool,
         // The request's own URL is http or https, so a builder error about another
         // scheme came from a redirect (`prepare` refuses other schemes, but a
         // request can be changed after it, or made with `ReqwestRequest::new`).
@@ -640,8 +644,11 @@ where
         let this = self.project();
         #[cfg(not(target_arch = "wasm32"))]
         {
-            let (poll, redirected) = redirect::noting(*this.guarded, || this.pending.poll(cx));
-            *this.redirected |= redirected;
+            let (poll, decided) = redirect::noting(*this.guarded, || this.pending.poll(cx));
+            if let Some(foreign) = decided {
+                *this.redirected = true;
+                *this.foreign = foreign;
+            }
             let map_error = if !*this.http_url {
                 error::transport_error
             } else if *this.redirected {
@@ -649,12 +656,17 @@ where
             } else {
                 error::send_error
             };
-            poll.map(|result| result.map(ReqwestResponse::new).map_err(map_error))
+            let foreign = *this.foreign;
+            poll.map(|result| {
+                result
+                    .map(|response| ReqwestResponse::answered(response, foreign))
+                    .map_err(map_error)
+            })
         }
         // The browser follows redirects itself, and every failure is `Interrupted`.
         #[cfg(target_arch = "wasm32")]
         {
-            let _ = (this.guarded, this.redirected);
+            let _ = (this.guarded, this.redirected, this.foreign);
             let map_error = if *this.http_url {
                 error::send_error
             } else {

@@ -30,6 +30,11 @@
 //! fails before a response head is reported as `Interrupted`, whatever the last hop
 //! said (a timeout stays `TimedOut`, a head over hyper's limits `TooLarge`).
 //!
+//! The policy also notes whether the latest hop it decided on leaves the request's
+//! first origin: a response that comes from there is
+//! [`is_from_another_origin`](vantage_api_pool::TransportResponse::is_from_another_origin),
+//! and a 401 from it is final, no token refreshed (the token was not sent there).
+//!
 //! Clients the adapter builds ([`ReqwestTransport::default_client_builder`]) use
 //! `tracked(Policy::default())`. A client you build yourself keeps its own policy;
 //! wrap it (`.redirect(tracked(your_policy))`) for the same guarantee. With an
@@ -50,6 +55,9 @@ const DECIDED: u8 = 1;
 /// In [`STATE`]: the send being polled carries a secret that reqwest keeps on a hop
 /// to another origin.
 const GUARDED: u8 = 2;
+/// In [`STATE`]: the latest redirect decided during the current poll leads out of
+/// the request's first origin.
+const FOREIGN: u8 = 4;
 
 thread_local! {
     /// The current poll of a send on this thread: [`DECIDED`] and [`GUARDED`]. One
@@ -87,7 +95,17 @@ pub fn tracked(policy: Policy) -> Policy {
         if leaves_guarded || credentials_back {
             return attempt.stop();
         }
-        STATE.with(|cell| cell.set(state | DECIDED));
+        // Where the next response comes from, if the policy follows the hop (if it
+        // stops, the response is this 3xx, from where the chain already is).
+        let foreign = previous
+            .first()
+            .is_some_and(|first| !same_origin(attempt.url(), first));
+        let decided = if foreign {
+            state | DECIDED | FOREIGN
+        } else {
+            (state | DECIDED) & !FOREIGN
+        };
+        STATE.with(|cell| cell.set(decided));
         policy.redirect(attempt)
     })
 }
@@ -115,12 +133,13 @@ pub(crate) fn carries_secret(headers: &HeaderMap) -> bool {
 
 /// Runs one poll of a send's future, `guarded` if its request carries a secret that
 /// must not leave its origin, and tells whether a tracked policy decided on a
-/// redirect during it. Restores the state it found, also when the poll panics, so
+/// redirect during it (`Some`), and if so whether the latest one led out of the
+/// request's first origin (`Some(true)`). Restores the state it found, also when the poll panics, so
 /// it nests. (A tracked policy used outside the adapter, by a request sent with
 /// reqwest directly, leaves its own mark on the thread; the next `noting` replaces
 /// it, and such a request has no guard.)
 #[inline(always)]
-pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, bool) {
+pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, Option<bool>) {
     /// Puts the outer state back when dropped.
     struct Restore(u8);
     impl Drop for Restore {
@@ -133,7 +152,10 @@ pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, bool) {
     let output = poll();
     let state = STATE.with(Cell::get);
     drop(restore);
-    (output, state & DECIDED != 0)
+    (
+        output,
+        (state & DECIDED != 0).then_some(state & FOREIGN != 0),
+    )
 }
 
 #[cfg(test)]
@@ -210,10 +232,12 @@ mod tests {
         });
         // The inner poll decided nothing and saw its own guard; the outer one's
         // decision and guard survived it.
-        assert!(!inner);
+        assert_eq!(inner, None);
         assert!(inner_guarded);
         assert_eq!(outer_before, DECIDED | GUARDED);
-        assert!(outer);
+        assert_eq!(outer, Some(false));
+        let ((), foreign) = noting(false, || STATE.with(|d| d.set(DECIDED | FOREIGN)));
+        assert_eq!(foreign, Some(true));
         assert_eq!(STATE.with(Cell::get), 0);
     }
 }

@@ -68,10 +68,26 @@ mod imp {
         inner: reqwest::Response,
     }
 
+    /// In a response's extensions: a redirect a tracked policy followed led it out
+    /// of the request's origin. (A mark in the extensions, set only then, keeps the
+    /// response the size of reqwest's.)
+    #[derive(Clone, Copy)]
+    struct AnotherOrigin;
+
     impl ReqwestResponse {
         /// Wraps a response.
         #[must_use]
         pub fn new(inner: reqwest::Response) -> Self {
+            ReqwestResponse { inner }
+        }
+
+        /// The response a send got, `foreign` when a redirect a tracked policy
+        /// followed led out of the request's origin.
+        #[inline(always)]
+        pub(crate) fn answered(mut inner: reqwest::Response, foreign: bool) -> Self {
+            if foreign {
+                inner.extensions_mut().insert(AnotherOrigin);
+            }
             ReqwestResponse { inner }
         }
 
@@ -150,6 +166,14 @@ mod imp {
         /// exact length of the body when known (from `Content-Length`).
         fn content_length(&self) -> Option<u64> {
             self.inner.content_length()
+        }
+
+        /// A redirect that a [tracked](crate::redirect::tracked) policy followed led
+        /// out of the request's origin (scheme, host and port), so a 401 from here
+        /// is final. Always `false` under an untracked policy, which the adapter
+        /// cannot see.
+        fn is_from_another_origin(&self) -> bool {
+            self.inner.extensions().get::<AnotherOrigin>().is_some()
         }
 
         /// [`reqwest::Response::chunk`]: the next piece of the body as hyper read it

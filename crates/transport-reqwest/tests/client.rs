@@ -599,6 +599,53 @@ async fn a_redirect_does_not_tell_the_next_origin_the_apis_url() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_from_the_origin_a_redirect_led_to_refreshes_no_token() {
+    // The API redirects to another origin, which answers 401: that origin never saw
+    // the token (reqwest drops `Authorization` on the hop), so a fresh one cannot
+    // help. Refreshing would cost every such call a fetch at the token endpoint.
+    let other =
+        FaultServer::start(|_, _| Act::Respond(response("401 Unauthorized", &[], "who are you")))
+            .await;
+    let location = format!("location: {}", other.url("/landing"));
+    let api =
+        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
+    let observer = RecordingObserver::new();
+    let client = tracked_client_with_token(&observer);
+    let url = api.url(PATH);
+    let error = client
+        .execute_with(&policy(2), |http| http.get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(error.status(), Some(StatusCode::UNAUTHORIZED));
+    assert_eq!(error.attempts(), 1);
+    assert_eq!(client.token_fetches(), 1);
+    assert_eq!(trace(&observer), ["started s1 a1", "failed s1 a1 401"]);
+    assert_eq!((api.requests().len(), other.requests().len()), (1, 1));
+
+    // Through a redirect within the API's origin, a 401 is the API's own: the token
+    // is refreshed and the request replayed, once.
+    let api = FaultServer::start(|_, seen| {
+        if seen.head.starts_with("get /b ") {
+            Act::Respond(response("401 Unauthorized", &[], "expired"))
+        } else {
+            Act::Respond(response("302 Found", &["location: /b"], ""))
+        }
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = tracked_client_with_token(&observer);
+    let url = api.url("/a");
+    let error = client
+        .execute_with(&policy(2), |http| http.get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(error.status(), Some(StatusCode::UNAUTHORIZED));
+    assert_eq!(error.attempts(), 2);
+    assert_eq!(client.token_fetches(), 2);
+    assert_eq!(api.requests().len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_hop_inside_another_origin_is_not_followed_so_the_token_stays_home() {
     // The API sends the request to another origin, which redirects within itself.
     // reqwest would put the first request's `Authorization` back on that hop; the
