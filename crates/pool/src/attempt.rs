@@ -115,8 +115,9 @@ struct ErrorHead {
     /// The server's requested delay, unclamped.
     wait: Option<Duration>,
     request_id: Option<Arc<str>>,
-    /// It came from another origin than the request's (a redirect led there).
-    foreign: bool,
+    /// It answers a hop that went out without the client's credentials (a redirect
+    /// crossed origins).
+    credentials_dropped: bool,
 }
 
 /// How a failed send ended, before classification (a 1xx, 2xx or 3xx head is
@@ -794,7 +795,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 .get(&client.request_id_header)
                 .and_then(|v| v.to_str().ok())
                 .map(Arc::<str>::from),
-            foreign: response.is_from_another_origin(),
+            credentials_dropped: response.credentials_dropped(),
         };
         (response, head)
     }
@@ -812,14 +813,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     ) -> Next {
         let client = self.client;
         let (send, attempt) = (guard.send, guard.attempt);
-        let (outcome, server_wait, error, cut_by_budget, foreign) = match sent {
+        let (outcome, server_wait, error, cut_by_budget, credentials_dropped) = match sent {
             Sent::ErrorStatus {
                 head:
                     ErrorHead {
                         status,
                         wait,
                         request_id,
-                        foreign,
+                        credentials_dropped,
                     },
                 body,
             } => {
@@ -829,7 +830,13 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     .with_request_id(request_id)
                     .with_retry_after(wait)
                     .with_reached(true);
-                (Outcome::Status(status), wait, error, false, foreign)
+                (
+                    Outcome::Status(status),
+                    wait,
+                    error,
+                    false,
+                    credentials_dropped,
+                )
             }
             Sent::Failed {
                 error: e,
@@ -859,9 +866,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             outcome,
             &CallFacts {
                 idempotent,
-                // A 401 from another origin (a redirect led there) is not about the
-                // client's token: no refresh helps.
-                can_replay_401: client.auth.is_configured() && !self.replayed && !foreign,
+                // A 401 to a hop that went without the credentials (a redirect crossed
+                // origins) is not about the client's token: no refresh helps.
+                can_replay_401: client.auth.is_configured()
+                    && !self.replayed
+                    && !credentials_dropped,
                 redials_used: self.redials,
                 has_server_delay: server_wait.is_some(),
                 cut_by_budget,

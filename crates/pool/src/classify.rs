@@ -10,10 +10,10 @@
 //! |---|---|---|
 //! | 2xx | success | success |
 //! | 1xx, 3xx (not followed by the transport) | success: returned to the caller | reachable |
-//! | 401, refresher present, first 401 of the call, from the request's own origin | replay after refreshing the token | reachable |
+//! | 401, refresher present, first 401 of the call, answering a request that carried the credentials | replay after refreshing the token | reachable |
 //! | 408 | retry if idempotent, else final | untouched |
 //! | 429 | retry, any method | untouched |
-//! | other 4xx (a second 401, or one from another origin a redirect led to, included) | final | reachable |
+//! | other 4xx (a second 401, or one answering a hop a redirect sent without the credentials, included) | final | reachable |
 //! | 503 with a valid server delay | retry, any method | failure |
 //! | other 5xx | retry if idempotent, else final | failure |
 //! | `NotSent`, fewer than 2 redials so far | redial: no back-off, no retry budget (it still passes the gate) | untouched |
@@ -105,8 +105,8 @@ pub struct CallFacts {
     /// The request may be repeated safely (see [`is_idempotent`]).
     pub idempotent: bool,
     /// The client has a token refresher, this call has not replayed after a 401 yet,
-    /// and the response did not come from another origin than the request's
-    /// ([`TransportResponse::is_from_another_origin`](crate::TransportResponse::is_from_another_origin)).
+    /// and the request the response answers carried the client's credentials
+    /// ([`TransportResponse::credentials_dropped`](crate::TransportResponse::credentials_dropped)).
     pub can_replay_401: bool,
     /// Redials this call has made so far.
     pub redials_used: u32,

@@ -240,12 +240,14 @@ pub trait TransportResponse {
         content_length_header(self.headers())
     }
 
-    /// Whether the response came from another origin than the request's: a redirect
-    /// the transport followed inside the send led there. A 401 from another origin
-    /// is final: the client's token is its API's, and it would not be sent there
-    /// (reqwest drops `Authorization` on such a hop), so no refresh can help. `false`
-    /// by default, for a transport that follows no redirect or cannot tell.
-    fn is_from_another_origin(&self) -> bool {
+    /// Whether this response answers a request that went out without the
+    /// credentials the client put on it: a redirect the transport followed inside
+    /// the send crossed origins, and the transport dropped them on that hop (reqwest
+    /// drops `Authorization`, `Cookie` and `Proxy-Authorization` on a hop to another
+    /// origin than the hop before). A 401 then says nothing of the client's token: it
+    /// is final, no token refreshed, as a refresh could not help. `false` by default,
+    /// for a transport that follows no redirect or cannot tell.
+    fn credentials_dropped(&self) -> bool {
         false
     }
 
@@ -361,8 +363,8 @@ pub trait SendTransportResponse: Send {
         content_length_header(self.headers())
     }
 
-    /// As [`TransportResponse::is_from_another_origin`]; `false` by default.
-    fn is_from_another_origin(&self) -> bool {
+    /// As [`TransportResponse::credentials_dropped`]; `false` by default.
+    fn credentials_dropped(&self) -> bool {
         false
     }
 
@@ -387,8 +389,8 @@ impl<T: SendTransportResponse> TransportResponse for T {
     }
 
     #[inline]
-    fn is_from_another_origin(&self) -> bool {
-        SendTransportResponse::is_from_another_origin(self)
+    fn credentials_dropped(&self) -> bool {
+        SendTransportResponse::credentials_dropped(self)
     }
 
     #[inline]

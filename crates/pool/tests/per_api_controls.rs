@@ -865,14 +865,14 @@ fn a_second_401_is_final() {
 }
 
 #[test]
-fn a_401_from_another_origin_is_final_and_refreshes_nothing() {
-    // A redirect led the send to another origin, which answered 401: the client's
-    // token is its API's (and reqwest drops `Authorization` on such a hop), so a
-    // refresh cannot help. Refreshing on every such call would hammer the token
-    // endpoint: each call's 401 is for the current token.
+fn a_401_to_a_hop_without_the_credentials_is_final_and_refreshes_nothing() {
+    // A redirect crossed origins and the transport dropped the credentials on that
+    // hop (reqwest drops `Authorization`), which answered 401: a refresh cannot help.
+    // Refreshing on every such call would hammer the token endpoint: each call's
+    // 401 is for the current token.
     let w = World::new();
     w.transport
-        .default_reply(Reply::status(401).at_another_origin());
+        .default_reply(Reply::status(401).credentials_dropped());
     let (client, fetches) = client_with_counted_tokens(&w, |b| b);
     for call in 1..=3 {
         let err =
@@ -884,7 +884,8 @@ fn a_401_from_another_origin_is_final_and_refreshes_nothing() {
     }
     assert_eq!(fetches.load(Ordering::SeqCst), 1, "the first fetch only");
     assert_eq!(w.transport.requests().len(), 3);
-    // The same 401 from the API's own origin is replayed once, after a refresh.
+    // The same 401 to a request that carried the token is replayed once, after a
+    // refresh.
     w.transport.default_reply(Reply::status(401));
     let err =
         w.rt.block_on(client.execute(|h| h.get("/x")))

@@ -130,8 +130,8 @@ struct ResponseSpec {
     body: Bytes,
     /// `None`: the whole body at once, never stalling (most replies).
     shape: Option<Box<BodyShape>>,
-    /// As if a redirect had led to another origin.
-    foreign: bool,
+    /// As if a redirect had dropped the request's credentials.
+    credentials_dropped: bool,
 }
 
 /// How a body is delivered, when not all at once.
@@ -197,7 +197,7 @@ impl Reply {
                 headers: None,
                 body: Bytes::new(),
                 shape: None,
-                foreign: false,
+                credentials_dropped: false,
             }),
             delay: Duration::ZERO,
         }
@@ -392,30 +392,31 @@ impl Reply {
         self
     }
 
-    /// Makes the response one from another origin than the request's, as if a
-    /// redirect the transport followed had led there
-    /// ([`TransportResponse::is_from_another_origin`](vantage_api_pool::TransportResponse::is_from_another_origin)):
-    /// a 401 from there is final, the token not refreshed.
+    /// Makes the response one to a request that went out without the client's
+    /// credentials, as if a redirect the transport followed had crossed origins and
+    /// dropped them
+    /// ([`TransportResponse::credentials_dropped`](vantage_api_pool::TransportResponse::credentials_dropped)):
+    /// a 401 then is final, no token refreshed.
     ///
     /// # Panics
     ///
-    /// On a failure or a stall: only responses come from somewhere.
+    /// On a failure or a stall: only responses answer a request.
     ///
     /// ```
     /// use vantage_api_pool::{Transport, TransportResponse};
     /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
     /// let rt = VirtualRuntime::new();
     /// let transport = ScriptedTransport::new(&rt);
-    /// transport.push(Reply::status(401).at_another_origin()).push(Reply::status(401));
-    /// for foreign in [true, false] {
+    /// transport.push(Reply::status(401).credentials_dropped()).push(Reply::status(401));
+    /// for dropped in [true, false] {
     ///     let request = transport.prepare(transport.handle().get("/x"))?;
     ///     let response = rt.block_on(transport.send(request))??;
-    ///     assert_eq!(response.is_from_another_origin(), foreign);
+    ///     assert_eq!(response.credentials_dropped(), dropped);
     /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn at_another_origin(mut self) -> Reply {
-        self.spec("at_another_origin").foreign = true;
+    pub fn credentials_dropped(mut self) -> Reply {
+        self.spec("credentials_dropped").credentials_dropped = true;
         self
     }
 
@@ -820,7 +821,7 @@ pub struct ScriptedResponse {
     shape: Option<Box<BodyShape>>,
     /// Only for a body with a chunk delay.
     runtime: Option<VirtualRuntime>,
-    foreign: bool,
+    credentials_dropped: bool,
 }
 
 impl fmt::Debug for ScriptedResponse {
@@ -847,7 +848,7 @@ impl ScriptedResponse {
             body: spec.body,
             pos: 0,
             shape: spec.shape,
-            foreign: spec.foreign,
+            credentials_dropped: spec.credentials_dropped,
         }
     }
 
@@ -943,9 +944,9 @@ impl SendTransportResponse for ScriptedResponse {
         ScriptedResponse::headers(self)
     }
 
-    /// As [`Reply::at_another_origin`] said.
-    fn is_from_another_origin(&self) -> bool {
-        self.foreign
+    /// As [`Reply::credentials_dropped`] said.
+    fn credentials_dropped(&self) -> bool {
+        self.credentials_dropped
     }
 
     /// The next chunk: the whole body at once unless the reply set a chunk size;

@@ -133,7 +133,10 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //!   `Interrupted` instead. reqwest drops those credentials only from a hop that
 //!   changes origin, and puts them back on the next: a tracked policy also stops a
 //!   chain at a second hop inside another origin, handing that 3xx to the caller,
-//!   which keeps the API's token from reaching it.
+//!   which keeps the API's token from reaching it. A response to a hop that went
+//!   without the credentials says
+//!   [`credentials_dropped`](vantage_api_pool::TransportResponse::credentials_dropped)
+//!   under a tracked policy, so a 401 there is final: no token is refreshed for it.
 //!
 //! # Errors
 //!
@@ -551,7 +554,7 @@ macro_rules! transport_impl {
                     pending: client.execute(request),
                     guarded,
                     redirected: false,
-                    foreign: false,
+                    credentials_dropped: false,
                     http_url,
                 }
             }
@@ -618,9 +621,9 @@ pin_project_lite::pin_project! {
         guarded: bool,
         // A tracked redirect policy decided on a redirect during this send.
         redirected: bool,
-        // The latest redirect a tracked policy decided on led out of the request's
-        // origin, so a response that follows comes from another origin.
-        foreign: bool,
+        // The latest redirect a tracked policy followed went to another origin than
+        // the hop before, so reqwest sent it without the request's credentials.
+        credentials_dropped: bool,
         // The request's own URL is http or https, so a builder error about another
         // scheme came from a redirect (`prepare` refuses other schemes, but a
         // request can be changed after it, or made with `ReqwestRequest::new`).
@@ -645,9 +648,14 @@ where
         #[cfg(not(target_arch = "wasm32"))]
         {
             let (poll, decided) = redirect::noting(*this.guarded, || this.pending.poll(cx));
-            if let Some(foreign) = decided {
+            if let Some(drops) = decided {
                 *this.redirected = true;
-                *this.foreign = foreign;
+                // A hop the policy follows leaves the poll pending (tower-http sets
+                // up the next request and wakes the task); when it stops or fails,
+                // the poll is ready with that 3xx or error.
+                if poll.is_pending() {
+                    *this.credentials_dropped = drops;
+                }
             }
             let map_error = if !*this.http_url {
                 error::transport_error
@@ -656,17 +664,17 @@ where
             } else {
                 error::send_error
             };
-            let foreign = *this.foreign;
+            let dropped = *this.credentials_dropped;
             poll.map(|result| {
                 result
-                    .map(|response| ReqwestResponse::answered(response, foreign))
+                    .map(|response| ReqwestResponse::answered(response, dropped))
                     .map_err(map_error)
             })
         }
         // The browser follows redirects itself, and every failure is `Interrupted`.
         #[cfg(target_arch = "wasm32")]
         {
-            let _ = (this.guarded, this.redirected, this.foreign);
+            let _ = (this.guarded, this.redirected, this.credentials_dropped);
             let map_error = if *this.http_url {
                 error::send_error
             } else {

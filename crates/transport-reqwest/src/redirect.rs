@@ -30,10 +30,12 @@
 //! fails before a response head is reported as `Interrupted`, whatever the last hop
 //! said (a timeout stays `TimedOut`, a head over hyper's limits `TooLarge`).
 //!
-//! The policy also notes whether the latest hop it decided on leaves the request's
-//! first origin: a response that comes from there is
-//! [`is_from_another_origin`](vantage_api_pool::TransportResponse::is_from_another_origin),
-//! and a 401 from it is final, no token refreshed (the token was not sent there).
+//! The policy also notes whether the latest hop it decided on goes to another origin
+//! than the hop before, where reqwest sends it without the request's credentials: a
+//! response to such a hop says
+//! [`credentials_dropped`](vantage_api_pool::TransportResponse::credentials_dropped),
+//! and a 401 in it is final, no token refreshed (the token was not sent). Only a hop
+//! the policy followed counts: when it stops, the response is the 3xx itself.
 //!
 //! Clients the adapter builds ([`ReqwestTransport::default_client_builder`]) use
 //! `tracked(Policy::default())`. A client you build yourself keeps its own policy;
@@ -55,13 +57,14 @@ const DECIDED: u8 = 1;
 /// In [`STATE`]: the send being polled carries a secret that reqwest keeps on a hop
 /// to another origin.
 const GUARDED: u8 = 2;
-/// In [`STATE`]: the latest redirect decided during the current poll leads out of
-/// the request's first origin.
-const FOREIGN: u8 = 4;
+/// In [`STATE`]: the latest redirect decided during the current poll goes to another
+/// origin than the hop before, so reqwest sends it without the request's
+/// credentials (`Authorization`, `Cookie`, `Proxy-Authorization`).
+const DROPS_CREDENTIALS: u8 = 4;
 
 thread_local! {
-    /// The current poll of a send on this thread: [`DECIDED`] and [`GUARDED`]. One
-    /// cell for both, so a poll reads and restores it once.
+    /// The current poll of a send on this thread: [`DECIDED`], [`GUARDED`] and
+    /// [`DROPS_CREDENTIALS`]. One cell for all, so a poll reads and restores it once.
     static STATE: Cell<u8> = const { Cell::new(0) };
 }
 
@@ -95,15 +98,16 @@ pub fn tracked(policy: Policy) -> Policy {
         if leaves_guarded || credentials_back {
             return attempt.stop();
         }
-        // Where the next response comes from, if the policy follows the hop (if it
-        // stops, the response is this 3xx, from where the chain already is).
-        let foreign = previous
-            .first()
-            .is_some_and(|first| !same_origin(attempt.url(), first));
-        let decided = if foreign {
-            state | DECIDED | FOREIGN
+        // Whether the next hop, if the policy follows it, goes without the
+        // credentials: reqwest drops them on a hop to another origin than the hop
+        // before (so A, B, A drops them on the way back to A too).
+        let drops = previous
+            .last()
+            .is_some_and(|last| !same_origin(attempt.url(), last));
+        let decided = if drops {
+            state | DECIDED | DROPS_CREDENTIALS
         } else {
-            (state | DECIDED) & !FOREIGN
+            (state | DECIDED) & !DROPS_CREDENTIALS
         };
         STATE.with(|cell| cell.set(decided));
         policy.redirect(attempt)
@@ -133,9 +137,9 @@ pub(crate) fn carries_secret(headers: &HeaderMap) -> bool {
 
 /// Runs one poll of a send's future, `guarded` if its request carries a secret that
 /// must not leave its origin, and tells whether a tracked policy decided on a
-/// redirect during it (`Some`), and if so whether the latest one led out of the
-/// request's first origin (`Some(true)`). Restores the state it found, also when the poll panics, so
-/// it nests. (A tracked policy used outside the adapter, by a request sent with
+/// redirect during it (`Some`), and if so whether the latest one goes without the
+/// request's credentials (`Some(true)`). Restores the state it found, also when the
+/// poll panics, so it nests. (A tracked policy used outside the adapter, by a request sent with
 /// reqwest directly, leaves its own mark on the thread; the next `noting` replaces
 /// it, and such a request has no guard.)
 #[inline(always)]
@@ -154,7 +158,7 @@ pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, Option<b
     drop(restore);
     (
         output,
-        (state & DECIDED != 0).then_some(state & FOREIGN != 0),
+        (state & DECIDED != 0).then_some(state & DROPS_CREDENTIALS != 0),
     )
 }
 
@@ -236,8 +240,10 @@ mod tests {
         assert!(inner_guarded);
         assert_eq!(outer_before, DECIDED | GUARDED);
         assert_eq!(outer, Some(false));
-        let ((), foreign) = noting(false, || STATE.with(|d| d.set(DECIDED | FOREIGN)));
-        assert_eq!(foreign, Some(true));
+        let ((), drops) = noting(false, || {
+            STATE.with(|d| d.set(DECIDED | DROPS_CREDENTIALS));
+        });
+        assert_eq!(drops, Some(true));
         assert_eq!(STATE.with(Cell::get), 0);
     }
 }

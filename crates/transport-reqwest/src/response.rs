@@ -68,11 +68,12 @@ mod imp {
         inner: reqwest::Response,
     }
 
-    /// In a response's extensions: a redirect a tracked policy followed led it out
-    /// of the request's origin. (A mark in the extensions, set only then, keeps the
-    /// response the size of reqwest's.)
+    /// In a response's extensions: it answers a hop a tracked policy followed to
+    /// another origin than the hop before, which reqwest sent without the request's
+    /// credentials. (A mark in the extensions, set only then, keeps the response the
+    /// size of reqwest's.)
     #[derive(Clone, Copy)]
-    struct AnotherOrigin;
+    struct CredentialsDropped;
 
     impl ReqwestResponse {
         /// Wraps a response.
@@ -81,12 +82,12 @@ mod imp {
             ReqwestResponse { inner }
         }
 
-        /// The response a send got, `foreign` when a redirect a tracked policy
-        /// followed led out of the request's origin.
+        /// The response a send got; `dropped` when it answers a hop that went without
+        /// the request's credentials.
         #[inline(always)]
-        pub(crate) fn answered(mut inner: reqwest::Response, foreign: bool) -> Self {
-            if foreign {
-                inner.extensions_mut().insert(AnotherOrigin);
+        pub(crate) fn answered(mut inner: reqwest::Response, dropped: bool) -> Self {
+            if dropped {
+                inner.extensions_mut().insert(CredentialsDropped);
             }
             ReqwestResponse { inner }
         }
@@ -168,12 +169,16 @@ mod imp {
             self.inner.content_length()
         }
 
-        /// A redirect that a [tracked](crate::redirect::tracked) policy followed led
-        /// out of the request's origin (scheme, host and port), so a 401 from here
-        /// is final. Always `false` under an untracked policy, which the adapter
-        /// cannot see.
-        fn is_from_another_origin(&self) -> bool {
-            self.inner.extensions().get::<AnotherOrigin>().is_some()
+        /// The response answers a hop that a [tracked](crate::redirect::tracked)
+        /// policy followed to another origin than the hop before, which reqwest sent
+        /// without the request's `Authorization`, `Cookie` and `Proxy-Authorization`:
+        /// a 401 in it is final. Always `false` under an untracked policy, which the
+        /// adapter cannot see, and on wasm32, where the browser follows redirects.
+        fn credentials_dropped(&self) -> bool {
+            self.inner
+                .extensions()
+                .get::<CredentialsDropped>()
+                .is_some()
         }
 
         /// [`reqwest::Response::chunk`]: the next piece of the body as hyper read it

@@ -599,7 +599,7 @@ async fn a_redirect_does_not_tell_the_next_origin_the_apis_url() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_401_from_the_origin_a_redirect_led_to_refreshes_no_token() {
+async fn a_401_to_a_hop_that_went_without_the_token_refreshes_no_token() {
     // The API redirects to another origin, which answers 401: that origin never saw
     // the token (reqwest drops `Authorization` on the hop), so a fresh one cannot
     // help. Refreshing would cost every such call a fetch at the token endpoint.
@@ -643,6 +643,72 @@ async fn a_401_from_the_origin_a_redirect_led_to_refreshes_no_token() {
     assert_eq!(error.attempts(), 2);
     assert_eq!(client.token_fetches(), 2);
     assert_eq!(api.requests().len(), 4);
+
+    // Out to another origin and back: reqwest drops the token on the way back too
+    // (the hop's origin differs from the hop before), so the API's 401 there is to a
+    // request without it.
+    let api = Arc::new(std::sync::OnceLock::<String>::new());
+    let other = FaultServer::start({
+        let api = Arc::clone(&api);
+        move |_, _| {
+            let back = format!("location: {}/b", api.get().unwrap());
+            Act::Respond(response("302 Found", &[&back], ""))
+        }
+    })
+    .await;
+    let to_other = format!("location: {}", other.url("/x"));
+    let server = FaultServer::start(move |_, seen| {
+        if seen.head.starts_with("get /b ") {
+            Act::Respond(response("401 Unauthorized", &[], "who are you"))
+        } else {
+            Act::Respond(response("302 Found", &[&to_other], ""))
+        }
+    })
+    .await;
+    api.set(format!("http://{}", server.addr)).unwrap();
+    let observer = RecordingObserver::new();
+    let client = tracked_client_with_token(&observer);
+    let url = server.url("/a");
+    let error = client
+        .execute_with(&policy(2), |http| http.get(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(error.status(), Some(StatusCode::UNAUTHORIZED));
+    assert_eq!((error.attempts(), client.token_fetches()), (1, 1));
+    let seen = server.requests();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[0].header("authorization").as_deref(),
+        Some("bearer s3cr3t")
+    );
+    assert_eq!(seen[1].header("authorization"), None, "{:?}", seen[1].head);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_the_policy_stops_leaves_its_3xx_with_the_credentials() {
+    // The tracked policy notes the hop before its inner policy decides; when the
+    // inner policy stops, the 3xx comes back, and it answers the request as sent.
+    let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
+    let location = format!("location: {}", other.url("/landing"));
+    let api =
+        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(vantage_api_pool_reqwest::redirect::tracked(
+            reqwest::redirect::Policy::none(),
+        ))
+        .build()
+        .unwrap();
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(http), &observer);
+    let url = api.url(PATH);
+    let response = client
+        .execute_with(&policy(0), |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::FOUND);
+    assert!(!response.credentials_dropped());
+    assert_eq!(other.requests().len(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
