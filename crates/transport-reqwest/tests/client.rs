@@ -536,9 +536,7 @@ fn fixed_token(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirect_to_another_origin_does_not_carry_the_authorization_header() {
     let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
-    let location = format!("location: {}", other.url("/landing"));
-    let first =
-        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
+    let first = redirecting_to(&other, "/landing").await;
     let observer = RecordingObserver::new();
     let client =
         ResilientClient::builder(ReqwestTransport::new(reqwest_client()), TokioRuntime::new())
@@ -563,6 +561,30 @@ async fn a_redirect_to_another_origin_does_not_carry_the_authorization_header() 
     assert_eq!(other.requests()[0].header("authorization"), None);
 }
 
+/// GETs `url` through a fresh [`tracked_client_with_token`] with `retries` allowed:
+/// the outcome, the token fetches it made, and its observer.
+async fn get_with_token(
+    url: &str,
+    retries: u32,
+) -> (
+    Result<vantage_api_pool_reqwest::ReqwestResponse, vantage_api_pool::ClientError>,
+    u64,
+    RecordingObserver,
+) {
+    let observer = RecordingObserver::new();
+    let client = tracked_client_with_token(&observer);
+    let outcome = client
+        .execute_with(&policy(retries), |http| http.get(url))
+        .await;
+    (outcome, client.token_fetches(), observer.clone())
+}
+
+/// A server that answers every request with a `302` to `path` on `other`.
+async fn redirecting_to(other: &FaultServer, path: &str) -> FaultServer {
+    let location = format!("location: {}", other.url(path));
+    FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await
+}
+
 /// A client over the adapter's own reqwest client (a tracked redirect policy) with a
 /// bearer token in `Authorization`.
 fn tracked_client_with_token(
@@ -581,9 +603,7 @@ fn tracked_client_with_token(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirect_does_not_tell_the_next_origin_the_apis_url() {
     let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
-    let location = format!("location: {}", other.url("/landing"));
-    let api =
-        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
+    let api = redirecting_to(&other, "/landing").await;
     let observer = RecordingObserver::new();
     let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
     let url = api.url(PATH);
@@ -606,19 +626,12 @@ async fn a_401_to_a_hop_that_went_without_the_token_refreshes_no_token() {
     let other =
         FaultServer::start(|_, _| Act::Respond(response("401 Unauthorized", &[], "who are you")))
             .await;
-    let location = format!("location: {}", other.url("/landing"));
-    let api =
-        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
-    let observer = RecordingObserver::new();
-    let client = tracked_client_with_token(&observer);
-    let url = api.url(PATH);
-    let error = client
-        .execute_with(&policy(2), |http| http.get(&url))
-        .await
-        .unwrap_err();
+    let api = redirecting_to(&other, "/landing").await;
+    let (error, fetches, observer) = get_with_token(&api.url(PATH), 2).await;
+    let error = error.unwrap_err();
     assert_eq!(error.status(), Some(StatusCode::UNAUTHORIZED));
     assert_eq!(error.attempts(), 1);
-    assert_eq!(client.token_fetches(), 1);
+    assert_eq!(fetches, 1);
     assert_eq!(trace(&observer), ["started s1 a1", "failed s1 a1 401"]);
     assert_eq!((api.requests().len(), other.requests().len()), (1, 1));
 
@@ -632,16 +645,11 @@ async fn a_401_to_a_hop_that_went_without_the_token_refreshes_no_token() {
         }
     })
     .await;
-    let observer = RecordingObserver::new();
-    let client = tracked_client_with_token(&observer);
-    let url = api.url("/a");
-    let error = client
-        .execute_with(&policy(2), |http| http.get(&url))
-        .await
-        .unwrap_err();
+    let (error, fetches, _) = get_with_token(&api.url("/a"), 2).await;
+    let error = error.unwrap_err();
     assert_eq!(error.status(), Some(StatusCode::UNAUTHORIZED));
     assert_eq!(error.attempts(), 2);
-    assert_eq!(client.token_fetches(), 2);
+    assert_eq!(fetches, 2);
     assert_eq!(api.requests().len(), 4);
 
     // Out to another origin and back: reqwest drops the token on the way back too
@@ -666,15 +674,10 @@ async fn a_401_to_a_hop_that_went_without_the_token_refreshes_no_token() {
     })
     .await;
     api.set(format!("http://{}", server.addr)).unwrap();
-    let observer = RecordingObserver::new();
-    let client = tracked_client_with_token(&observer);
-    let url = server.url("/a");
-    let error = client
-        .execute_with(&policy(2), |http| http.get(&url))
-        .await
-        .unwrap_err();
+    let (error, fetches, _) = get_with_token(&server.url("/a"), 2).await;
+    let error = error.unwrap_err();
     assert_eq!(error.status(), Some(StatusCode::UNAUTHORIZED));
-    assert_eq!((error.attempts(), client.token_fetches()), (1, 1));
+    assert_eq!((error.attempts(), fetches), (1, 1));
     let seen = server.requests();
     assert_eq!(seen.len(), 2);
     assert_eq!(
@@ -689,9 +692,7 @@ async fn a_redirect_the_policy_stops_leaves_its_3xx_with_the_credentials() {
     // The tracked policy notes the hop before its inner policy decides; when the
     // inner policy stops, the 3xx comes back, and it answers the request as sent.
     let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
-    let location = format!("location: {}", other.url("/landing"));
-    let api =
-        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
+    let api = redirecting_to(&other, "/landing").await;
     let http = reqwest::Client::builder()
         .no_proxy()
         .redirect(vantage_api_pool_reqwest::redirect::tracked(
@@ -724,16 +725,9 @@ async fn a_second_hop_inside_another_origin_is_not_followed_so_the_token_stays_h
         }
     })
     .await;
-    let location = format!("location: {}", other.url("/a"));
-    let api =
-        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
-    let observer = RecordingObserver::new();
-    let client = tracked_client_with_token(&observer);
-    let url = api.url(PATH);
-    let response = client
-        .execute_with(&policy(0), |http| http.get(&url))
-        .await
-        .unwrap();
+    let api = redirecting_to(&other, "/a").await;
+    let (response, _, observer) = get_with_token(&api.url(PATH), 0).await;
+    let response = response.unwrap();
     assert_eq!(response.status(), StatusCode::FOUND);
     assert_eq!(response.headers()["location"], "/b");
     assert_eq!(trace(&observer), ["started s1 a1", "ok s1 a1 302"]);
@@ -767,13 +761,8 @@ async fn hops_within_the_first_origin_or_across_origins_are_still_followed() {
         }
     })
     .await;
-    let observer = RecordingObserver::new();
-    let client = tracked_client_with_token(&observer);
-    let url = api.url("/start");
-    let response = client
-        .execute_with(&policy(0), |http| http.get(&url))
-        .await
-        .unwrap();
+    let (response, _, _) = get_with_token(&api.url("/start"), 0).await;
+    let response = response.unwrap();
     assert_eq!(response.into_inner().text().await.unwrap(), "landed");
     let at_api: Vec<_> = api
         .requests()
@@ -1026,9 +1015,7 @@ async fn a_token_in_a_custom_header_follows_an_untracked_redirect_unless_redirec
     // Documented in the crate docs: on a client of yours with an untracked policy,
     // reqwest strips only the standard credentials.
     let other = FaultServer::start(|_, _| Act::Respond(ok("landed"))).await;
-    let location = format!("location: {}", other.url("/landing"));
-    let first =
-        FaultServer::start(move |_, _| Act::Respond(response("302 Found", &[&location], ""))).await;
+    let first = redirecting_to(&other, "/landing").await;
     let url = first.url(PATH);
 
     let following =
