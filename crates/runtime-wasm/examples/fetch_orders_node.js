@@ -1,8 +1,9 @@
 // Loads the README's wasm32 example code (examples/fetch_orders.rs, built for
 // wasm32-unknown-unknown as a workspace example) as a Node module made by
-// `wasm-bindgen --target nodejs`, as the README's steps make one. Calls its exported `order_count` against a server
-// of its own on 127.0.0.1: a 503 then a 200 (the client retries), and a 404 (final,
-// thrown as an Error). scripts/wasm-test runs it in the Node run.
+// `wasm-bindgen --target nodejs`, as the README's steps make one. Calls its exported
+// `order_count` against a server of its own on 127.0.0.1: a 503 then a 200 (the
+// client retries), and a 404 (final, thrown as an Error). scripts/wasm-test runs it
+// in the Node run.
 //
 // Usage: node fetch_orders_node.js <path to the generated fetch_orders.js>
 "use strict";

@@ -139,9 +139,9 @@ pub(crate) fn carries_secret(headers: &HeaderMap) -> bool {
 /// must not leave its origin, and tells whether a tracked policy decided on a
 /// redirect during it (`Some`), and if so whether the latest one goes without the
 /// request's credentials (`Some(true)`). Restores the state it found, also when the
-/// poll panics, so it nests. (A tracked policy used outside the adapter, by a request sent with
-/// reqwest directly, leaves its own mark on the thread; the next `noting` replaces
-/// it, and such a request has no guard.)
+/// poll panics, so it nests. (A tracked policy used outside the adapter, by a
+/// request sent with reqwest directly, leaves its own mark on the thread; the next
+/// `noting` replaces it, and such a request has no guard.)
 #[inline(always)]
 pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, Option<bool>) {
     /// Puts the outer state back when dropped.
