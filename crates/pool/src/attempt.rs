@@ -829,6 +829,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     .with_body(body)
                     .with_request_id(request_id)
                     .with_retry_after(wait)
+                    .with_credentials_dropped(credentials_dropped)
                     .with_reached(true);
                 (
                     Outcome::Status(status),

@@ -168,6 +168,8 @@ pub struct ClientError {
     request_id: Option<Arc<str>>,
     retry_after: Option<Duration>,
     reached: bool,
+    // The last response answered a hop sent without the client's credentials.
+    credentials_dropped: bool,
     // Set for `TimedOut` only.
     time_limit: Option<TimeLimit>,
     source: Option<Arc<dyn StdError + Send + Sync + 'static>>,
@@ -183,6 +185,7 @@ impl ClientError {
             request_id: None,
             retry_after: None,
             reached: false,
+            credentials_dropped: false,
             time_limit: None,
             source: None,
         }
@@ -221,6 +224,13 @@ impl ClientError {
     /// Records that some attempt of the call may have reached the server.
     pub(crate) fn with_reached(mut self, reached: bool) -> Self {
         self.reached = reached;
+        self
+    }
+
+    /// Records that the response answered a hop that went without the client's
+    /// credentials.
+    pub(crate) fn with_credentials_dropped(mut self, dropped: bool) -> Self {
+        self.credentials_dropped = dropped;
         self
     }
 
@@ -342,6 +352,33 @@ impl ClientError {
         !self.reached
     }
 
+    /// True when the last response answered a hop that went out without the client's
+    /// credentials, as the transport tells through
+    /// [`TransportResponse::credentials_dropped`](crate::TransportResponse::credentials_dropped):
+    /// a redirect to another origin, where reqwest drops `Authorization`. A 401 or 403
+    /// of that hop says nothing about the client's token, and the call did not fetch a
+    /// newer token for it. Always `false` for an error that is not
+    /// [`ErrorKind::Status`], and for a response the transport cannot track.
+    ///
+    /// ```
+    /// use vantage_api_pool::ClientError;
+    ///
+    /// fn explain(error: &ClientError) -> &'static str {
+    ///     match error.status().map(|s| s.as_u16()) {
+    ///         Some(401) if error.credentials_dropped() => {
+    ///             "the API redirected to another origin, which wants its own credentials"
+    ///         }
+    ///         Some(401) => "the API refused the token, even a fresh one",
+    ///         _ => "something else",
+    ///     }
+    /// }
+    /// # let _ = explain;
+    /// ```
+    #[must_use]
+    pub fn credentials_dropped(&self) -> bool {
+        self.credentials_dropped
+    }
+
     /// Whether the same call, tried again later, might succeed: 408, 429 and 5xx
     /// statuses, `NotSent`, `Connect` and `Interrupted` transport failures, time limits
     /// (`TimedOut`) and an open breaker. Other 4xx, `Tls`, `TooLarge`, `Config`,
@@ -398,6 +435,7 @@ impl fmt::Debug for ClientError {
             .field("retry_after", &self.retry_after)
             .field("time_limit", &self.time_limit)
             .field("nothing_sent", &!self.reached)
+            .field("credentials_dropped", &self.credentials_dropped)
             .finish()
     }
 }

@@ -881,6 +881,7 @@ fn a_401_to_a_hop_without_the_credentials_is_final_and_refreshes_nothing() {
                 .unwrap_err();
         assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED), "call {call}");
         assert_eq!(err.attempts(), 1, "call {call}");
+        assert!(err.credentials_dropped(), "call {call}: {err:?}");
     }
     assert_eq!(fetches.load(Ordering::SeqCst), 1, "the first fetch only");
     assert_eq!(w.transport.requests().len(), 3);
@@ -892,6 +893,7 @@ fn a_401_to_a_hop_without_the_credentials_is_final_and_refreshes_nothing() {
             .unwrap()
             .unwrap_err();
     assert_eq!(err.attempts(), 2);
+    assert!(!err.credentials_dropped(), "{err:?}");
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
     w.assert_contract();
 }

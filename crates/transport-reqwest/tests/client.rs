@@ -631,6 +631,7 @@ async fn a_401_to_a_hop_that_went_without_the_token_refreshes_no_token() {
     let error = error.unwrap_err();
     assert_eq!(error.status(), Some(StatusCode::UNAUTHORIZED));
     assert_eq!(error.attempts(), 1);
+    assert!(error.credentials_dropped(), "{error:?}");
     assert_eq!(fetches, 1);
     assert_eq!(trace(&observer), ["started s1 a1", "failed s1 a1 401"]);
     assert_eq!((api.requests().len(), other.requests().len()), (1, 1));
@@ -649,6 +650,7 @@ async fn a_401_to_a_hop_that_went_without_the_token_refreshes_no_token() {
     let error = error.unwrap_err();
     assert_eq!(error.status(), Some(StatusCode::UNAUTHORIZED));
     assert_eq!(error.attempts(), 2);
+    assert!(!error.credentials_dropped(), "{error:?}");
     assert_eq!(fetches, 2);
     assert_eq!(api.requests().len(), 4);
 
@@ -678,6 +680,7 @@ async fn a_401_to_a_hop_that_went_without_the_token_refreshes_no_token() {
     let error = error.unwrap_err();
     assert_eq!(error.status(), Some(StatusCode::UNAUTHORIZED));
     assert_eq!((error.attempts(), fetches), (1, 1));
+    assert!(error.credentials_dropped(), "{error:?}");
     let seen = server.requests();
     assert_eq!(seen.len(), 2);
     assert_eq!(
