@@ -17,7 +17,10 @@
 //! | `GET /missing/<id>` | `404` with the body `no such order` |
 //! | `GET /stall-body/<id>` | `200` announcing 100 body bytes, sends 10 (`0123456789`), then nothing until the client closes |
 //! | `GET /stall-head/<id>` | nothing at all until the client closes (counted as a request) |
+//! | `GET /stall-error/<id>` | `503` announcing 100 body bytes, sends 10 (`0123456789`), then nothing until the client closes |
+//! | `GET /long-error/<id>` | `503` announcing 1,000,000 body bytes, sends 4,096 (`e`), then nothing until the client closes |
 //! | `GET /count?path=<path>` | how many requests (not preflights) `<path>` received |
+//! | `GET /closed?path=<path>` | how many of `<path>`'s stalled answers above the client closed (or reset) the connection of |
 //! | `GET /preflights?path=<path>` | how many `OPTIONS` preflights `<path>` received |
 //! | anything else | `200 ok` |
 //!
@@ -39,7 +42,18 @@ const EXPOSED: &str = "retry-after, retry-after-ms, x-request-id";
 struct Counts {
     requests: HashMap<String, u64>,
     preflights: HashMap<String, u64>,
+    /// Stalled answers whose connection the client closed.
+    closed: HashMap<String, u64>,
 }
+
+/// The paths whose answer stalls (the head, or the body after a part of it) until
+/// the client closes the connection.
+const STALLING: [&str; 4] = [
+    "/stall-head/",
+    "/stall-body/",
+    "/stall-error/",
+    "/long-error/",
+];
 
 type Shared = Arc<Mutex<Counts>>;
 
@@ -125,17 +139,28 @@ fn serve(stream: TcpStream, counts: &Shared) -> std::io::Result<()> {
         std::io::copy(&mut (&mut reader).take(length), &mut std::io::sink())?;
 
         let reply = answer(&method, &target, &headers, counts);
-        if target.starts_with("/stall-head/") && method != "OPTIONS" {
-            // Counted, never answered: wait for the client to give up.
-            let _ = reader.read_to_end(&mut Vec::new());
-            return Ok(());
+        let stalls = method != "OPTIONS" && STALLING.iter().any(|p| target.starts_with(p));
+        // A stalled head is counted, never answered.
+        if !target.starts_with("/stall-head/") || !stalls {
+            writer.write_all(&reply)?;
+            writer.flush()?;
         }
-        writer.write_all(&reply)?;
-        writer.flush()?;
-        if target.starts_with("/stall-body/") && method != "OPTIONS" {
-            // The rest of the body never comes: wait for the client to give up.
-            let mut rest = Vec::new();
-            let _ = reader.read_to_end(&mut rest);
+        if stalls {
+            // The rest never comes: wait for the client to give up, and count it when
+            // it closes or resets the connection (not when the read times out).
+            let closed = match reader.read_to_end(&mut Vec::new()) {
+                Ok(_) => true,
+                Err(e) => !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+            };
+            if closed {
+                let path = target.split_once('?').map_or(target.as_str(), |(p, _)| p);
+                let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+                *counts.closed.entry(path.to_owned()).or_default() += 1;
+                eprintln!("fault_server: the client closed {path}'s connection");
+            }
             return Ok(());
         }
     }
@@ -190,6 +215,10 @@ fn answer(
             let n = counts.preflights.get(&query_path).copied().unwrap_or(0);
             return response("200 OK", &[], &n.to_string());
         }
+        "/closed" => {
+            let n = counts.closed.get(&query_path).copied().unwrap_or(0);
+            return response("200 OK", &[], &n.to_string());
+        }
         _ => {}
     }
 
@@ -211,13 +240,28 @@ fn answer(
     } else if path.starts_with("/missing/") {
         response("404 Not Found", &[id], "no such order")
     } else if path.starts_with("/stall-body/") {
-        let mut bytes = response("200 OK", &[id], &"x".repeat(100));
-        bytes.truncate(bytes.len() - 100);
-        bytes.extend_from_slice(b"0123456789");
-        bytes
+        part_of(
+            response("200 OK", &[id], &"x".repeat(100)),
+            100,
+            b"0123456789",
+        )
+    } else if path.starts_with("/stall-error/") {
+        let full = response("503 Service Unavailable", &[id], &"x".repeat(100));
+        part_of(full, 100, b"0123456789")
+    } else if path.starts_with("/long-error/") {
+        let full = response("503 Service Unavailable", &[id], &"e".repeat(1_000_000));
+        part_of(full, 1_000_000, &[b'e'; 4096])
     } else {
         response("200 OK", &[id], "ok")
     }
+}
+
+/// A whole response whose last `body_len` bytes (its body) are replaced by `part`:
+/// the head announces more than is sent.
+fn part_of(mut whole: Vec<u8>, body_len: usize, part: &[u8]) -> Vec<u8> {
+    whole.truncate(whole.len() - body_len);
+    whole.extend_from_slice(part);
+    whole
 }
 
 fn response(status: &str, extra: &[(&str, &str)], body: &str) -> Vec<u8> {

@@ -11,8 +11,10 @@
 //! | `random` | `Math.random()`, or SplitMix64 from `WasmRuntime::with_seed` |
 //!
 //! `performance`, `Date`, `setTimeout` and `clearTimeout` are bound as globals, so
-//! the same build works in a browser window, a worker and Node (where there is no
-//! `window`). Nothing here reads `std::time::Instant` or `SystemTime::now()`, both of
+//! the same build works in a browser window, a worker and Node 18 or later (where
+//! there is no `window`). `WasmRuntime::try_new` checks that they are there and
+//! returns a `MissingGlobal` error if not; `WasmRuntime::new` does not check, and a
+//! missing one throws when first called. Nothing here reads `std::time::Instant` or `SystemTime::now()`, both of
 //! which panic on `wasm32-unknown-unknown`.
 //!
 //! The runtime and its futures hold JavaScript values and are not `Send`: run the
@@ -43,7 +45,7 @@
 mod wasm;
 
 #[cfg(target_arch = "wasm32")]
-pub use wasm::{Sleep, WasmRuntime};
+pub use wasm::{MissingGlobal, Sleep, WasmRuntime};
 
 /// Re-exported so callers name the same `vantage-api-pool` as this runtime.
 #[cfg(target_arch = "wasm32")]

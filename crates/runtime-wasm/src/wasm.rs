@@ -69,6 +69,12 @@ struct RuntimeShared {
 
 impl WasmRuntime {
     /// A runtime whose origin is now, with jitter from `Math.random()`.
+    ///
+    /// It reads `performance.now()` at once, and a sleep calls `setTimeout` when
+    /// first polled: where a global is missing (Node before 18 has no `performance`
+    /// global; some embedded engines and worklets have no timers) that call throws a
+    /// JavaScript exception. [`WasmRuntime::try_new`] checks first and returns an
+    /// error instead.
     #[must_use]
     pub fn new() -> Self {
         WasmRuntime::with_random(None)
@@ -76,10 +82,31 @@ impl WasmRuntime {
 
     /// A runtime whose origin is now, with jitter from a generator seeded with `seed`
     /// (SplitMix64), so the jitter of a run can be replayed. Clones share the
-    /// generator.
+    /// generator. Needs the same globals as [`WasmRuntime::new`].
     #[must_use]
     pub fn with_seed(seed: u64) -> Self {
         WasmRuntime::with_random(Some(seed))
+    }
+
+    /// As [`WasmRuntime::new`], after checking that `performance.now`, `setTimeout`
+    /// and `clearTimeout` are functions in this JavaScript context.
+    ///
+    /// # Errors
+    ///
+    /// [`MissingGlobal`], naming the first of them that is missing or not a function.
+    pub fn try_new() -> Result<Self, MissingGlobal> {
+        check_globals()?;
+        Ok(WasmRuntime::new())
+    }
+
+    /// As [`WasmRuntime::with_seed`], after the checks of [`WasmRuntime::try_new`].
+    ///
+    /// # Errors
+    ///
+    /// [`MissingGlobal`], as [`WasmRuntime::try_new`].
+    pub fn try_with_seed(seed: u64) -> Result<Self, MissingGlobal> {
+        check_globals()?;
+        Ok(WasmRuntime::with_seed(seed))
     }
 
     fn with_random(seed: Option<u64>) -> Self {
@@ -127,6 +154,64 @@ impl fmt::Debug for WasmRuntime {
             .field("seeded", &self.shared.seed.is_some())
             .finish()
     }
+}
+
+/// A JavaScript global that [`WasmRuntime`] calls is missing or not a function in
+/// this context: returned by [`WasmRuntime::try_new`] and
+/// [`WasmRuntime::try_with_seed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingGlobal {
+    name: &'static str,
+}
+
+impl MissingGlobal {
+    /// The global as JavaScript names it: `performance.now`, `setTimeout` or
+    /// `clearTimeout`.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl fmt::Display for MissingGlobal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the JavaScript global `{}` is missing or not a function (WasmRuntime \
+             needs performance.now, setTimeout and clearTimeout)",
+            self.name
+        )
+    }
+}
+
+impl std::error::Error for MissingGlobal {}
+
+/// The first global the runtime calls that is not a function here.
+fn check_globals() -> Result<(), MissingGlobal> {
+    let global = JsValue::from(js_sys::global());
+    // `Reflect.get` throws on a non-object target, and a getter may throw: both read
+    // as missing.
+    let get = |target: &JsValue, key: &str| {
+        js_sys::Reflect::get(target, &JsValue::from_str(key))
+            .ok()
+            .filter(|value| !value.is_undefined() && !value.is_null())
+    };
+    let is_function =
+        |target: &JsValue, key: &str| get(target, key).is_some_and(|v| v.is_function());
+    let performance_now = get(&global, "performance")
+        .filter(JsValue::is_object)
+        .is_some_and(|performance| is_function(&performance, "now"));
+    if !performance_now {
+        return Err(MissingGlobal {
+            name: "performance.now",
+        });
+    }
+    for name in ["setTimeout", "clearTimeout"] {
+        if !is_function(&global, name) {
+            return Err(MissingGlobal { name });
+        }
+    }
+    Ok(())
 }
 
 /// `ms` milliseconds as a duration; negative or NaN gives zero, too large saturates.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use vantage_api_pool::{
-    CallPolicy, ClientError, ErrorKind, EventKind, ResilientClient, Runtime, Transport,
+    CallPolicy, ClientError, ErrorKind, EventKind, ResilientClient, Runtime, TimeLimit, Transport,
     TransportErrorKind, TransportEvent,
 };
 use vantage_api_pool_reqwest::{MAX_WASM_TIMEOUT, ReqwestTransport, reqwest};
@@ -76,6 +76,26 @@ async fn counted(what: &str, path: &str) -> u64 {
         .expect("a count");
     text.parse()
         .unwrap_or_else(|_| panic!("a count, got {text:?}"))
+}
+
+/// How many of `path`'s stalled answers the server saw the client close, once that
+/// is at least one or after about 5 s.
+async fn closed_by_client(runtime: &WasmRuntime, path: &str) -> u64 {
+    for _ in 0..100 {
+        let n = counted("closed", path).await;
+        if n > 0 {
+            return n;
+        }
+        runtime.sleep(Duration::from_millis(50)).await;
+    }
+    counted("closed", path).await
+}
+
+/// A policy of one attempt, cut after `ms` milliseconds.
+fn one_attempt_within(ms: u64) -> CallPolicy {
+    CallPolicy::background()
+        .with_attempt_timeout(Duration::from_millis(ms))
+        .expect("a valid attempt timeout")
 }
 
 fn events(observer: &RecordingObserver) -> Vec<TransportEvent> {
@@ -478,4 +498,95 @@ async fn a_body_cut_by_the_requests_timeout_is_timed_out() {
         .expect_err("the body stalls");
     assert_eq!(err.kind(), TransportErrorKind::TimedOut, "{err}");
     assert!(!err.to_string().contains("127.0.0.1"), "{err}");
+}
+
+#[wasm_bindgen_test]
+async fn the_attempt_timeout_aborts_a_fetch_whose_head_never_comes() {
+    // No timeout of reqwest's own: only the loop's time limit ends the send, by
+    // dropping its future, which must abort the fetch (or it would hold a connection
+    // and the server's attention until the server gave up).
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let path = fresh("stall-head");
+    let url = format!("{}{path}", server());
+    let raw_start = raw_performance_now();
+    let err = client
+        .execute_with(&one_attempt_within(300), |http| http.get(&url))
+        .await
+        .expect_err("no head comes");
+    let raw = raw_performance_now() - raw_start;
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err:?}");
+    assert_eq!(err.time_limit(), Some(TimeLimit::AttemptTimeout));
+    assert!((300.0..5_000.0).contains(&raw), "ended after {raw} ms");
+    assert_eq!(client.runtime().pending_timers(), 0);
+    assert_eq!(counted("count", &path).await, 1);
+    assert_eq!(
+        closed_by_client(client.runtime(), &path).await,
+        1,
+        "the fetch was aborted: the server saw its connection close"
+    );
+}
+
+#[wasm_bindgen_test]
+async fn an_error_body_is_read_to_2048_bytes_and_no_further() {
+    // A 503 announcing a megabyte sends 4,096 bytes, then nothing: the loop keeps
+    // 2,048 and lets the response go at once, long before its 20 s time limit,
+    // which aborts the fetch.
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let path = fresh("long-error");
+    let url = format!("{}{path}", server());
+    let raw_start = raw_performance_now();
+    let err = client
+        .execute_with(&one_attempt_within(20_000), |http| http.get(&url))
+        .await
+        .expect_err("a 503");
+    let raw = raw_performance_now() - raw_start;
+    assert_eq!(
+        err.status(),
+        Some(StatusCode::SERVICE_UNAVAILABLE),
+        "{err:?}"
+    );
+    assert_eq!(err.body(), Some(&[b'e'; 2048][..]));
+    assert!(
+        raw < 10_000.0,
+        "the call took {raw} ms: it waited for body bytes past the 2,048 it keeps"
+    );
+    assert_eq!(client.runtime().pending_timers(), 0);
+    assert_eq!(
+        closed_by_client(client.runtime(), &path).await,
+        1,
+        "the unread rest was given up: the server saw the connection close"
+    );
+}
+
+#[wasm_bindgen_test]
+async fn an_error_body_that_stalls_is_cut_by_the_attempt_timeout_keeping_what_came() {
+    // A 503 announcing 100 body bytes sends 10, then nothing: the attempt's time
+    // limit cuts the read, and the call keeps the status and the 10 bytes.
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let path = fresh("stall-error");
+    let url = format!("{}{path}", server());
+    let raw_start = raw_performance_now();
+    let err = client
+        .execute_with(&one_attempt_within(500), |http| http.get(&url))
+        .await
+        .expect_err("a 503");
+    let raw = raw_performance_now() - raw_start;
+    assert_eq!(
+        err.status(),
+        Some(StatusCode::SERVICE_UNAVAILABLE),
+        "{err:?}"
+    );
+    assert_eq!(err.body(), Some(&b"0123456789"[..]));
+    assert_eq!(err.attempts(), 1);
+    assert!((500.0..5_000.0).contains(&raw), "ended after {raw} ms");
+    assert_eq!(client.runtime().pending_timers(), 0);
+    assert_eq!(counted("count", &path).await, 1);
+    assert_eq!(
+        closed_by_client(client.runtime(), &path).await,
+        1,
+        "the stalled body was given up: the server saw the connection close"
+    );
 }

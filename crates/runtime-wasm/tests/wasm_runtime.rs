@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::future::{Either, select};
 use vantage_api_pool::{Instant, Runtime, timeout_at};
-use vantage_api_pool_wasm::WasmRuntime;
+use vantage_api_pool_wasm::{MissingGlobal, WasmRuntime};
 use wasm_bindgen::JsValue;
 use wasm_bindgen::prelude::wasm_bindgen;
 use wasm_bindgen_test::wasm_bindgen_test;
@@ -374,4 +374,74 @@ fn jitter_is_in_the_unit_interval_and_a_seed_replays_it() {
     let zs: Vec<f64> = (0..200).map(|_| unseeded.random()).collect();
     assert!(zs.iter().all(|x| (0.0..1.0).contains(x)));
     assert!(zs.windows(2).any(|w| w[0] != w[1]), "Math.random() varies");
+}
+
+/// Puts `replacement` in place of the global `name` and returns the function that
+/// puts the original back (or removes the stand-in where the global was inherited).
+fn replace_global(name: &str, replacement: &JsValue) -> js_sys::Function {
+    let body = "const descriptor = Object.getOwnPropertyDescriptor(globalThis, name);\
+                Object.defineProperty(globalThis, name, \
+                    { value: replacement, configurable: true, writable: true });\
+                return () => {\
+                    if (descriptor === undefined) { delete globalThis[name]; }\
+                    else { Object.defineProperty(globalThis, name, descriptor); }\
+                };";
+    js_sys::Function::new_with_args("name, replacement", body)
+        .call2(&JsValue::NULL, &JsValue::from_str(name), replacement)
+        .expect("the global is replaced")
+        .into()
+}
+
+#[wasm_bindgen_test]
+fn try_new_names_the_global_that_is_missing_or_not_a_function() {
+    assert!(WasmRuntime::try_new().is_ok());
+    assert!(WasmRuntime::try_with_seed(7).is_ok());
+    let no_now = JsValue::from(js_sys::Object::new());
+    let cases = [
+        ("performance", JsValue::UNDEFINED, "performance.now"),
+        ("performance", no_now, "performance.now"),
+        ("setTimeout", JsValue::from_f64(42.0), "setTimeout"),
+        ("setTimeout", JsValue::NULL, "setTimeout"),
+        ("clearTimeout", JsValue::UNDEFINED, "clearTimeout"),
+    ];
+    for (global, replacement, named) in cases {
+        let restore = replace_global(global, &replacement);
+        // Nothing here may throw before the original is back.
+        let plain = WasmRuntime::try_new().map(drop);
+        let seeded = WasmRuntime::try_with_seed(7).map(drop);
+        restore
+            .call0(&JsValue::NULL)
+            .expect("the global is restored");
+        let error: MissingGlobal = plain.expect_err(global);
+        assert_eq!(error.name(), named, "{global} replaced by {replacement:?}");
+        assert_eq!(seeded, Err(error));
+        assert!(error.to_string().contains(&format!("`{named}`")), "{error}");
+    }
+    // Every global is back.
+    let rt = WasmRuntime::try_new().expect("all globals restored");
+    assert_eq!(rt.pending_timers(), 0);
+}
+
+#[wasm_bindgen_test]
+fn says_which_global_scope_it_runs_in() {
+    // scripts/wasm-test reads this line to check that its worker run ran in a
+    // dedicated worker, not in the page.
+    let global = js_sys::global();
+    let name = String::from(global.constructor().name());
+    wasm_bindgen_test::console_log!("global scope: {name}");
+    let has = |key: &str| js_sys::Reflect::has(&global, &JsValue::from_str(key)).unwrap_or(false);
+    match name.as_str() {
+        "Window" => assert!(has("document"), "a window has a document"),
+        "DedicatedWorkerGlobalScope" => {
+            assert!(
+                !has("document") && has("postMessage"),
+                "a worker posts messages"
+            );
+        }
+        // Node's global object is a plain `Object`.
+        _ => assert!(
+            !has("document") && has("process"),
+            "{name}: not Node either"
+        ),
+    }
 }

@@ -161,9 +161,13 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //! [`ReqwestResponse`]): there is no `Deref` to [`reqwest::Response`],
 //! [`ReqwestResponse::into_inner`] returns `None` once the body has been read with
 //! [`TransportResponse::chunk`](vantage_api_pool::TransportResponse::chunk), there is
-//! no [`ReqwestTransport::with_builder`] (fetch keeps no connections to distrust) and
-//! no `tokio` feature. Fetch reports every network failure alike, so most of them map
-//! to `Interrupted` there.
+//! no [`ReqwestTransport::with_builder`] (fetch gives no handle on its connections,
+//! so there is none to distrust; dropping a send aborts its fetch) and no `tokio`
+//! feature. Fetch reports every network failure alike, so most of them map to
+//! `Interrupted` there. Never send with `fetch_mode_no_cors()`: reqwest 0.13 throws
+//! a JavaScript exception on the opaque response of a cross-origin no-cors fetch,
+//! which ends the call without running its destructors (it never returns and keeps
+//! its permit), and the adapter cannot see the mode on a request.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(clippy::missing_errors_doc)]
