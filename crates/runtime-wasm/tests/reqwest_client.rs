@@ -91,11 +91,21 @@ async fn closed_by_client(runtime: &WasmRuntime, path: &str) -> u64 {
     counted("closed", path).await
 }
 
-/// A policy of one attempt, cut after `ms` milliseconds.
-fn one_attempt_within(ms: u64) -> CallPolicy {
-    CallPolicy::background()
-        .with_attempt_timeout(Duration::from_millis(ms))
-        .expect("a valid attempt timeout")
+/// A call of one attempt, cut after `limit_ms`, to a fresh path under `prefix`,
+/// which fails: the client, the path, the error, and the call's raw milliseconds.
+async fn one_failing_attempt(prefix: &str, limit_ms: u64) -> (Client, String, ClientError, f64) {
+    let client = client(&RecordingObserver::new());
+    let path = fresh(prefix);
+    let url = format!("{}{path}", server());
+    let policy = CallPolicy::background()
+        .with_attempt_timeout(Duration::from_millis(limit_ms))
+        .expect("a valid attempt timeout");
+    let raw_start = raw_performance_now();
+    let err = client
+        .execute_with(&policy, |http| http.get(&url))
+        .await
+        .expect_err("the call fails");
+    (client, path, err, raw_performance_now() - raw_start)
 }
 
 fn events(observer: &RecordingObserver) -> Vec<TransportEvent> {
@@ -505,26 +515,14 @@ async fn the_attempt_timeout_aborts_a_fetch_whose_head_never_comes() {
     // No timeout of reqwest's own: only the loop's time limit ends the send, by
     // dropping its future, which must abort the fetch (or it would hold a connection
     // and the server's attention until the server gave up).
-    let observer = RecordingObserver::new();
-    let client = client(&observer);
-    let path = fresh("stall-head");
-    let url = format!("{}{path}", server());
-    let raw_start = raw_performance_now();
-    let err = client
-        .execute_with(&one_attempt_within(300), |http| http.get(&url))
-        .await
-        .expect_err("no head comes");
-    let raw = raw_performance_now() - raw_start;
+    let (client, path, err, raw) = one_failing_attempt("stall-head", 300).await;
     assert_eq!(err.kind(), ErrorKind::TimedOut, "{err:?}");
     assert_eq!(err.time_limit(), Some(TimeLimit::AttemptTimeout));
     assert!((300.0..5_000.0).contains(&raw), "ended after {raw} ms");
     assert_eq!(client.runtime().pending_timers(), 0);
     assert_eq!(counted("count", &path).await, 1);
-    assert_eq!(
-        closed_by_client(client.runtime(), &path).await,
-        1,
-        "the fetch was aborted: the server saw its connection close"
-    );
+    let closed = closed_by_client(client.runtime(), &path).await;
+    assert_eq!(closed, 1, "the fetch was aborted: the server saw it close");
 }
 
 #[wasm_bindgen_test]
@@ -532,16 +530,7 @@ async fn an_error_body_is_read_to_2048_bytes_and_no_further() {
     // A 503 announcing a megabyte sends 4,096 bytes, then nothing: the loop keeps
     // 2,048 and lets the response go at once, long before its 20 s time limit,
     // which aborts the fetch.
-    let observer = RecordingObserver::new();
-    let client = client(&observer);
-    let path = fresh("long-error");
-    let url = format!("{}{path}", server());
-    let raw_start = raw_performance_now();
-    let err = client
-        .execute_with(&one_attempt_within(20_000), |http| http.get(&url))
-        .await
-        .expect_err("a 503");
-    let raw = raw_performance_now() - raw_start;
+    let (client, path, err, raw) = one_failing_attempt("long-error", 20_000).await;
     assert_eq!(
         err.status(),
         Some(StatusCode::SERVICE_UNAVAILABLE),
@@ -550,13 +539,13 @@ async fn an_error_body_is_read_to_2048_bytes_and_no_further() {
     assert_eq!(err.body(), Some(&[b'e'; 2048][..]));
     assert!(
         raw < 10_000.0,
-        "the call took {raw} ms: it waited for body bytes past the 2,048 it keeps"
+        "took {raw} ms: it waited past the 2,048 bytes it keeps"
     );
     assert_eq!(client.runtime().pending_timers(), 0);
+    let closed = closed_by_client(client.runtime(), &path).await;
     assert_eq!(
-        closed_by_client(client.runtime(), &path).await,
-        1,
-        "the unread rest was given up: the server saw the connection close"
+        closed, 1,
+        "the unread rest was given up: the server saw it close"
     );
 }
 
@@ -564,16 +553,7 @@ async fn an_error_body_is_read_to_2048_bytes_and_no_further() {
 async fn an_error_body_that_stalls_is_cut_by_the_attempt_timeout_keeping_what_came() {
     // A 503 announcing 100 body bytes sends 10, then nothing: the attempt's time
     // limit cuts the read, and the call keeps the status and the 10 bytes.
-    let observer = RecordingObserver::new();
-    let client = client(&observer);
-    let path = fresh("stall-error");
-    let url = format!("{}{path}", server());
-    let raw_start = raw_performance_now();
-    let err = client
-        .execute_with(&one_attempt_within(500), |http| http.get(&url))
-        .await
-        .expect_err("a 503");
-    let raw = raw_performance_now() - raw_start;
+    let (client, path, err, raw) = one_failing_attempt("stall-error", 500).await;
     assert_eq!(
         err.status(),
         Some(StatusCode::SERVICE_UNAVAILABLE),
@@ -584,9 +564,9 @@ async fn an_error_body_that_stalls_is_cut_by_the_attempt_timeout_keeping_what_ca
     assert!((500.0..5_000.0).contains(&raw), "ended after {raw} ms");
     assert_eq!(client.runtime().pending_timers(), 0);
     assert_eq!(counted("count", &path).await, 1);
+    let closed = closed_by_client(client.runtime(), &path).await;
     assert_eq!(
-        closed_by_client(client.runtime(), &path).await,
-        1,
-        "the stalled body was given up: the server saw the connection close"
+        closed, 1,
+        "the stalled body was given up: the server saw it close"
     );
 }
