@@ -233,15 +233,22 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         error
     }
 
-    /// A refusal (time limit, open breaker) that ends a call which had failed sends
-    /// gets the last of their errors as its source, so the 503 and its body that led
-    /// here are not lost. An error with a source of its own keeps it.
+    /// A refusal (time limit, open breaker, auth failure, a request that could not
+    /// be built) that ends a call which had failed sends gets the last of their
+    /// errors as its source, so the 503 and its body that led here are not lost, and
+    /// the request id of the last response. An error with a source of its own keeps
+    /// it.
     fn after_last_failure(&self, error: ClientError) -> ClientError {
         match &self.last_failure {
-            Some(last) if std::error::Error::source(&error).is_none() => {
-                error.with_source(Arc::clone(last) as _)
+            Some(last) => {
+                let error = error.with_request_id_of(last);
+                if std::error::Error::source(&error).is_none() {
+                    error.with_source(Arc::clone(last) as _)
+                } else {
+                    error
+                }
             }
-            _ => error,
+            None => error,
         }
     }
 
@@ -848,12 +855,16 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 // As the rules judge it: a `NotSent` past the free redials may have
                 // reached the server.
                 self.reached |= outcome.judged(self.redials).may_have_reached();
-                let error = if e.kind() == TransportErrorKind::TimedOut {
+                let mut error = if e.kind() == TransportErrorKind::TimedOut {
                     ClientError::timed_out(limit.unwrap_or(TimeLimit::Transport), self.attempt)
                         .with_source(Arc::new(e))
                 } else {
                     ClientError::transport(e, self.attempt)
                 };
+                // The id of the last response the call got, if an earlier send got one.
+                if let Some(last) = &self.last_failure {
+                    error = error.with_request_id_of(last);
+                }
                 (
                     outcome,
                     None,

@@ -216,6 +216,16 @@ impl ClientError {
         self
     }
 
+    /// For an error with no response of its own (any kind but `Status`) and no
+    /// request id: the request id of `earlier`, the error of the call's send before
+    /// it, which has the one of the last response the call got.
+    pub(crate) fn with_request_id_of(mut self, earlier: &ClientError) -> Self {
+        if !matches!(self.kind, ErrorKind::Status(_)) && self.request_id.is_none() {
+            self.request_id.clone_from(&earlier.request_id);
+        }
+        self
+    }
+
     pub(crate) fn with_retry_after(mut self, after: Option<Duration>) -> Self {
         self.retry_after = after;
         self
@@ -284,9 +294,13 @@ impl ClientError {
         self.body.as_deref().map(String::from_utf8_lossy)
     }
 
-    /// The request id the server sent with the last response (header configurable on
-    /// the client, `x-request-id` by default): the handle for a support or billing
-    /// question.
+    /// The request id the server sent with the last response the call got (header
+    /// configurable on the client, `x-request-id` by default): the handle for a
+    /// support or billing question. An error with no response of its own (a time
+    /// limit, a transport failure, the breaker, an auth failure) after a send that got
+    /// one carries that response's id: a 503 with id `r1` then a timed-out retry
+    /// gives `TimedOut` with `r1`. `None` when the last response had none, or the
+    /// call got no response.
     #[must_use]
     pub fn request_id(&self) -> Option<&str> {
         self.request_id.as_deref()
@@ -336,7 +350,9 @@ impl ClientError {
     }
 
     /// The delay the server asked for on the last response (`retry-after-ms` or
-    /// `Retry-After`), as parsed, before any clamping to a policy's ceiling.
+    /// `Retry-After`), as parsed, before any clamping to a policy's ceiling. `None`
+    /// for every kind but [`ErrorKind::Status`]: a delay an earlier response asked
+    /// for was waited out before the send that failed.
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after

@@ -855,6 +855,79 @@ fn the_request_id_comes_from_the_configured_header() {
 }
 
 #[test]
+fn an_error_without_a_response_carries_the_request_id_of_the_last_response() {
+    // The request id is the handle for a billing question: a call whose 503 had one
+    // keeps it on the error it ends with, whatever ends it after that 503.
+    let busy = |id: &'static str| Reply::status(503).header("x-request-id", id);
+    let one_retry = bounded_within(1, ms(10), secs(1), secs(30));
+    let cases = [
+        (
+            "a timed-out retry",
+            busy("r1"),
+            Reply::stall(),
+            ErrorKind::TimedOut,
+        ),
+        (
+            "a retry that could not connect",
+            busy("r1"),
+            Reply::fail(TransportErrorKind::Connect, "refused"),
+            ErrorKind::Transport(TransportErrorKind::Connect),
+        ),
+    ];
+    for (what, first, second, kind) in cases {
+        let w = World::new();
+        w.transport.push(first).push(second);
+        let client = w.client();
+        let err =
+            w.rt.block_on(client.execute_with(&one_retry, |h| h.get("/x")))
+                .unwrap()
+                .unwrap_err();
+        assert_eq!(err.kind(), kind, "{what}");
+        assert_eq!(err.request_id(), Some("r1"), "{what}: {err:?}");
+        assert_eq!(err.retry_after(), None, "{what}: waited out");
+        // The failure the observer saw last is the error returned.
+        let last = w.events().into_iter().rev().find_map(|e| match e.kind {
+            EventKind::Failed { error, .. } => Some(error),
+            _ => None,
+        });
+        assert_eq!(last.unwrap().request_id(), Some("r1"), "{what}");
+        w.assert_contract();
+    }
+
+    // Through a redial, to the breaker's refusal of the retry.
+    let w = World::new();
+    w.transport.push_many([
+        busy("r2"),
+        Reply::fail(TransportErrorKind::NotSent, "stale connection"),
+        Reply::fail(TransportErrorKind::Connect, "refused"),
+    ]);
+    let client = w.builder().breaker(2, secs(5), secs(60)).build().unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BreakerOpen);
+    assert_eq!(err.request_id(), Some("r2"), "{err:?}");
+    w.assert_contract();
+
+    // The last response had no id: none, not an older response's.
+    let w = World::new();
+    w.transport
+        .push_many([busy("r3"), Reply::status(503), Reply::stall()]);
+    let client = w.client();
+    let err =
+        w.rt.block_on(
+            client.execute_with(&bounded_within(2, ms(10), secs(1), secs(30)), |h| {
+                h.get("/x")
+            }),
+        )
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.request_id(), None, "{err:?}");
+}
+
+#[test]
 fn an_error_body_read_a_byte_at_a_time_is_cut_on_a_character_boundary() {
     // The character split by the 2,048-byte cut is seen whole only if the read
     // goes past the cut; then it is dropped whole.
