@@ -15,8 +15,8 @@ use http::StatusCode;
 use http::header::HeaderName;
 use vantage_api_pool::health::HealthObserver;
 use vantage_api_pool::{
-    CallPolicy, ErrorKind, EventKind, Fanout, Jitter, ResilientClient, RetryMode, RetryPolicy,
-    TimeLimit, TransportErrorKind, TransportEvent, TransportObserver,
+    BreakerState, CallPolicy, ErrorKind, EventKind, Fanout, Jitter, ResilientClient, RetryMode,
+    RetryPolicy, TimeLimit, TransportErrorKind, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::{DriveError, Reply, VirtualRuntime};
 
@@ -838,6 +838,47 @@ fn a_3xx_the_transport_did_not_follow_goes_to_the_caller() {
 }
 
 #[test]
+fn a_3xx_shows_the_api_reachable_but_is_no_success_for_the_failure_run() {
+    // Like a 404: the breaker closes nothing and forgets no failure for it, so three
+    // 503s around two 304s open a breaker whose threshold is three.
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(503),
+        Reply::status(304),
+        Reply::status(503),
+        Reply::status(304),
+        Reply::status(503),
+    ]);
+    let client = w.builder().breaker(3, secs(5), secs(60)).build().unwrap();
+    for _ in 0..5 {
+        let _ =
+            w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")));
+    }
+    assert_eq!(w.transport.request_count(), 5);
+    assert!(
+        matches!(client.breaker_state(), BreakerState::Open { .. }),
+        "{:?}",
+        client.breaker_state()
+    );
+}
+
+#[test]
+fn a_1xx_head_goes_to_the_caller() {
+    // A transport that hands over an informational head (101 Switching Protocols
+    // after an upgrade request) gets it back, as a success, sent once.
+    let w = World::new();
+    w.transport.default_reply(Reply::status(101));
+    let client = w.client();
+    let resp =
+        w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.get("/x")))
+            .unwrap()
+            .expect("a 101 is the caller's to handle");
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    assert_eq!(w.transport.request_count(), 1);
+    assert_eq!(w.kinds(), ["started", "succeeded"]);
+}
+
+#[test]
 fn the_request_id_comes_from_the_configured_header() {
     let w = World::new();
     w.transport.default_reply(
@@ -1068,35 +1109,41 @@ fn an_error_body_that_stalls_is_cut_by_the_time_limit_and_keeps_the_status() {
 
 #[test]
 fn the_retry_count_header_counts_retries_not_redials() {
-    let w = World::new();
-    w.transport.push_many([
-        Reply::status(503),
-        Reply::fail(TransportErrorKind::NotSent, "stale"),
-        Reply::status(503),
-        Reply::ok(),
-    ]);
-    let client = w
-        .builder()
-        .retry_count_header(http::HeaderName::from_static("x-retry-count"))
-        .build()
-        .unwrap();
-    w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.get("/x")))
-        .unwrap()
-        .unwrap();
-    let counts: Vec<_> = w
-        .transport
-        .requests()
-        .iter()
-        .map(|r| {
-            r.headers
-                .get("x-retry-count")
-                .map(|v| v.to_str().unwrap().to_owned())
-        })
-        .collect();
-    assert_eq!(
-        counts,
-        [None, Some("1".into()), Some("1".into()), Some("2".into())]
-    );
+    // A redial repeats the count of the attempt it sends again: none for the first.
+    let not_sent = || Reply::fail(TransportErrorKind::NotSent, "stale");
+    let cases = [
+        (
+            [
+                Reply::status(503),
+                not_sent(),
+                Reply::status(503),
+                Reply::ok(),
+            ],
+            [None, Some("1"), Some("1"), Some("2")],
+        ),
+        (
+            [not_sent(), Reply::status(503), not_sent(), Reply::ok()],
+            [None, None, Some("1"), Some("1")],
+        ),
+    ];
+    for (replies, expected) in cases {
+        let w = World::new();
+        w.transport.push_many(replies);
+        let client = w
+            .builder()
+            .retry_count_header(http::HeaderName::from_static("x-retry-count"))
+            .build()
+            .unwrap();
+        w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+        let requests = w.transport.requests();
+        let counts: Vec<_> = requests
+            .iter()
+            .map(|r| r.headers.get("x-retry-count").map(|v| v.to_str().unwrap()))
+            .collect();
+        assert_eq!(counts, expected);
+    }
 }
 
 #[test]
@@ -1366,6 +1413,58 @@ fn jitter_is_added_after_the_ceiling() {
     assert!(
         longest > secs(11),
         "jitter never went past the ceiling: {longest:?}"
+    );
+}
+
+/// `Jitter::Full` draws the policy's back-off anywhere in [1 ms, back-off], but a
+/// server's delay only grows (by up to a quarter).
+#[test]
+fn full_jitter_draws_the_back_off_below_it_and_only_adds_to_a_server_delay() {
+    let full = |base| {
+        bounded(1, base)
+            .with_jitter(Jitter::Full)
+            .unwrap()
+            .with_budget(None)
+            .unwrap()
+    };
+    let (mut backoffs, mut server_waits) = (Vec::new(), Vec::new());
+    for seed in 0..20 {
+        for (first, into) in [
+            (Reply::status(503), &mut backoffs),
+            (
+                Reply::status(503).header("retry-after", "1"),
+                &mut server_waits,
+            ),
+        ] {
+            let w = World::new();
+            let rt = w.rt.clone().with_seed(seed);
+            w.transport.push(first).push(Reply::ok());
+            let client = w.client();
+            rt.block_on(client.execute_with(&full(secs(1)), |h| h.get("/x")))
+                .unwrap()
+                .unwrap();
+            let after = scheduled(&w.events())[0];
+            assert_eq!(w.sent_at(), [Duration::ZERO, after], "seed {seed}");
+            into.push(after);
+        }
+    }
+    assert!(
+        backoffs.iter().all(|d| (ms(1)..=secs(1)).contains(d)),
+        "{backoffs:?}"
+    );
+    assert!(
+        backoffs.iter().filter(|d| **d < ms(500)).count() >= 5,
+        "a back-off drawn below it is often well below: {backoffs:?}"
+    );
+    assert!(
+        server_waits
+            .iter()
+            .all(|d| (secs(1)..=ms(1250)).contains(d)),
+        "{server_waits:?}"
+    );
+    assert!(
+        server_waits.iter().any(|d| *d > secs(1)),
+        "{server_waits:?}"
     );
 }
 

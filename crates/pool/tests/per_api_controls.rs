@@ -732,7 +732,9 @@ fn require_token(w: &World, valid: &'static str) {
 fn a_401_refreshes_and_replays_without_spending_retry_budget() {
     let w = World::new();
     require_token(&w, "Bearer t2");
-    let (client, fetches) = client_with_counted_tokens(&w, |b| b);
+    let (client, fetches) = client_with_counted_tokens(&w, |b| {
+        b.retry_count_header(http::HeaderName::from_static("x-retry-count"))
+    });
     let policy = CallPolicy::background();
     assert_eq!(policy.retry(), &RetryMode::None);
     let resp =
@@ -757,6 +759,15 @@ fn a_401_refreshes_and_replays_without_spending_retry_budget() {
     )));
     // Lazy fetch 50 ms, 401 at 60 ms, refresh 50 ms, replay leaves at 110 ms.
     assert_eq!(w.sent_at(), [ms(50), ms(110)]);
+    // The replay is no retry: like the first send, it carries no retry count.
+    let requests = w.transport.requests();
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.headers.get("x-retry-count").is_none()),
+        "{:?}",
+        requests.iter().map(|r| &r.headers).collect::<Vec<_>>()
+    );
     w.assert_contract();
 }
 
