@@ -14,8 +14,8 @@
 //! the same build works in a browser window, a worker and Node 18 or later (where
 //! there is no `window`). `WasmRuntime::try_new` checks that they are there and
 //! returns a `MissingGlobal` error if not; `WasmRuntime::new` does not check, and a
-//! missing one throws when first called. Nothing here reads `std::time::Instant` or `SystemTime::now()`, both of
-//! which panic on `wasm32-unknown-unknown`.
+//! missing one throws when first called. Nothing here reads `std::time::Instant` or
+//! `SystemTime::now()`, both of which panic on `wasm32-unknown-unknown`.
 //!
 //! The runtime and its futures hold JavaScript values and are not `Send`: run the
 //! pool's calls with `wasm_bindgen_futures::spawn_local`, or return them to
