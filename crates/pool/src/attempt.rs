@@ -8,6 +8,7 @@
 
 use std::borrow::Borrow;
 use std::future::{Future, poll_fn};
+use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::Poll;
@@ -23,7 +24,7 @@ use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotency_key,
     is_idempotent,
 };
-use crate::client::Shared;
+use crate::client::{Events, Shared};
 use crate::concurrency::Permit;
 use crate::error::{ClientError, ErrorKind, MAX_ERROR_BODY, TimeLimit, trim_unfinished_char};
 use crate::observer::{CallId, EventKind};
@@ -150,11 +151,21 @@ struct InFlight<'a, T, R: Runtime, A> {
 }
 
 impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
-    /// Reports the send's terminal event at `at`; the guard then reports nothing on
-    /// drop.
-    fn finish(mut self, at: Instant, kind: EventKind) {
+    /// Reports the send's terminal event at `at`, then the breaker's `transition` it
+    /// caused (told even if the observer panics on the terminal event); the guard
+    /// then reports nothing on drop.
+    fn finish(mut self, at: Instant, kind: EventKind, transition: Option<Transition>) {
         self.armed = false;
-        self.client.events.emit(|| at, Some(self.call), || kind);
+        let events = &self.client.events;
+        let transition = transition.map(|t| Told::later(events, self.call, at, || told(t)));
+        events.emit(|| at, Some(self.call), || kind);
+        drop(transition);
+    }
+
+    /// Takes the guard off: the send never left, and its permit and probe slot go
+    /// back now.
+    fn disarm(mut self) {
+        self.armed = false;
     }
 }
 
@@ -166,11 +177,84 @@ impl<T, R: Runtime, A> Drop for InFlight<'_, T, R, A> {
             drop(self.probe.take());
             let (send, attempt) = (self.send, self.attempt);
             let rt = &self.client.runtime;
-            self.client.events.emit(
+            emit_from_drop(
+                &self.client.events,
+                self.call,
                 || rt.now(),
-                Some(self.call),
                 || EventKind::Cancelled { send, attempt },
             );
+        }
+    }
+}
+
+/// The event that tells a breaker transition.
+fn told(transition: Transition) -> EventKind {
+    match transition {
+        Transition::Opened { cooldown } => EventKind::BreakerOpened { cooldown },
+        Transition::Closed => EventKind::BreakerClosed,
+    }
+}
+
+/// The `Failed { ms: 0, sent: false }` of a send that never went out.
+fn unsent(send: u32, attempt: u32, error: &ClientError) -> EventKind {
+    EventKind::Failed {
+        send,
+        attempt,
+        error: error.clone(),
+        ms: 0,
+        sent: false,
+    }
+}
+
+/// Reports from a destructor. While a panic unwinds (an observer's, or the caller's
+/// code'), a second panic from the observer is caught and dropped: out of a
+/// destructor it would abort the process, and the first one goes on to the caller.
+fn emit_from_drop(
+    events: &Events,
+    call: CallId,
+    at: impl FnOnce() -> Instant,
+    kind: impl FnOnce() -> EventKind,
+) {
+    if std::thread::panicking() {
+        let emit = AssertUnwindSafe(|| events.emit(at, Some(call), kind));
+        let _second_panic = std::panic::catch_unwind(emit);
+    } else {
+        events.emit(at, Some(call), kind);
+    }
+}
+
+/// An event to report when this is dropped: after the one reported while it is
+/// held, even if the observer panics on that one (the panic then goes on to the
+/// caller once this is told).
+struct Told<'a> {
+    events: &'a Events,
+    call: CallId,
+    at: Instant,
+    kind: Option<EventKind>,
+}
+
+impl<'a> Told<'a> {
+    /// `kind` is built only when an observer listens.
+    fn later(
+        events: &'a Events,
+        call: CallId,
+        at: Instant,
+        kind: impl FnOnce() -> EventKind,
+    ) -> Self {
+        let kind = events.is_listening().then(kind);
+        Told {
+            events,
+            call,
+            at,
+            kind,
+        }
+    }
+}
+
+impl Drop for Told<'_> {
+    fn drop(&mut self) {
+        if let Some(kind) = self.kind.take() {
+            emit_from_drop(self.events, self.call, || self.at, || kind);
         }
     }
 }
@@ -228,8 +312,15 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             self.attempt.saturating_add(1)
         };
         let send = self.send.saturating_add(1);
-        self.emit(|| EventKind::Started { send, attempt });
-        self.failed_unsent(None, send, attempt, &error);
+        let events = &self.client.events;
+        if events.is_listening() {
+            // One reading for the pair. The `Failed` is told even if the observer
+            // panics on the `Started`.
+            let at = self.now();
+            let failed = Told::later(events, self.id, at, || unsent(send, attempt, &error));
+            self.emit_at(at, || EventKind::Started { send, attempt });
+            drop(failed);
+        }
         error
     }
 
@@ -253,19 +344,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     }
 
     /// Reports the `Failed { ms: 0, sent: false }` of a send that never went out, at
-    /// `at` or, without it, at the clock's reading.
-    fn failed_unsent(&self, at: Option<Instant>, send: u32, attempt: u32, error: &ClientError) {
-        let kind = || EventKind::Failed {
-            send,
-            attempt,
-            error: error.clone(),
-            ms: 0,
-            sent: false,
-        };
-        match at {
-            Some(at) => self.emit_at(at, kind),
-            None => self.emit(kind),
-        }
+    /// `at`.
+    fn failed_unsent(&self, at: Instant, send: u32, attempt: u32, error: &ClientError) {
+        self.emit_at(at, || unsent(send, attempt, error));
     }
 
     /// Sleeps `wait` from `now` at the gate, unless the budget would end first: then
@@ -529,16 +610,6 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         transition
     }
 
-    fn report_transition(&self, at: Instant, transition: Option<Transition>) {
-        match transition {
-            Some(Transition::Opened { cooldown }) => {
-                self.emit_at(at, || EventKind::BreakerOpened { cooldown })
-            }
-            Some(Transition::Closed) => self.emit_at(at, || EventKind::BreakerClosed),
-            None => {}
-        }
-    }
-
     pub(crate) async fn run<F>(mut self, mut build: F) -> Result<T::Response, ClientError>
     where
         F: FnMut(&T::Handle) -> T::Draft,
@@ -609,15 +680,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             // `Started` carries the gate's reading (or the one after a permit or rate
             // wait); the send's own clock starts after the
             // callback, so a slow observer counts neither into `ms` nor into the limit.
-            self.emit_at(now, || EventKind::Started { send, attempt });
-            let started = self.now();
-            // A permit or token wait, the request closure or the `Started` callback
-            // used up the rest of the budget: a send with no time left could still
-            // reach the server before its timer fires, so nothing goes out.
-            if self.deadline.is_some_and(|deadline| started >= deadline) {
-                drop((permit, probe));
-                return Err(self.no_time_left(send, attempt, started));
-            }
+            // The guard first: if the observer panics on `Started`, its drop reports
+            // `Cancelled` as the panic unwinds.
             let mut guard = InFlight {
                 client,
                 call: self.id,
@@ -627,6 +691,15 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 permit: Some(permit),
                 probe,
             };
+            self.emit_at(now, || EventKind::Started { send, attempt });
+            let started = self.now();
+            // A permit or token wait, the request closure or the `Started` callback
+            // used up the rest of the budget: a send with no time left could still
+            // reach the server before its timer fires, so nothing goes out.
+            if self.deadline.is_some_and(|deadline| started >= deadline) {
+                guard.disarm();
+                return Err(self.no_time_left(send, attempt, started));
+            }
             // Never zero: the deadline lies ahead, and a policy's limit is never zero.
             let limit = match self.deadline {
                 Some(deadline) => deadline
@@ -663,8 +736,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                             ms,
                             bytes,
                         },
+                        transition,
                     );
-                    self.report_transition(head_at, transition);
                     return Ok(response);
                 }
                 Ok(Ok(response)) => {
@@ -786,7 +859,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         let error = self.after_last_failure(
             ClientError::timed_out(TimeLimit::Budget, before).with_reached(self.reached),
         );
-        self.failed_unsent(Some(at), send, attempt, &error);
+        self.failed_unsent(at, send, attempt, &error);
         error
     }
 
@@ -898,8 +971,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 ms,
                 sent: true,
             },
+            transition,
         );
-        self.report_transition(ended, transition);
 
         let next = match verdict.action {
             Action::Replay => {

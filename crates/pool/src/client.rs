@@ -92,6 +92,11 @@ impl Events {
         Events { sink }
     }
 
+    /// Whether an observer listens.
+    pub(crate) fn is_listening(&self) -> bool {
+        self.sink.is_some()
+    }
+
     pub(crate) fn key(&self) -> Option<&str> {
         self.sink.as_ref().map(|(k, _)| &**k)
     }

@@ -7,6 +7,7 @@
 //! for the same (call, send), the last `Failed` of a call carries the error the call
 //! returns, and no lock is held while the callback runs.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +39,14 @@ impl<T: ?Sized> MaybeSendSync for T {}
 /// Receives a client's events, synchronously, on the calling task.
 ///
 /// Return quickly, never block or `.await`, and never call back into the client.
+///
+/// A panic in `on_event` is not swallowed: it unwinds out of the call to its caller
+/// (the call's future panics). The client stays whole and the contract holds as it
+/// unwinds: a `Started` whose callback panicked is followed by its `Cancelled` (or,
+/// for a refusal, its `Failed`), and a breaker transition whose terminal event
+/// panicked is still reported, so every other observer of a [`Fanout`] sees a
+/// complete stream. A second panic from the observer while the first unwinds is
+/// dropped (it would otherwise abort the process). On `wasm32` a panic aborts.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU32, Ordering};
@@ -279,10 +288,19 @@ impl std::fmt::Debug for Fanout {
     }
 }
 
+/// Every observer hears the event, in order, even when one before it panics; the
+/// first panic then goes on (the others' are dropped).
 impl TransportObserver for Fanout {
     fn on_event(&self, api: &str, event: &TransportEvent) {
+        let mut first_panic = None;
         for observer in &self.observers {
-            observer.on_event(api, event);
+            let heard = AssertUnwindSafe(|| observer.on_event(api, event));
+            if let Err(panic) = std::panic::catch_unwind(heard) {
+                first_panic.get_or_insert(panic);
+            }
+        }
+        if let Some(panic) = first_panic {
+            std::panic::resume_unwind(panic);
         }
     }
 }

@@ -1,0 +1,225 @@
+//! An observer that panics: the panic reaches the caller of the call (it is never
+//! swallowed), and the contract still holds for everyone else listening. A `Started`
+//! gets its terminal event, a breaker transition is still told, and a second panic
+//! while the first unwinds does not abort the process.
+//!
+//! Native only: wasm32 aborts on a panic.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod common;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use common::*;
+use vantage_api_pool::health::{BreakerView, HealthObserver};
+use vantage_api_pool::{
+    BreakerState, CallPolicy, Fanout, ResilientClient, TransportEvent, TransportObserver,
+};
+use vantage_api_pool_testkit::{RecordingObserver, Reply};
+
+/// Panics on the first `times` events named `on` (every event: `"any"`).
+struct Panicking {
+    on: &'static str,
+    times: AtomicU32,
+}
+
+impl Panicking {
+    fn on(on: &'static str, times: u32) -> Arc<Self> {
+        Arc::new(Panicking {
+            on,
+            times: AtomicU32::new(times),
+        })
+    }
+}
+
+impl TransportObserver for Panicking {
+    fn on_event(&self, _api: &str, event: &TransportEvent) {
+        let hit = self.on == "any" || event.kind.name() == self.on;
+        if hit && self.times.load(Ordering::SeqCst) > 0 {
+            self.times.fetch_sub(1, Ordering::SeqCst);
+            panic!("observer panics on {}", event.kind.name());
+        }
+    }
+}
+
+/// A client whose observer feeds `health`, `recorder` and then `last`.
+fn observed_by(
+    w: &World,
+    health: &Arc<HealthObserver>,
+    recorder: &RecordingObserver,
+    last: Arc<Panicking>,
+) -> Client {
+    let fanout = Fanout::default()
+        .with(Arc::clone(health))
+        .with(Arc::new(recorder.clone()))
+        .with(last);
+    ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", Arc::new(fanout))
+        .breaker(1, secs(5), secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Runs one background call to `/x`; true when it panicked.
+fn call_panics(w: &World, client: &Client) -> bool {
+    let run = || {
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+    };
+    catch_unwind(AssertUnwindSafe(run)).is_err()
+}
+
+/// Keeps the observers' own panics, which are expected, out of the test output;
+/// every other panic (a failed assertion) is reported as usual.
+fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let own = info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|m| m.starts_with("observer panics on"));
+            if !own {
+                report(info);
+            }
+        }));
+    });
+}
+
+#[test]
+fn a_panic_on_started_reaches_the_caller_and_the_send_still_ends() {
+    quiet_panics();
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (health, recorder) = (
+        Arc::new(HealthObserver::new(secs(60))),
+        RecordingObserver::new(),
+    );
+    let client = observed_by(&w, &health, &recorder, Panicking::on("started", 1));
+
+    assert!(
+        call_panics(&w, &client),
+        "the observer's panic reaches the caller"
+    );
+    assert_eq!(recorder.kinds(), ["started", "cancelled"]);
+    recorder.check_contract().unwrap();
+    assert_eq!(health.snapshot("api").unwrap().in_flight, 0);
+    assert_eq!(client.in_flight(), 0);
+    assert_eq!(w.transport.request_count(), 0, "the send never left");
+
+    // The client goes on as before.
+    assert!(!call_panics(&w, &client));
+    assert_eq!(
+        recorder.kinds(),
+        ["started", "cancelled", "started", "succeeded"]
+    );
+    recorder.check_contract().unwrap();
+}
+
+#[test]
+fn a_panic_on_a_terminal_event_still_lets_the_breaker_transition_be_told() {
+    quiet_panics();
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    let (health, recorder) = (
+        Arc::new(HealthObserver::new(secs(60))),
+        RecordingObserver::new(),
+    );
+    let client = observed_by(&w, &health, &recorder, Panicking::on("failed", 1));
+
+    assert!(call_panics(&w, &client));
+    // The 503 opened the breaker (threshold 1): everyone listening hears it.
+    assert_eq!(recorder.kinds(), ["started", "failed", "breaker_opened"]);
+    recorder.check_contract().unwrap();
+    assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+    let figures = health.snapshot("api").unwrap();
+    assert!(
+        matches!(figures.breaker, BreakerView::Open { .. }),
+        "{figures:?}"
+    );
+    assert_eq!(figures.in_flight, 0);
+}
+
+#[test]
+fn a_refusal_whose_started_panics_still_reports_its_failure() {
+    quiet_panics();
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    let (health, recorder) = (
+        Arc::new(HealthObserver::new(secs(60))),
+        RecordingObserver::new(),
+    );
+    let panicking = Panicking::on("started", 0);
+    let client = observed_by(&w, &health, &recorder, Arc::clone(&panicking));
+    assert!(!call_panics(&w, &client), "the 503 opens the breaker");
+    assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+
+    // The next call is refused at once (fail fast): its synthetic `Started` panics,
+    // and its `Failed { sent: false }` still comes.
+    panicking.times.store(1, Ordering::SeqCst);
+    assert!(call_panics(&w, &client));
+    assert_eq!(
+        recorder.kinds(),
+        ["started", "failed", "breaker_opened", "started", "failed"]
+    );
+    recorder.check_contract().unwrap();
+    assert_eq!(health.snapshot("api").unwrap().in_flight, 0);
+    assert_eq!(w.transport.request_count(), 1);
+}
+
+#[test]
+fn an_observer_that_panics_on_every_event_does_not_abort_the_process() {
+    // The `Started` panic unwinds through the send's guard, whose `Cancelled` panics
+    // again: out of a destructor during unwinding, that would abort the process.
+    quiet_panics();
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (health, recorder) = (
+        Arc::new(HealthObserver::new(secs(60))),
+        RecordingObserver::new(),
+    );
+    let client = observed_by(&w, &health, &recorder, Panicking::on("any", u32::MAX));
+    for _ in 0..3 {
+        assert!(call_panics(&w, &client));
+    }
+    assert_eq!(
+        recorder.kinds(),
+        [
+            "started",
+            "cancelled",
+            "started",
+            "cancelled",
+            "started",
+            "cancelled"
+        ]
+    );
+    recorder.check_contract().unwrap();
+    assert_eq!(client.in_flight(), 0);
+}
+
+#[test]
+fn a_fanout_feeds_every_observer_even_after_one_panics_then_passes_the_panic_on() {
+    quiet_panics();
+    let recorder = RecordingObserver::new();
+    let fanout = Fanout::default()
+        .with(Panicking::on("any", u32::MAX))
+        .with(Arc::new(recorder.clone()));
+    let event = TransportEvent::new(
+        vantage_api_pool::Instant::ORIGIN,
+        None,
+        vantage_api_pool::EventKind::WritePushed,
+    );
+    let heard = catch_unwind(AssertUnwindSafe(|| fanout.on_event("api", &event)));
+    let panic = heard.expect_err("the first observer's panic goes on");
+    assert_eq!(
+        panic.downcast_ref::<String>().map(String::as_str),
+        Some("observer panics on write_pushed")
+    );
+    assert_eq!(
+        recorder.kinds(),
+        ["write_pushed"],
+        "the second one heard it"
+    );
+}
