@@ -84,12 +84,7 @@ fn three_503s_back_off_half_a_second_then_one_second() {
     assert_eq!(err.body(), Some(&b"down"[..]));
     assert_eq!(err.to_string(), "HTTP 503 after 3 attempts");
     // The last Failed carries the returned error.
-    let events = w.events();
-    let last_failed = events.iter().rev().find_map(|e| match &e.kind {
-        EventKind::Failed { error, .. } => Some(error.clone()),
-        _ => None,
-    });
-    assert_eq!(last_failed.unwrap().to_string(), err.to_string());
+    w.assert_last_failed_is(&err);
     assert_eq!(
         w.kinds(),
         [
@@ -927,11 +922,7 @@ fn an_error_without_a_response_carries_the_request_id_of_the_last_response() {
         assert_eq!(err.request_id(), Some("r1"), "{what}: {err:?}");
         assert_eq!(err.retry_after(), None, "{what}: waited out");
         // The failure the observer saw last is the error returned.
-        let last = w.events().into_iter().rev().find_map(|e| match e.kind {
-            EventKind::Failed { error, .. } => Some(error),
-            _ => None,
-        });
-        assert_eq!(last.unwrap().request_id(), Some("r1"), "{what}");
+        w.assert_last_failed_is(&err);
         w.assert_contract();
     }
 
@@ -949,6 +940,7 @@ fn an_error_without_a_response_carries_the_request_id_of_the_last_response() {
             .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::BreakerOpen);
     assert_eq!(err.request_id(), Some("r2"), "{err:?}");
+    w.assert_last_failed_is(&err);
     w.assert_contract();
 
     // The last response had no id: none, not an older response's.

@@ -336,6 +336,7 @@ fn a_refusal_after_failed_sends_keeps_the_last_failure_as_its_source() {
     assert_eq!(last.body_text().as_deref(), Some("down for maintenance"));
     assert_eq!(last.request_id(), Some("r-9"));
     assert_eq!(last.attempts(), 3);
+    w.assert_last_failed_is(&err);
     w.assert_contract();
 
     // Failing fast: the retry meets the open breaker; BreakerOpen, the 503 under it.
@@ -409,6 +410,7 @@ fn a_retry_whose_request_closure_uses_up_the_budget_keeps_the_503_as_its_source(
     let last = last_failure(&err);
     assert_eq!(last.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
     assert_eq!(last.body_text().as_deref(), Some("busy"));
+    w.assert_last_failed_is(&err);
     w.assert_contract();
 }
 

@@ -583,6 +583,20 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 last.map(|e| e.kind.name())
             ));
         }
+        // The last `Failed` carries the very error the call returned.
+        if let Err(e) = result {
+            let last_failed = evs.iter().rev().find_map(|ev| match &ev.kind {
+                EventKind::Failed { error, .. } => Some(error),
+                _ => None,
+            });
+            match last_failed.map(|last| common::error_difference(last, e)) {
+                Some(None) => {}
+                Some(Some(difference)) => problems.push(format!(
+                    "{call:?}: its last Failed differs from its error: {difference}"
+                )),
+                None => problems.push(format!("{call:?}: returned {e} with no Failed")),
+            }
+        }
         // A call that had an answer from the server never says nothing was sent.
         let answered = evs.iter().any(|e| match &e.kind {
             EventKind::Succeeded { .. } => true,

@@ -54,6 +54,20 @@ impl World {
             .collect()
     }
 
+    /// The last `Failed` reported carries `err`, field by field.
+    pub fn assert_last_failed_is(&self, err: &ClientError) {
+        let last = self.events().into_iter().rev().find_map(|e| match e.kind {
+            EventKind::Failed { error, .. } => Some(error),
+            _ => None,
+        });
+        let last = last.unwrap_or_else(|| panic!("no Failed for {err:?}"));
+        assert_eq!(
+            error_difference(&last, err),
+            None,
+            "the last Failed is not {err}"
+        );
+    }
+
     pub fn events(&self) -> Vec<TransportEvent> {
         self.observer
             .events()
@@ -252,4 +266,29 @@ impl TransportResponse for Chunks {
         self.reads += 1;
         self.chunks.pop_front().transpose()
     }
+}
+
+/// What differs between two errors, field by field (kind, attempts, status body,
+/// request id, server delay, time limit, nothing sent, credentials dropped, and the
+/// failure under it), or `None` when nothing does: the last `Failed` must carry the
+/// very error its call returns.
+pub fn error_difference(a: &ClientError, b: &ClientError) -> Option<String> {
+    let fields = |e: &ClientError| {
+        format!(
+            "{:?} {} {:?} {:?} {:?} {:?} {} {} {:?} {}",
+            e.kind(),
+            e.attempts(),
+            e.body(),
+            e.request_id(),
+            e.retry_after(),
+            e.time_limit(),
+            e.nothing_sent(),
+            e.credentials_dropped(),
+            e.last_failure()
+                .map(|l| (l.to_string(), l.request_id().map(str::to_owned))),
+            std::error::Error::source(e).is_some(),
+        )
+    };
+    let (a, b) = (fields(a), fields(b));
+    (a != b).then(|| format!("{a} vs {b}"))
 }
