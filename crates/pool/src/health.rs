@@ -32,7 +32,8 @@ use crate::time::Instant;
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerView {
-    /// No `BreakerOpened` since the last `BreakerClosed` (or ever).
+    /// No `BreakerOpened` since the last `BreakerClosed` or the last `Succeeded`
+    /// (or ever).
     Closed,
     /// Opened at `since` for `cooldown`; a probe may go from `since + cooldown`.
     Open {
@@ -57,7 +58,8 @@ pub struct LastError {
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct ApiHealth {
-    /// The breaker, from `BreakerOpened` / `BreakerClosed`.
+    /// The breaker, from `BreakerOpened` / `BreakerClosed` (and closed by any later
+    /// `Succeeded`: an answer for the caller means the breaker let a send through).
     pub breaker: BreakerView,
     /// Sends started and not yet ended.
     pub in_flight: u32,
@@ -429,6 +431,37 @@ mod tests {
 
     fn ev(ms: u64, kind: EventKind) -> TransportEvent {
         TransportEvent::new(at(ms), Some(CallId(1)), kind)
+    }
+
+    #[test]
+    fn keeps_no_more_than_a_window_of_sends_and_refusals() {
+        // 10,000 sends and as many refusals over 100 windows of 1 s: what is kept
+        // stays at one window's worth (the memory the docs promise), and the
+        // figures still count only the last window.
+        let h = HealthObserver::new(Duration::from_secs(1));
+        let err = ClientError::new(ErrorKind::BreakerOpen, 0);
+        for i in 0..10_000 {
+            let t = i * 10;
+            h.on_event("a", &ev(t, started()));
+            h.on_event("a", &ev(t, failed(2, true, err.clone())));
+            h.on_event("a", &ev(t + 5, started()));
+            h.on_event("a", &ev(t + 5, failed(0, false, err.clone())));
+            let apis = h.lock();
+            let state = &apis["a"];
+            assert!(
+                state.samples.len() <= 100,
+                "{} sends kept",
+                state.samples.len()
+            );
+            assert!(
+                state.refused.len() <= 100,
+                "{} refusals kept",
+                state.refused.len()
+            );
+        }
+        let figures = h.snapshot("a").unwrap();
+        assert_eq!(figures.sends_in_window, 100);
+        assert_eq!(figures.refused_in_window, 100);
     }
 
     #[test]

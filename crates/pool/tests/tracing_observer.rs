@@ -186,6 +186,24 @@ fn every_kind_of_event_has_its_level_and_fields() {
     assert_eq!(field(13, "n").as_deref(), Some("7"));
     assert_eq!(field(13, "call"), None, "a report belongs to no call");
     assert_eq!(field(14, "call"), None, "a report belongs to no call");
+    // Every per-send event names its send and attempt, as the docs promise (the
+    // redial announces the send it will be).
+    let per_send = ["started", "succeeded", "failed", "cancelled", "redialing"];
+    for (i, (_, f)) in lines.iter().enumerate() {
+        if per_send.contains(&f["event"].trim_matches('"')) {
+            assert!(
+                f.contains_key("send") && f.contains_key("attempt"),
+                "line {i} ({}) lacks send or attempt: {f:?}",
+                names[i]
+            );
+        }
+    }
+    assert_eq!(
+        (field(2, "send").as_deref(), field(2, "attempt").as_deref()),
+        (Some("2"), Some("1")),
+        "the redial is send 2 of attempt 1"
+    );
+    assert_eq!(field(12, "attempt").as_deref(), Some("1"));
 }
 
 #[test]
