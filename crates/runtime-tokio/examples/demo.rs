@@ -22,8 +22,7 @@
 //! refresh their token once per 401 (single-flight) and are refused at once, nothing
 //! sent, while the breaker is open.
 //!
-//! The health view is built only from the observer events, `breaker_state()` and
-//! `token_fetches()` (shown beside a 401): the
+//! The health view is built only from the observer events and `breaker_state()`: the
 //! shipped [`HealthObserver`] keeps the figures per API (breaker, in flight, success
 //! rate and latency over a window, retries, last error), and the shipped
 //! [`TracingObserver`] writes the events at `DEBUG` and up (all but `Started`), with
@@ -528,6 +527,9 @@ struct ApiTotals {
     sends: u64,
     refused: u64,
     unauthorized: u64,
+    /// 401s answered by a new token and the same request sent again (a `Started`
+    /// right after a 401 of the same call).
+    replays: u64,
     /// The breaker opened from closed (an outage began).
     breaker_openings: u64,
     /// The half-open probe failed and the breaker opened again.
@@ -548,6 +550,8 @@ struct Totals {
     per_api: Mutex<HashMap<String, ApiTotals>>,
     /// Calls whose last failure was a 429, by API.
     after_429: Mutex<HashSet<(String, CallId)>>,
+    /// Calls whose last event was a 401, by API: their next `Started` is a replay.
+    after_401: Mutex<HashSet<(String, CallId)>>,
     moments: Arc<Moments>,
 }
 
@@ -568,8 +572,18 @@ impl TransportObserver for Totals {
                 .after_429
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
+            let mut after_401 = self
+                .after_401
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let key = event.call.map(|call| (api.to_owned(), call));
+            // Only the event right after a 401 can be its replay.
+            let replay = key.as_ref().is_some_and(|key| after_401.remove(key));
             match &event.kind {
+                EventKind::Started { .. } if replay => {
+                    totals.replays += 1;
+                    note = Some(format!("{api}: 401, new token, request sent again"));
+                }
                 EventKind::Succeeded { .. } | EventKind::Cancelled { .. } => totals.sends += 1,
                 EventKind::Failed {
                     sent: true, error, ..
@@ -578,6 +592,7 @@ impl TransportObserver for Totals {
                     let status = error.status().map(|s| s.as_u16());
                     if status == Some(401) {
                         totals.unauthorized += 1;
+                        after_401.extend(key.clone());
                     }
                     if let Some(key) = key {
                         if status == Some(429) {
@@ -633,7 +648,6 @@ impl TransportObserver for Totals {
 /// What the view asks of a client, whatever its token source.
 trait ApiClient: Send + Sync {
     fn breaker(&self) -> BreakerNow;
-    fn token_fetches(&self) -> u64;
 }
 
 impl<A> ApiClient for ResilientClient<ReqwestTransport, TokioRuntime, A>
@@ -648,10 +662,6 @@ where
             BreakerState::HalfOpen => BreakerNow::HalfOpen,
             _ => BreakerNow::Closed,
         }
-    }
-
-    fn token_fetches(&self) -> u64 {
-        ResilientClient::token_fetches(self)
     }
 }
 
@@ -740,8 +750,6 @@ fn spawn_workers<F, Fut>(
 async fn fetch_token(
     http: reqwest::Client,
     url: String,
-    moments: Arc<Moments>,
-    at: Duration,
 ) -> Result<(HeaderName, HeaderValue), AuthError> {
     let response = http
         .get(&url)
@@ -751,7 +759,6 @@ async fn fetch_token(
         .map_err(reqwest::Error::without_url)?;
     let token = response.text().await.map_err(reqwest::Error::without_url)?;
     let token = token.trim();
-    moments.push(at, format!("profile-api: fetched a token ({token})"));
     Ok((
         AUTHORIZATION,
         HeaderValue::try_from(format!("Bearer {token}"))?,
@@ -774,6 +781,8 @@ struct View {
     settings: Settings,
     script: Script,
     health: Arc<HealthObserver>,
+    /// The demo's own counts, from the events too.
+    totals: Arc<Totals>,
     apis: Vec<Api>,
     moments: Arc<Moments>,
     base: String,
@@ -910,16 +919,16 @@ impl View {
         }
     }
 
-    /// The last error and how long ago it came; after a 401, how many tokens the
-    /// client has fetched so far (`token_fetches`), which shows the refreshes.
-    fn last_error(&self, health: Option<&ApiHealth>, token_fetches: u64) -> String {
+    /// The last error and how long ago it came; after a 401, how many 401s a new
+    /// token answered so far (the replays the events show).
+    fn last_error(&self, health: Option<&ApiHealth>, replays: u64) -> String {
         match health.and_then(|h| h.last_error.as_ref()) {
             Some(last) => format!(
                 "{} ({} ago{})",
                 last.error,
                 secs(self.now().saturating_duration_since(last.at)),
                 if last.error.status().is_some_and(|s| s.as_u16() == 401) {
-                    format!("; {token_fetches} tokens fetched")
+                    format!("; {replays} replayed with a new token")
                 } else {
                     String::new()
                 }
@@ -990,7 +999,7 @@ impl View {
                 h.map_or(0, |h| h.retries),
             ));
             lines.push(self.paint(DIM, &fit(&format!("{:<11} {}", "", api.about))));
-            let last = self.last_error(h, api.client.token_fetches());
+            let last = self.last_error(h, self.totals.get(api.name).replays);
             let mut error = format!("{:<11} last error: {last}", "");
             if let Some((long, short)) = self.quiet(h) {
                 let note = if error.chars().count() + 2 + long.chars().count() <= WIDTH {
@@ -1055,7 +1064,7 @@ impl View {
                 success.trim(),
                 h.map_or(0, |h| h.refused_in_window),
             ));
-            let last = self.last_error(h, api.client.token_fetches());
+            let last = self.last_error(h, self.totals.get(api.name).replays);
             let mut tail = format!(
                 "{:9}retries so far {}; last error: {last}",
                 "",
@@ -1181,6 +1190,7 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
     let totals = Arc::new(Totals {
         per_api: Mutex::new(HashMap::new()),
         after_429: Mutex::new(HashSet::new()),
+        after_401: Mutex::new(HashSet::new()),
         moments: Arc::clone(&moments),
     });
     let observer: Arc<dyn TransportObserver> = Arc::new(
@@ -1224,14 +1234,7 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
         .timeout(Duration::from_secs(2))
         .build()?;
     let token_url = format!("{base}/token");
-    let token_clock = clock.clone();
-    let token_moments = Arc::clone(&moments);
-    let tokens = token_fn(move || {
-        let http = token_http.clone();
-        let url = token_url.clone();
-        let at = token_clock.now().since_origin();
-        fetch_token(http, url, Arc::clone(&token_moments), at)
-    });
+    let tokens = token_fn(move || fetch_token(token_http.clone(), token_url.clone()));
     let profile = ResilientClient::builder(ReqwestTransport::new(http_client()?), clock.clone())
         .max_parallel(2)
         .breaker(3, settings.real(2.0), settings.real(8.0))
@@ -1321,6 +1324,7 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
         settings,
         script,
         health,
+        totals: Arc::clone(&totals),
         apis,
         moments,
         base: base.clone(),
@@ -1530,7 +1534,6 @@ fn summary(
         .copied()
         .unwrap_or(0);
     let search_retries = health.get("search-api").map_or(0, |h| h.retries);
-    let profile = view.apis.iter().find(|api| api.name == "profile-api");
     let orders = totals.get("orders-api");
     let story = [
         (all_ok, "every API had a successful call"),
@@ -1563,7 +1566,7 @@ fn summary(
         ),
         (
             totals.get("profile-api").unauthorized > 0
-                && profile.is_some_and(|api| api.client.token_fetches() >= 2),
+                && totals.get("profile-api").replays > 0,
             "a 401 made profile-api refresh its token",
         ),
     ];
