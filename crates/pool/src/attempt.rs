@@ -206,9 +206,10 @@ fn unsent(send: u32, attempt: u32, error: &ClientError) -> EventKind {
     }
 }
 
-/// Reports from a destructor. While a panic unwinds (an observer's, or the caller's
-/// code'), a second panic from the observer is caught and dropped: out of a
-/// destructor it would abort the process, and the first one goes on to the caller.
+/// Reports from a destructor. While a panic unwinds (an observer's, or one from the
+/// caller's own code), a second panic from the observer is caught and dropped: out
+/// of a destructor it would abort the process, and the first one goes on to the
+/// caller.
 fn emit_from_drop(
     events: &Events,
     call: CallId,
