@@ -44,22 +44,29 @@ impl TransportObserver for Panicking {
     }
 }
 
-/// A client whose observer feeds `health`, `recorder` and then `last`.
-fn observed_by(
-    w: &World,
-    health: &Arc<HealthObserver>,
-    recorder: &RecordingObserver,
+/// A world whose transport answers `first`, then 200s, and a client (breaker of one
+/// failure) whose observer feeds a health observer, a recorder and then `last`.
+fn set_up(
+    first: Reply,
     last: Arc<Panicking>,
-) -> Client {
+) -> (World, Arc<HealthObserver>, RecordingObserver, Client) {
+    quiet_panics();
+    let w = World::new();
+    w.transport.push(first).default_reply(Reply::ok());
+    let (health, recorder) = (
+        Arc::new(HealthObserver::new(secs(60))),
+        RecordingObserver::new(),
+    );
     let fanout = Fanout::default()
-        .with(Arc::clone(health))
+        .with(Arc::clone(&health))
         .with(Arc::new(recorder.clone()))
         .with(last);
-    ResilientClient::builder(w.transport.clone(), w.rt.clone())
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
         .observer("api", Arc::new(fanout))
         .breaker(1, secs(5), secs(60))
         .build()
-        .unwrap()
+        .unwrap();
+    (w, health, recorder, client)
 }
 
 /// Runs one background call to `/x`; true when it panicked.
@@ -90,14 +97,7 @@ fn quiet_panics() {
 
 #[test]
 fn a_panic_on_started_reaches_the_caller_and_the_send_still_ends() {
-    quiet_panics();
-    let w = World::new();
-    w.transport.default_reply(Reply::ok());
-    let (health, recorder) = (
-        Arc::new(HealthObserver::new(secs(60))),
-        RecordingObserver::new(),
-    );
-    let client = observed_by(&w, &health, &recorder, Panicking::on("started", 1));
+    let (w, health, recorder, client) = set_up(Reply::ok(), Panicking::on("started", 1));
 
     assert!(
         call_panics(&w, &client),
@@ -120,14 +120,7 @@ fn a_panic_on_started_reaches_the_caller_and_the_send_still_ends() {
 
 #[test]
 fn a_panic_on_a_terminal_event_still_lets_the_breaker_transition_be_told() {
-    quiet_panics();
-    let w = World::new();
-    w.transport.push(Reply::status(503));
-    let (health, recorder) = (
-        Arc::new(HealthObserver::new(secs(60))),
-        RecordingObserver::new(),
-    );
-    let client = observed_by(&w, &health, &recorder, Panicking::on("failed", 1));
+    let (w, health, recorder, client) = set_up(Reply::status(503), Panicking::on("failed", 1));
 
     assert!(call_panics(&w, &client));
     // The 503 opened the breaker (threshold 1): everyone listening hears it.
@@ -144,15 +137,8 @@ fn a_panic_on_a_terminal_event_still_lets_the_breaker_transition_be_told() {
 
 #[test]
 fn a_refusal_whose_started_panics_still_reports_its_failure() {
-    quiet_panics();
-    let w = World::new();
-    w.transport.push(Reply::status(503));
-    let (health, recorder) = (
-        Arc::new(HealthObserver::new(secs(60))),
-        RecordingObserver::new(),
-    );
     let panicking = Panicking::on("started", 0);
-    let client = observed_by(&w, &health, &recorder, Arc::clone(&panicking));
+    let (w, health, recorder, client) = set_up(Reply::status(503), Arc::clone(&panicking));
     assert!(!call_panics(&w, &client), "the 503 opens the breaker");
     assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
 
@@ -173,14 +159,7 @@ fn a_refusal_whose_started_panics_still_reports_its_failure() {
 fn an_observer_that_panics_on_every_event_does_not_abort_the_process() {
     // The `Started` panic unwinds through the send's guard, whose `Cancelled` panics
     // again: out of a destructor during unwinding, that would abort the process.
-    quiet_panics();
-    let w = World::new();
-    w.transport.default_reply(Reply::ok());
-    let (health, recorder) = (
-        Arc::new(HealthObserver::new(secs(60))),
-        RecordingObserver::new(),
-    );
-    let client = observed_by(&w, &health, &recorder, Panicking::on("any", u32::MAX));
+    let (w, health, recorder, client) = set_up(Reply::ok(), Panicking::on("any", u32::MAX));
     for _ in 0..3 {
         assert!(call_panics(&w, &client));
     }
@@ -197,6 +176,7 @@ fn an_observer_that_panics_on_every_event_does_not_abort_the_process() {
     );
     recorder.check_contract().unwrap();
     assert_eq!(client.in_flight(), 0);
+    assert_eq!(health.snapshot("api").unwrap().in_flight, 0);
 }
 
 #[test]

@@ -1565,8 +1565,7 @@ fn summary(
             "every retry after a 429 was scheduled at least the server's Retry-After later",
         ),
         (
-            totals.get("profile-api").unauthorized > 0
-                && totals.get("profile-api").replays > 0,
+            totals.get("profile-api").unauthorized > 0 && totals.get("profile-api").replays > 0,
             "a 401 made profile-api refresh its token",
         ),
     ];
