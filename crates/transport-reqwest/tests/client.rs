@@ -13,9 +13,9 @@ use common::*;
 use vantage_api_pool::auth::{AuthError, token_fn};
 use vantage_api_pool::http::{HeaderName, HeaderValue, StatusCode, header::AUTHORIZATION};
 use vantage_api_pool::{
-    ErrorKind, ResilientClient, TimeLimit, TransportErrorKind, TransportResponse,
+    ErrorKind, EventKind, ResilientClient, TimeLimit, TransportErrorKind, TransportResponse,
 };
-use vantage_api_pool_reqwest::ReqwestTransport;
+use vantage_api_pool_reqwest::{REBUILD_INTERVAL, ReqwestTransport};
 use vantage_api_pool_testkit::RecordingObserver;
 use vantage_api_pool_tokio::TokioRuntime;
 
@@ -44,8 +44,10 @@ async fn a_503_with_retry_after_1_is_retried_after_one_second_even_for_a_post() 
     let elapsed = start.elapsed();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.text().await.unwrap(), "done");
+    // No earlier than the server asked; the trace shows the wait was exactly 1 s, so
+    // the upper bound only keeps a loaded machine from failing the test.
     assert!(elapsed >= Duration::from_secs(1), "{elapsed:?}");
-    assert!(elapsed < Duration::from_millis(1900), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
     assert_eq!(
         trace(&observer),
         [
@@ -223,9 +225,18 @@ async fn a_stall_in_the_headers_is_ended_by_the_attempt_timeout() {
     );
     assert_eq!(server.requests().len(), 2);
     // The abandoned HTTP/1.1 connection is never reused, and the adapter's own client
-    // was rebuilt once (the second timeout came within REBUILD_INTERVAL of the first).
+    // was rebuilt once when the second timeout came within REBUILD_INTERVAL of the
+    // first (about 300 ms later), twice on a machine so loaded it came later.
     assert_eq!(server.connections(), 2);
-    assert_eq!(transport.rebuilds(), 1);
+    let cuts: Vec<_> = observer
+        .events()
+        .into_iter()
+        .filter(|r| matches!(r.event.kind, EventKind::Failed { .. }))
+        .map(|r| r.event.at)
+        .collect();
+    let gap = cuts[1].saturating_duration_since(cuts[0]);
+    let expected = if gap < REBUILD_INTERVAL { 1 } else { 2 };
+    assert_eq!(transport.rebuilds(), expected, "cuts {gap:?} apart");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
