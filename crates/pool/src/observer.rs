@@ -45,8 +45,10 @@ impl<T: ?Sized> MaybeSendSync for T {}
 /// unwinds: a `Started` whose callback panicked is followed by its `Cancelled` (or,
 /// for a refusal, its `Failed`), and a breaker transition whose terminal event
 /// panicked is still reported, so every other observer of a [`Fanout`] sees a
-/// complete stream. A second panic from the observer while the first unwinds is
-/// dropped (it would otherwise abort the process). On `wasm32` a panic aborts.
+/// complete stream. A report made from a destructor while a panic unwinds (the
+/// observer's own first panic, or any other that drops a call) catches a panic of
+/// the observer and drops it: out of a destructor it would abort the process. On
+/// `wasm32` a panic aborts.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU32, Ordering};

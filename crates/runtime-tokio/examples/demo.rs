@@ -527,8 +527,9 @@ struct ApiTotals {
     sends: u64,
     refused: u64,
     unauthorized: u64,
-    /// 401s answered by a new token and the same request sent again (a `Started`
-    /// right after a 401 of the same call).
+    /// 401s answered by a new token and the same request sent again: a `Started`
+    /// right after a 401 of the same call, whose send went out (it ended in
+    /// `Succeeded` or a sent `Failed`, not refused before sending).
     replays: u64,
     /// The breaker opened from closed (an outage began).
     breaker_openings: u64,
@@ -550,8 +551,10 @@ struct Totals {
     per_api: Mutex<HashMap<String, ApiTotals>>,
     /// Calls whose last failure was a 429, by API.
     after_429: Mutex<HashSet<(String, CallId)>>,
-    /// Calls whose last event was a 401, by API: their next `Started` is a replay.
+    /// Calls whose last event was a 401, by API: their next `Started` is a replay,
+    /// then in `replaying` until its send ends.
     after_401: Mutex<HashSet<(String, CallId)>>,
+    replaying: Mutex<HashSet<(String, CallId)>>,
     moments: Arc<Moments>,
 }
 
@@ -576,14 +579,30 @@ impl TransportObserver for Totals {
                 .after_401
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
+            let mut replaying = self
+                .replaying
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let key = event.call.map(|call| (api.to_owned(), call));
-            // Only the event right after a 401 can be its replay.
-            let replay = key.as_ref().is_some_and(|key| after_401.remove(key));
+            // Only the event right after a 401 can be its replay, and it counts once
+            // its send is known to have gone out.
+            if key.as_ref().is_some_and(|key| after_401.remove(key))
+                && matches!(event.kind, EventKind::Started { .. })
+            {
+                replaying.extend(key.clone());
+            }
+            let sent = matches!(
+                event.kind,
+                EventKind::Succeeded { .. } | EventKind::Failed { sent: true, .. }
+            );
+            if key.as_ref().is_some_and(|key| {
+                !matches!(event.kind, EventKind::Started { .. }) && replaying.remove(key)
+            }) && sent
+            {
+                totals.replays += 1;
+                note = Some(format!("{api}: 401, new token, request sent again"));
+            }
             match &event.kind {
-                EventKind::Started { .. } if replay => {
-                    totals.replays += 1;
-                    note = Some(format!("{api}: 401, new token, request sent again"));
-                }
                 EventKind::Succeeded { .. } | EventKind::Cancelled { .. } => totals.sends += 1,
                 EventKind::Failed {
                     sent: true, error, ..
@@ -1191,6 +1210,7 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
         per_api: Mutex::new(HashMap::new()),
         after_429: Mutex::new(HashSet::new()),
         after_401: Mutex::new(HashSet::new()),
+        replaying: Mutex::new(HashSet::new()),
         moments: Arc::clone(&moments),
     });
     let observer: Arc<dyn TransportObserver> = Arc::new(

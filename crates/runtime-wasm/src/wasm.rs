@@ -71,7 +71,7 @@ impl WasmRuntime {
     /// A runtime whose origin is now, with jitter from `Math.random()`.
     ///
     /// It reads `performance.now()` at once, and a sleep calls `setTimeout` when
-    /// first polled: where a global is missing (Node before 18 has no `performance`
+    /// first polled: where a global is missing (Node before 16 has no `performance`
     /// global; some embedded engines and worklets have no timers) that call throws a
     /// JavaScript exception. [`WasmRuntime::try_new`] checks first and returns an
     /// error instead.
