@@ -331,15 +331,20 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// the request id of the last response. An error with a source of its own keeps
     /// it.
     fn after_last_failure(&self, error: ClientError) -> ClientError {
+        let error = self.with_last_request_id(error);
         match &self.last_failure {
-            Some(last) => {
-                let error = error.with_request_id_of(last);
-                if std::error::Error::source(&error).is_none() {
-                    error.with_source(Arc::clone(last) as _)
-                } else {
-                    error
-                }
+            Some(last) if std::error::Error::source(&error).is_none() => {
+                error.with_source(Arc::clone(last) as _)
             }
+            _ => error,
+        }
+    }
+
+    /// `error`, with the request id of the last response the call got if it has no
+    /// response of its own and an earlier send got one.
+    fn with_last_request_id(&self, error: ClientError) -> ClientError {
+        match &self.last_failure {
+            Some(last) => error.with_request_id_of(last),
             None => error,
         }
     }
@@ -929,20 +934,16 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 // As the rules judge it: a `NotSent` past the free redials may have
                 // reached the server.
                 self.reached |= outcome.judged(self.redials).may_have_reached();
-                let mut error = if e.kind() == TransportErrorKind::TimedOut {
+                let error = if e.kind() == TransportErrorKind::TimedOut {
                     ClientError::timed_out(limit.unwrap_or(TimeLimit::Transport), self.attempt)
                         .with_source(Arc::new(e))
                 } else {
                     ClientError::transport(e, self.attempt)
                 };
-                // The id of the last response the call got, if an earlier send got one.
-                if let Some(last) = &self.last_failure {
-                    error = error.with_request_id_of(last);
-                }
                 (
                     outcome,
                     None,
-                    error.with_reached(self.reached),
+                    self.with_last_request_id(error).with_reached(self.reached),
                     cut_by_budget,
                     false,
                 )

@@ -545,16 +545,23 @@ struct ApiTotals {
     longest_after_429: Option<Duration>,
 }
 
+/// Where a call is in a 401's replay.
+#[derive(Debug, Clone, Copy)]
+enum Replay {
+    /// Its last send was answered 401.
+    After401,
+    /// The `Started` after that 401 came; its send has not ended yet.
+    Started,
+}
+
 /// Counts sends and breaker changes, notes the changes as moments, and notes the
 /// waits the client scheduled after a 429.
 struct Totals {
     per_api: Mutex<HashMap<String, ApiTotals>>,
     /// Calls whose last failure was a 429, by API.
     after_429: Mutex<HashSet<(String, CallId)>>,
-    /// Calls whose last event was a 401, by API: their next `Started` is a replay,
-    /// then in `replaying` until its send ends.
-    after_401: Mutex<HashSet<(String, CallId)>>,
-    replaying: Mutex<HashSet<(String, CallId)>>,
+    /// Calls in the middle of a 401's replay, by API.
+    replays: Mutex<HashMap<(String, CallId), Replay>>,
     moments: Arc<Moments>,
 }
 
@@ -575,32 +582,23 @@ impl TransportObserver for Totals {
                 .after_429
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let mut after_401 = self
-                .after_401
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let mut replaying = self
-                .replaying
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut replays = self.replays.lock().unwrap_or_else(PoisonError::into_inner);
             let key = event.call.map(|call| (api.to_owned(), call));
-            // Only the event right after a 401 can be its replay, and it counts once
-            // its send is known to have gone out.
-            if key.as_ref().is_some_and(|key| after_401.remove(key))
-                && matches!(event.kind, EventKind::Started { .. })
-            {
-                replaying.extend(key.clone());
-            }
-            let sent = matches!(
-                event.kind,
-                EventKind::Succeeded { .. } | EventKind::Failed { sent: true, .. }
-            );
-            if key.as_ref().is_some_and(|key| {
-                !matches!(event.kind, EventKind::Started { .. }) && replaying.remove(key)
-            }) && sent
-            {
-                totals.replays += 1;
-                note = Some(format!("{api}: 401, new token, request sent again"));
+            // A replay is the `Started` right after a 401 of the same call; it counts
+            // once its send went out (not refused before sending).
+            let stage = key.as_ref().and_then(|key| replays.remove(key));
+            match (stage, &event.kind) {
+                (Some(Replay::After401), EventKind::Started { .. }) => {
+                    replays.extend(key.clone().map(|key| (key, Replay::Started)));
+                }
+                (
+                    Some(Replay::Started),
+                    EventKind::Succeeded { .. } | EventKind::Failed { sent: true, .. },
+                ) => {
+                    totals.replays += 1;
+                    note = Some(format!("{api}: 401, new token, request sent again"));
+                }
+                _ => {}
             }
             match &event.kind {
                 EventKind::Succeeded { .. } | EventKind::Cancelled { .. } => totals.sends += 1,
@@ -611,7 +609,7 @@ impl TransportObserver for Totals {
                     let status = error.status().map(|s| s.as_u16());
                     if status == Some(401) {
                         totals.unauthorized += 1;
-                        after_401.extend(key.clone());
+                        replays.extend(key.clone().map(|key| (key, Replay::After401)));
                     }
                     if let Some(key) = key {
                         if status == Some(429) {
@@ -1209,8 +1207,7 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
     let totals = Arc::new(Totals {
         per_api: Mutex::new(HashMap::new()),
         after_429: Mutex::new(HashSet::new()),
-        after_401: Mutex::new(HashSet::new()),
-        replaying: Mutex::new(HashSet::new()),
+        replays: Mutex::new(HashMap::new()),
         moments: Arc::clone(&moments),
     });
     let observer: Arc<dyn TransportObserver> = Arc::new(
