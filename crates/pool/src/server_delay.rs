@@ -28,7 +28,7 @@
 //! | a dot without digits on both sides (`1500.`, `.5`, `1.2.3`) | ignored |
 //! | a sign (`+1`, `-1`), an exponent (`1e3`), `inf`, `NaN` | ignored |
 //! | zero (`0`, `0.0`), or a value under 1 ns (`0.0000001`) | ignored |
-//! | more than [`Duration::MAX`] (`999…` with 30 digits) | ignored, not clamped |
+//! | more than [`Duration::MAX`] (`999…` with 30 digits) | [`Duration::MAX`] (see below) |
 //! | ignored for any reason above | `Retry-After` is read instead |
 //!
 //! `Retry-After` (RFC 9110 §10.2.3):
@@ -38,13 +38,19 @@
 //! | ASCII digits (`120`) | that many seconds, up to `u64::MAX` seconds |
 //! | `0` | ignored |
 //! | a sign (`+1`, `-1`), a fraction (`1.5`), an exponent (`1e3`) | ignored |
-//! | more than `u64::MAX` seconds (`99999999999999999999999`) | ignored |
+//! | more than `u64::MAX` seconds (`99999999999999999999999`) | [`Duration::MAX`] (see below) |
 //! | an HTTP-date (IMF-fixdate, RFC 850 or asctime) after `wall_now` | the date minus `wall_now` |
 //! | an HTTP-date at or before `wall_now` | ignored |
 //! | any other date format (`2026-11-29T10:00:00Z`) or text | ignored |
 //!
 //! A date far in the future (year 9999) is accepted as is; the clamp to the policy's
 //! ceiling keeps it sensible.
+//!
+//! A number too large to hold is still a positive whole number: the server asks for a
+//! longer wait than a [`Duration`] can say, so it reads as [`Duration::MAX`], which
+//! the ceiling then cuts to the policy's longest wait. Ignoring it would retry on the
+//! policy's shorter back-off, sooner than the server asked. RFC 9111 §1.2.2 reads an
+//! overflowing delta-seconds the same way (as the largest value one can represent).
 
 use std::time::{Duration, SystemTime};
 
@@ -129,7 +135,7 @@ fn parse_retry_after_ms(text: &str) -> Option<Duration> {
         Some((w, f)) => (w, Some(f)),
         None => (text, None),
     };
-    let mut nanos = digits_value(whole)?.checked_mul(NANOS_PER_MILLI)?;
+    let mut nanos = digits_value(whole)?.saturating_mul(NANOS_PER_MILLI);
     if let Some(fraction) = fraction {
         if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
             return None;
@@ -141,43 +147,46 @@ fn parse_retry_after_ms(text: &str) -> Option<Duration> {
             let d = digits.next().map_or(0, |b| b - b'0');
             sub = sub * 10 + u128::from(d);
         }
-        nanos = nanos.checked_add(sub)?;
+        nanos = nanos.saturating_add(sub);
     }
-    if nanos == 0 {
-        return None;
-    }
-    duration_from_nanos(nanos)
+    (nanos != 0).then(|| duration_from_nanos(nanos))
 }
 
 /// `Retry-After`: whole seconds or an HTTP-date.
 fn parse_retry_after(text: &str, wall_now: SystemTime) -> Option<Duration> {
     if text.bytes().all(|b| b.is_ascii_digit()) {
-        let secs = u64::try_from(digits_value(text)?).ok()?;
-        return (secs > 0).then(|| Duration::from_secs(secs));
+        return match u64::try_from(digits_value(text)?) {
+            Ok(0) => None,
+            Ok(secs) => Some(Duration::from_secs(secs)),
+            Err(_) => Some(Duration::MAX),
+        };
     }
     let date = httpdate::parse_http_date(text).ok()?;
     let ahead = date.duration_since(wall_now).ok()?;
     (!ahead.is_zero()).then_some(ahead)
 }
 
-/// A non-empty run of ASCII digits as a number; `None` on any other byte or overflow.
+/// A non-empty run of ASCII digits as a number, `u128::MAX` when it is larger; `None`
+/// on any other byte.
 fn digits_value(text: &str) -> Option<u128> {
     if text.is_empty() {
         return None;
     }
     text.bytes().try_fold(0u128, |acc, b| {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        acc.checked_mul(10)?.checked_add(u128::from(b - b'0'))
+        b.is_ascii_digit()
+            .then(|| acc.saturating_mul(10).saturating_add(u128::from(b - b'0')))
     })
 }
 
-/// A `Duration` from nanoseconds, or `None` past [`Duration::MAX`].
-fn duration_from_nanos(nanos: u128) -> Option<Duration> {
-    let secs = u64::try_from(nanos / NANOS_PER_SEC).ok()?;
-    let sub = u32::try_from(nanos % NANOS_PER_SEC).ok()?;
-    Some(Duration::new(secs, sub))
+/// A `Duration` from nanoseconds, [`Duration::MAX`] past it.
+fn duration_from_nanos(nanos: u128) -> Duration {
+    match (
+        u64::try_from(nanos / NANOS_PER_SEC),
+        u32::try_from(nanos % NANOS_PER_SEC),
+    ) {
+        (Ok(secs), Ok(sub)) => Duration::new(secs, sub),
+        _ => Duration::MAX,
+    }
 }
 
 #[cfg(test)]
@@ -267,12 +276,12 @@ mod tests {
             (
                 "ms overflow",
                 &[(MS, b"999999999999999999999999999999")],
-                None,
+                Some(Duration::MAX),
             ),
             (
                 "ms just past Duration::MAX",
                 &[(MS, b"18446744073709551616000")],
-                None,
+                Some(Duration::MAX),
             ),
             ("ms empty", &[(MS, b"")], None),
             ("ms only whitespace", &[(MS, b"  ")], None),
@@ -321,7 +330,7 @@ mod tests {
             (
                 "seconds overflow",
                 &[(RA, b"99999999999999999999999")],
-                None,
+                Some(Duration::MAX),
             ),
             (
                 "seconds u64::MAX",
@@ -331,7 +340,7 @@ mod tests {
             (
                 "seconds u64::MAX + 1",
                 &[(RA, b"18446744073709551616")],
-                None,
+                Some(Duration::MAX),
             ),
             ("seconds comma list", &[(RA, b"1, 2")], None),
             (
@@ -473,17 +482,45 @@ mod tests {
             Some(Duration::MAX)
         );
         let one_more = b"18446744073709551616000";
-        assert_eq!(server_delay(&headers(&[(MS, one_more)]), now()), None);
+        assert_eq!(
+            server_delay(&headers(&[(MS, one_more)]), now()),
+            Some(Duration::MAX)
+        );
     }
 
     #[test]
-    fn a_number_past_u128_is_ignored_not_wrapped() {
+    fn a_number_past_u128_saturates_not_wraps() {
         // 11 × 2^128 + 5, which wraps to 5 in a u128.
         let huge = b"3743106036130323098097120681749450326021";
-        for name in [MS, RA] {
+        // With a fraction after it, and a zero padded past u128's digits.
+        let huge_ms = b"3743106036130323098097120681749450326021.5";
+        let zero = b"0000000000000000000000000000000000000000000";
+        for (name, value, delay) in [
+            (MS, &huge[..], Some(Duration::MAX)),
+            (RA, huge, Some(Duration::MAX)),
+            (MS, huge_ms, Some(Duration::MAX)),
+            (MS, zero, None),
+            (RA, zero, None),
+        ] {
             assert_eq!(
-                server_delay(&headers(&[(name, huge)]), now()),
-                None,
+                server_delay(&headers(&[(name, value)]), now()),
+                delay,
+                "{name}: {}",
+                String::from_utf8_lossy(value)
+            );
+        }
+    }
+
+    #[test]
+    fn an_overflowing_number_waits_the_ceiling_not_the_back_off() {
+        let ceiling = secs(30);
+        for (name, value) in [
+            (RA, &b"99999999999999999999999"[..]),
+            (MS, b"999999999999999999999999999999"),
+        ] {
+            assert_eq!(
+                clamped_server_delay(&headers(&[(name, value)]), now(), ceiling),
+                Some(ceiling),
                 "{name}"
             );
         }
