@@ -169,6 +169,7 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //! which ends the call without running its destructors (it never returns and keeps
 //! its permit), and the adapter cannot see the mode on a request.
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(clippy::missing_errors_doc)]
 // The docs are written for native targets and link native-only items (the client
@@ -180,6 +181,9 @@ pub mod error;
 pub mod redirect;
 mod request;
 mod response;
+#[cfg(all(feature = "testkit", not(target_arch = "wasm32")))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub mod scripted;
 
 pub use error::{body_error, transport_error};
 
@@ -192,6 +196,9 @@ pub use error::{body_error, transport_error};
 pub const MAX_WASM_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(i32::MAX as u64);
 pub use request::ReqwestRequest;
 pub use response::ReqwestResponse;
+#[cfg(all(feature = "testkit", not(target_arch = "wasm32")))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub use scripted::ScriptedReqwest;
 
 /// Re-exported so callers name the same reqwest as the adapter.
 pub use reqwest;
@@ -514,18 +521,7 @@ macro_rules! transport_impl {
             /// [`Transport::send`](vantage_api_pool::Transport::send), so a rebuild during
             /// the permit or rate-token wait reaches requests already prepared).
             fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
-                let (client, request) = draft.build_split();
-                let request = request.map_err(transport_error)?;
-                match request.url().scheme() {
-                    "http" | "https" => {}
-                    _ => {
-                        return Err(TransportError::new(
-                            TransportErrorKind::Config,
-                            "the URL scheme is not http or https",
-                        ));
-                    }
-                }
-                Ok(ReqwestRequest::new(client, request))
+                build_request(draft)
             }
 
             /// Sends the request with [`reqwest::Client::execute`] and resolves at the
@@ -589,6 +585,21 @@ macro_rules! transport_impl {
             }
         }
     };
+}
+
+/// A draft built as [`ReqwestTransport::prepare`](vantage_api_pool::Transport::prepare)
+/// builds it (shared with the scripted transport).
+#[inline]
+fn build_request(draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
+    let (client, request) = draft.build_split();
+    let request = request.map_err(transport_error)?;
+    match request.url().scheme() {
+        "http" | "https" => Ok(ReqwestRequest::new(client, request)),
+        _ => Err(TransportError::new(
+            TransportErrorKind::Config,
+            "the URL scheme is not http or https",
+        )),
+    }
 }
 
 /// reqwest hands a request's timeout to `setTimeout` as whole milliseconds, cut
@@ -692,7 +703,14 @@ where
 }
 
 /// Every Rust example of the workspace README, compiled (and the runnable ones run)
-/// as doctests of this crate, whose dev-dependencies cover them all.
-#[cfg(all(doctest, feature = "tokio", not(target_arch = "wasm32")))]
+/// as doctests of this crate, whose dev-dependencies cover them all; with the
+/// features `tokio` and `testkit` (`scripts/test` runs `--all-features`), which the
+/// examples use.
+#[cfg(all(
+    doctest,
+    feature = "tokio",
+    feature = "testkit",
+    not(target_arch = "wasm32")
+))]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;

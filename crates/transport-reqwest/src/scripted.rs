@@ -1,0 +1,312 @@
+//! [`ScriptedReqwest`]: the testkit's scripted API behind reqwest's types, so code
+//! written for [`ReqwestTransport`](crate::ReqwestTransport) runs on virtual time.
+//!
+//! A call over `ReqwestTransport` takes a closure that receives a [`reqwest::Client`]
+//! and returns a [`reqwest::RequestBuilder`], and gets back a [`ReqwestResponse`] to be
+//! read with reqwest's own methods (`json`, `text`, `bytes`). The testkit's
+//! [`ScriptedTransport`] has types of its own, so that code could not be tested on
+//! it. `ScriptedReqwest` has the same four port types as `ReqwestTransport`; it
+//! builds the draft as reqwest does (the same `prepare`, with the same
+//! [`Config`](vantage_api_pool::TransportErrorKind::Config) errors), hands the
+//! request to a [`ScriptedTransport`] on a
+//! [`VirtualRuntime`](vantage_api_pool_testkit::VirtualRuntime), and turns its
+//! scripted reply into a real [`reqwest::Response`] whose body streams the reply's
+//! chunks on the virtual clock. Nothing touches a socket.
+//!
+//! What the script sees and records of the request:
+//!
+//! | of the `reqwest::Request` | in the [`ScriptedRequest`](vantage_api_pool_testkit::ScriptedRequest) |
+//! |---|---|
+//! | method | the method |
+//! | URL | its path and query (`/orders?page=2`): `on_path` routes on it; scheme, host and port are not kept |
+//! | headers the request carries | the headers, every line (not the client's default headers, which reqwest adds when it sends) |
+//! | body | its bytes; a streamed body is read to its end first (one that fails is `Interrupted` and reaches no script, as a caller's failing body does over the real adapter) |
+//! | `timeout` | not applied: the loop's attempt time limit and the call's budget are |
+//!
+//! And of the reply, in the response:
+//!
+//! | reply | `ReqwestResponse` |
+//! |---|---|
+//! | status and headers | the same |
+//! | body chunks, delays, stalls | streamed as reqwest's body: `chunk`, `bytes`, `text`, `json` wait on the virtual clock |
+//! | a body that fails after `n` bytes | a reqwest body error after them, mapped as the real adapter maps one: `TimedOut` for a scripted `TimedOut`, `Interrupted` otherwise |
+//! | [`credentials_dropped`](vantage_api_pool_testkit::Reply::credentials_dropped) | [`credentials_dropped`](vantage_api_pool::transport::SendTransportResponse::credentials_dropped) |
+//! | — | `url()` is `http://no.url.provided.local/` (reqwest's for a response it did not fetch) |
+//!
+//! A failed send ([`Reply::fail`](vantage_api_pool_testkit::Reply::fail), a stall ended
+//! by a time limit) is the scripted [`TransportError`] as it is.
+//!
+//! ```
+//! use std::time::Duration;
+//! use vantage_api_pool::{CallPolicy, Jitter, ResilientClient, RetryPolicy, Runtime, Transport};
+//! use vantage_api_pool_reqwest::{ReqwestResponse, ScriptedReqwest, reqwest};
+//! use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+//!
+//! // The code under test, written for reqwest: over `ReqwestTransport` it runs as is.
+//! async fn order_count<T, R>(api: &ResilientClient<T, R>) -> Result<usize, Box<dyn std::error::Error>>
+//! where
+//!     T: Transport<Handle = reqwest::Client, Draft = reqwest::RequestBuilder, Response = ReqwestResponse>,
+//!     R: Runtime,
+//! {
+//!     let response = api.execute(|http| http.get("https://orders.example/orders?open=1")).await?;
+//!     Ok(response.text().await?.lines().count())
+//! }
+//!
+//! let rt = VirtualRuntime::new();
+//! let script = ScriptedTransport::new(&rt);
+//! script.push(Reply::status(503).header("retry-after", "2"));
+//! script.push(Reply::ok().body("a\nb\nc").chunk_size(2));
+//! let api = ResilientClient::builder(ScriptedReqwest::new(script.clone())?, rt.clone())
+//!     .default_policy(CallPolicy::bounded(RetryPolicy::default()).with_jitter(Jitter::None)?)
+//!     .build()?;
+//!
+//! assert_eq!(rt.block_on(order_count(&api))?.unwrap(), 3);
+//! assert_eq!(rt.elapsed(), Duration::from_secs(2)); // the server's delay, on virtual time
+//! assert_eq!(script.requests()[1].path, "/orders?open=1");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use vantage_api_pool::transport::{SendTransport, SendTransportResponse};
+use vantage_api_pool::{TransportError, TransportErrorKind};
+use vantage_api_pool_testkit::{ScriptedRequestBuilder, ScriptedResponse, ScriptedTransport};
+
+use crate::{ReqwestRequest, ReqwestResponse};
+
+/// The testkit's [`ScriptedTransport`] behind reqwest's types: a transport whose
+/// request closure receives a [`reqwest::Client`] and whose responses are
+/// [`ReqwestResponse`]s, answered from the script on the virtual clock. See the
+/// [module docs](self) for what passes through and what does not.
+///
+/// Clones of the `ScriptedTransport` given to [`new`](ScriptedReqwest::new) share its
+/// script and record: keep one to push replies and read
+/// [`requests`](ScriptedTransport::requests).
+pub struct ScriptedReqwest {
+    /// Only builds drafts: nothing is ever sent through it.
+    http: reqwest::Client,
+    script: ScriptedTransport,
+}
+
+impl ScriptedReqwest {
+    /// A transport answered by `script`.
+    ///
+    /// # Errors
+    ///
+    /// [`TransportErrorKind::Config`] when reqwest cannot build the client the request
+    /// closures receive (its TLS set-up failed); it never connects anywhere.
+    pub fn new(script: ScriptedTransport) -> Result<Self, TransportError> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(crate::transport_error)?;
+        Ok(ScriptedReqwest { http, script })
+    }
+
+    /// The script behind it (the one given to [`new`](ScriptedReqwest::new)).
+    #[must_use]
+    pub fn script(&self) -> &ScriptedTransport {
+        &self.script
+    }
+}
+
+impl fmt::Debug for ScriptedReqwest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScriptedReqwest")
+            .field("script", &self.script)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SendTransport for ScriptedReqwest {
+    type Handle = reqwest::Client;
+    type Draft = reqwest::RequestBuilder;
+    type Request = ReqwestRequest;
+    type Response = ReqwestResponse;
+
+    fn handle(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// As [`ReqwestTransport`](crate::ReqwestTransport)'s: reqwest builds the draft;
+    /// an invalid URL, header or body, or a scheme other than `http` or `https`, is
+    /// [`Config`](TransportErrorKind::Config).
+    fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
+        crate::build_request(draft)
+    }
+
+    /// Reads a streamed body to its end, then sends the request to the script and
+    /// turns its reply into a [`ReqwestResponse`] (see the [module docs](self)).
+    fn send(
+        &self,
+        request: ReqwestRequest,
+    ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> + Send {
+        let (_, request) = request.into_parts();
+        async move {
+            let draft = scripted_draft(request).await?;
+            let request = self.script.prepare(draft)?;
+            let response = self.script.send(request).await?;
+            Ok(into_reqwest(response))
+        }
+    }
+
+    fn admit(&self) -> impl Future<Output = ()> + Send {
+        self.script.admit()
+    }
+
+    /// Counted by the script ([`ScriptedTransport::distrusted`]).
+    fn distrust_connection(&self) {
+        self.script.distrust_connection();
+    }
+}
+
+/// The script's draft of a built reqwest request.
+async fn scripted_draft(
+    request: reqwest::Request,
+) -> Result<ScriptedRequestBuilder, TransportError> {
+    let url = request.url();
+    let path = match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_owned(),
+    };
+    let mut draft =
+        vantage_api_pool_testkit::ScriptedHttp::default().request(request.method().clone(), path);
+    for (name, value) in request.headers() {
+        draft = draft.header(name.clone(), value.clone());
+    }
+    let body = match request.body() {
+        None => Bytes::new(),
+        Some(body) => match body.as_bytes() {
+            Some(bytes) => Bytes::copy_from_slice(bytes),
+            None => read_streamed(request).await?,
+        },
+    };
+    Ok(draft.body(body))
+}
+
+/// A streamed request body, read to its end.
+async fn read_streamed(mut request: reqwest::Request) -> Result<Bytes, TransportError> {
+    let Some(mut body) = request.body_mut().take() else {
+        return Ok(Bytes::new());
+    };
+    let mut bytes = Vec::new();
+    loop {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        match frame {
+            None => return Ok(Bytes::from(bytes)),
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    bytes.extend_from_slice(data);
+                }
+            }
+            Some(Err(err)) => {
+                let err = crate::transport_error(err);
+                return Err(TransportError::new(
+                    TransportErrorKind::Interrupted,
+                    format!("the request body failed: {}", err.message()),
+                ));
+            }
+        }
+    }
+}
+
+/// The script's response as reqwest's.
+fn into_reqwest(response: ScriptedResponse) -> ReqwestResponse {
+    let dropped = response.credentials_dropped();
+    let mut head = http::Response::builder().status(response.status());
+    if let Some(headers) = head.headers_mut() {
+        headers.clone_from(response.headers());
+    }
+    let size = response.content_length();
+    let body = ScriptedBody {
+        state: Mutex::new(BodyState::Idle(response)),
+        size,
+    };
+    let response = match head.body(reqwest::Body::wrap(body)) {
+        Ok(response) => response,
+        // A status and headers taken from a valid response make a valid one.
+        Err(_) => http::Response::new(reqwest::Body::from(Bytes::new())),
+    };
+    ReqwestResponse::answered(reqwest::Response::from(response), dropped)
+}
+
+type Reading =
+    Pin<Box<dyn Future<Output = (ScriptedResponse, Result<Option<Bytes>, TransportError>)> + Send>>;
+
+/// A scripted response's body as an [`http_body::Body`] for reqwest: each frame is
+/// the next chunk the script gives, on the virtual clock. The state sits in a mutex
+/// only to make the body `Sync`, as [`reqwest::Body::wrap`] asks; `poll_frame` has it
+/// by `&mut` and never locks.
+struct ScriptedBody {
+    state: Mutex<BodyState>,
+    size: Option<u64>,
+}
+
+enum BodyState {
+    Idle(ScriptedResponse),
+    Reading(Reading),
+    Done,
+}
+
+impl HttpBody for ScriptedBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let state = self
+            .get_mut()
+            .state
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        loop {
+            match std::mem::replace(state, BodyState::Done) {
+                BodyState::Idle(mut response) => {
+                    *state = BodyState::Reading(Box::pin(async move {
+                        let chunk = response.chunk().await;
+                        (response, chunk)
+                    }));
+                }
+                BodyState::Reading(mut reading) => {
+                    return match reading.as_mut().poll(cx) {
+                        Poll::Pending => {
+                            *state = BodyState::Reading(reading);
+                            Poll::Pending
+                        }
+                        Poll::Ready((response, Ok(Some(chunk)))) => {
+                            *state = BodyState::Idle(response);
+                            Poll::Ready(Some(Ok(Frame::data(chunk))))
+                        }
+                        Poll::Ready((_, Ok(None))) => Poll::Ready(None),
+                        Poll::Ready((_, Err(err))) => Poll::Ready(Some(Err(io_error(err)))),
+                    };
+                }
+                BodyState::Done => return Poll::Ready(None),
+            }
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.size
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+/// A scripted body failure as the I/O error reqwest would meet: a `TimedOut` one
+/// reads as a timeout ([`reqwest::Error::is_timeout`]), any other as a broken body.
+fn io_error(err: TransportError) -> io::Error {
+    let kind = match err.kind() {
+        TransportErrorKind::TimedOut => io::ErrorKind::TimedOut,
+        _ => io::ErrorKind::ConnectionReset,
+    };
+    io::Error::new(kind, err)
+}

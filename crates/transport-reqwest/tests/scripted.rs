@@ -1,0 +1,290 @@
+//! `ScriptedReqwest`: code written for reqwest (its request closures, its responses)
+//! on virtual time. No socket is opened and nothing sleeps in real time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use vantage_api_pool::transport::SendTransportResponse;
+use vantage_api_pool::{
+    CallPolicy, ErrorKind, EventKind, Jitter, ResilientClient, RetryPolicy, Transport,
+    TransportErrorKind,
+};
+use vantage_api_pool_reqwest::{ReqwestResponse, ScriptedReqwest, reqwest};
+use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
+
+const URL: &str = "https://orders.example/v1/orders";
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// A virtual clock, its script, and a client over `ScriptedReqwest` that retries
+/// without jitter.
+fn set_up() -> (
+    VirtualRuntime,
+    ScriptedTransport,
+    ResilientClient<ScriptedReqwest, VirtualRuntime>,
+) {
+    let rt = VirtualRuntime::new();
+    let script = ScriptedTransport::new(&rt);
+    let transport = ScriptedReqwest::new(script.clone()).expect("a client that never sends");
+    let policy = CallPolicy::bounded(RetryPolicy::default())
+        .with_jitter(Jitter::None)
+        .expect("no jitter");
+    let client = ResilientClient::builder(transport, rt.clone())
+        .default_policy(policy)
+        .build()
+        .expect("client");
+    (rt, script, client)
+}
+
+#[test]
+fn the_script_sees_what_the_reqwest_closure_built() {
+    let (rt, script, client) = set_up();
+    script.push(Reply::status(201));
+    let response = rt
+        .block_on(client.execute(|http| {
+            http.post(format!("{URL}?dry_run=1&page=2"))
+                .header("x-trace", "t1")
+                .header("x-trace", "t2")
+                .header("content-type", "application/json")
+                .body("[1,2,3]")
+        }))
+        .expect("driven")
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let sent = &script.requests()[0];
+    assert_eq!(sent.method, Method::POST);
+    assert_eq!(sent.path, "/v1/orders?dry_run=1&page=2");
+    let traces: Vec<_> = sent.headers.get_all("x-trace").iter().collect();
+    assert_eq!(traces, ["t1", "t2"]);
+    assert_eq!(sent.headers["content-type"], "application/json");
+    assert_eq!(sent.body, Bytes::from_static(b"[1,2,3]"));
+}
+
+#[test]
+fn a_streamed_request_body_is_read_to_its_end_first() {
+    let (rt, script, client) = set_up();
+    script.push(Reply::ok());
+    let pieces: Vec<Result<&'static str, std::io::Error>> = vec![Ok("ab"), Ok("cd")];
+    let mut pieces = Some(pieces);
+    rt.block_on(client.execute(|http| {
+        let body =
+            reqwest::Body::wrap_stream(futures::stream::iter(pieces.take().expect("one attempt")));
+        http.put(URL).body(body)
+    }))
+    .expect("driven")
+    .expect("answered");
+    assert_eq!(script.requests()[0].body, Bytes::from_static(b"abcd"));
+}
+
+#[test]
+fn a_failing_request_body_is_interrupted_and_reaches_no_script() {
+    let (rt, script, client) = set_up();
+    script.default_reply(Reply::ok());
+    let err = rt
+        .block_on(client.execute_with(&CallPolicy::background(), |http| {
+            let pieces: Vec<Result<&'static str, std::io::Error>> =
+                vec![Ok("ab"), Err(std::io::Error::other("disk gone"))];
+            http.put(URL)
+                .body(reqwest::Body::wrap_stream(futures::stream::iter(pieces)))
+        }))
+        .expect("driven")
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted)
+    );
+    assert_eq!(script.request_count(), 0);
+}
+
+#[test]
+fn a_draft_reqwest_cannot_build_is_config_and_never_sent() {
+    let (rt, script, client) = set_up();
+    script.default_reply(Reply::ok());
+    for url in ["not a url", "ftp://orders.example/x"] {
+        let err = rt
+            .block_on(client.execute(|http| http.get(url)))
+            .expect("driven")
+            .unwrap_err();
+        assert_eq!(
+            err.kind(),
+            ErrorKind::Transport(TransportErrorKind::Config),
+            "{url}"
+        );
+        assert!(err.nothing_sent(), "{url}");
+    }
+    assert_eq!(script.request_count(), 0);
+}
+
+#[test]
+fn the_body_streams_on_the_virtual_clock_through_reqwest() {
+    let (rt, script, client) = set_up();
+    script.push(
+        Reply::ok()
+            .header("content-length", "9")
+            .body("one;two;3")
+            .chunk_size(4)
+            .chunk_delay(secs(1)),
+    );
+    let text = rt
+        .block_on(async {
+            let response = client.execute(|http| http.get(URL)).await?;
+            assert_eq!(response.content_length(), Some(9));
+            // reqwest's own reader, over the scripted chunks.
+            let mut inner = response.into_inner();
+            let mut chunks = Vec::new();
+            while let Some(chunk) = inner.chunk().await.expect("no failure") {
+                chunks.push(chunk);
+            }
+            Ok::<_, vantage_api_pool::ClientError>(chunks)
+        })
+        .expect("driven")
+        .expect("answered");
+    assert_eq!(text, ["one;", "two;", "3"]);
+    // Each of the three chunks came a virtual second after the one before.
+    assert_eq!(rt.elapsed(), secs(3));
+}
+
+#[test]
+fn a_body_that_fails_maps_as_the_real_adapter_maps_it() {
+    for (kind, want) in [
+        (TransportErrorKind::TimedOut, TransportErrorKind::TimedOut),
+        (
+            TransportErrorKind::Interrupted,
+            TransportErrorKind::Interrupted,
+        ),
+        (TransportErrorKind::Connect, TransportErrorKind::Interrupted),
+    ] {
+        let (rt, script, client) = set_up();
+        script.push(
+            Reply::ok()
+                .body("abcdef")
+                .body_fails_after(4, kind, "the line dropped"),
+        );
+        let (got, err) = rt
+            .block_on(async {
+                let mut response = client.execute(|http| http.get(URL)).await?;
+                let mut got = Vec::new();
+                loop {
+                    match SendTransportResponse::chunk(&mut response).await {
+                        Ok(Some(chunk)) => got.extend_from_slice(&chunk),
+                        Ok(None) => panic!("{kind:?}: the body ended without its failure"),
+                        Err(err) => return Ok::<_, vantage_api_pool::ClientError>((got, err)),
+                    }
+                }
+            })
+            .expect("driven")
+            .expect("answered");
+        assert_eq!(got, b"abcd", "{kind:?}");
+        assert_eq!(err.kind(), want, "{kind:?}: {err}");
+        assert!(!err.message().contains("orders.example"), "{err}");
+    }
+}
+
+#[test]
+fn an_error_body_that_stalls_is_cut_by_the_attempt_time_limit() {
+    let (rt, script, client) = set_up();
+    script.push(Reply::status(502).body("bad gateway").body_stalls_after(3));
+    let policy = CallPolicy::background()
+        .with_attempt_timeout(secs(2))
+        .expect("policy");
+    let err = rt
+        .block_on(client.execute_with(&policy, |http| http.get(URL)))
+        .expect("driven")
+        .unwrap_err();
+    assert_eq!(err.status(), Some(StatusCode::BAD_GATEWAY));
+    assert_eq!(err.body(), Some(&b"bad"[..]));
+    assert_eq!(rt.elapsed(), secs(2));
+}
+
+#[test]
+fn retry_after_and_failures_before_the_head_come_from_the_script() {
+    let (rt, script, client) = set_up();
+    script.push(Reply::status(503).header("retry-after", "3"));
+    script.push(Reply::fail(TransportErrorKind::Connect, "refused"));
+    script.push(Reply::ok().body("done"));
+    let body = rt
+        .block_on(async {
+            let response = client.execute(|http| http.get(URL)).await?;
+            Ok::<_, vantage_api_pool::ClientError>(response.text().await)
+        })
+        .expect("driven")
+        .expect("answered")
+        .expect("body");
+    assert_eq!(body, "done");
+    let at: Vec<Duration> = script
+        .requests()
+        .iter()
+        .map(|r| r.at.since_origin())
+        .collect();
+    // 3 s as the server asked; then the policy's second back-off, 500 ms.
+    assert_eq!(at, [secs(0), secs(3), Duration::from_millis(3_500)]);
+}
+
+#[test]
+fn a_reply_marked_credentials_dropped_says_so_through_reqwest() {
+    let (rt, script, client) = set_up();
+    script.push(Reply::ok().credentials_dropped());
+    script.push(Reply::ok());
+    let marks: Vec<bool> = (0..2)
+        .map(|_| {
+            let response: ReqwestResponse = rt
+                .block_on(client.execute(|http| http.get(URL)))
+                .expect("driven")
+                .expect("answered");
+            SendTransportResponse::credentials_dropped(&response)
+        })
+        .collect();
+    assert_eq!(marks, [true, false]);
+}
+
+#[test]
+fn cooldown_doubling_over_five_minutes_with_a_reqwest_closure() {
+    let rt = VirtualRuntime::new();
+    let script = ScriptedTransport::new(&rt);
+    script.default_reply(Reply::status(503));
+    let events = RecordingObserver::new();
+    let client =
+        ResilientClient::builder(ScriptedReqwest::new(script.clone()).unwrap(), rt.clone())
+            .breaker(3, secs(10), secs(80))
+            .observer("orders-api", Arc::new(events.clone()))
+            .build()
+            .unwrap();
+    let call = rt.spawn(async move {
+        client
+            .execute_with(&CallPolicy::essential(), |http| http.get(URL))
+            .await
+            .map(|_| ())
+    });
+    rt.run_for(secs(5 * 60)).unwrap();
+    call.abort();
+    let cooldowns: Vec<u64> = events
+        .events()
+        .iter()
+        .filter_map(|e| match e.event.kind {
+            EventKind::BreakerOpened { cooldown } => Some(cooldown.as_secs()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        cooldowns.starts_with(&[10, 20, 40, 80, 80]),
+        "{cooldowns:?}"
+    );
+    events.check_contract().unwrap();
+}
+
+#[test]
+fn a_call_over_it_is_send_and_the_script_counts_distrust() {
+    fn assert_send<F: Send>(_: &F) {}
+    let (rt, script, client) = set_up();
+    let call = client.execute(|http| http.get(URL));
+    assert_send(&call);
+    drop(call);
+    client.transport().distrust_connection();
+    assert_eq!(script.distrusted(), 1);
+    assert_eq!(client.transport().script().distrusted(), 1);
+    let _ = rt;
+}
