@@ -35,7 +35,7 @@ use crate::time::Instant;
 pub const PROBE_RECHECK: Duration = Duration::from_millis(5);
 
 /// The breaker's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BreakerConfig {
     threshold: u32,
     cooldown: Duration,
@@ -129,7 +129,7 @@ impl BreakerConfig {
 
 /// What [`breaker_state`](crate::ResilientClient::breaker_state) reports.
 #[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BreakerState {
     /// Requests flow.
     Closed,

@@ -29,7 +29,7 @@ pub const MAX_ERROR_BODY: usize = 2048;
 /// assert_eq!(err.reason(), "must be greater than zero");
 /// assert_eq!(err.to_string(), "invalid attempt_timeout: must be greater than zero");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("invalid {setting}: {reason}")]
 pub struct ConfigError {
     setting: &'static str,

@@ -699,3 +699,29 @@ fn execute_with_owned_runs_under_the_policy_it_is_given() {
     assert_eq!(err.status().map(|s| s.as_u16()), Some(503));
     assert_eq!(w.transport.request_count(), 1);
 }
+
+#[test]
+fn settings_states_and_their_errors_can_be_map_keys() {
+    use std::collections::HashSet;
+    use vantage_api_pool::breaker::BreakerConfig;
+    use vantage_api_pool::{ErrorKind, TimeLimit};
+    fn keys<T: std::hash::Hash + Eq>(values: impl IntoIterator<Item = T>) -> usize {
+        values.into_iter().collect::<HashSet<T>>().len()
+    }
+    let secs = Duration::from_secs;
+    assert_eq!(
+        keys([
+            BreakerState::Closed,
+            BreakerState::HalfOpen,
+            BreakerState::Closed
+        ]),
+        2
+    );
+    let config = BreakerConfig::new(3, secs(10), secs(80)).unwrap();
+    assert_eq!(keys([config, config]), 1);
+    let refused = RetryPolicy::new(1, secs(5), secs(1)).unwrap_err();
+    assert_eq!(keys([refused.clone(), refused]), 1);
+    assert_eq!(keys([ErrorKind::Auth, ErrorKind::BreakerOpen]), 2);
+    assert_eq!(keys([TimeLimit::Budget, TimeLimit::Budget]), 1);
+    assert_eq!(keys([RetryPolicy::default(), RetryPolicy::default()]), 1);
+}
