@@ -2,7 +2,7 @@
 //! was refused.
 //!
 //! Neither `Display` nor `Debug` of these types ever contains a URL, a body or a
-//! header value: bodies and request ids are reachable only through accessors.
+//! header value: bodies, headers and request ids are reachable only through accessors.
 
 use std::borrow::Cow;
 use std::error::Error as StdError;
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 
 use crate::transport::{TransportError, TransportErrorKind};
 
@@ -165,6 +165,8 @@ pub struct ClientError {
     kind: ErrorKind,
     attempts: u32,
     body: Option<Bytes>,
+    // The headers of the error's own response (`Status` only).
+    headers: Option<Arc<HeaderMap>>,
     request_id: Option<Arc<str>>,
     retry_after: Option<Duration>,
     reached: bool,
@@ -182,6 +184,7 @@ impl ClientError {
             kind,
             attempts,
             body: None,
+            headers: None,
             request_id: None,
             retry_after: None,
             reached: false,
@@ -223,6 +226,11 @@ impl ClientError {
         if !matches!(self.kind, ErrorKind::Status(_)) && self.request_id.is_none() {
             self.request_id.clone_from(&earlier.request_id);
         }
+        self
+    }
+
+    pub(crate) fn with_headers(mut self, headers: Arc<HeaderMap>) -> Self {
+        self.headers = Some(headers);
         self
     }
 
@@ -304,6 +312,31 @@ impl ClientError {
     #[must_use]
     pub fn request_id(&self) -> Option<&str> {
         self.request_id.as_deref()
+    }
+
+    /// The headers of the response this error is about, for [`ErrorKind::Status`]
+    /// (a final 404's `Location`, a 401's `WWW-Authenticate`, a 429's rate-limit
+    /// headers once its retries ran out); `None` for every other kind, which has no
+    /// response of its own (when the breaker or a time limit ended the call before its
+    /// next send went out, [`last_failure`](ClientError::last_failure) is the failed
+    /// send before, with its headers). Neither `Display` nor `Debug` shows their
+    /// values.
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallPolicy, ResilientClient};
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let api = ScriptedTransport::new(&rt);
+    /// api.push(Reply::status(409).header("location", "/orders/7"));
+    /// let client = ResilientClient::builder(api, rt.clone()).build()?;
+    /// let err = rt.block_on(client.execute(|http| http.post("/orders")))?.unwrap_err();
+    /// assert_eq!(err.headers().map(|h| &h["location"]), Some(&"/orders/7".parse()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn headers(&self) -> Option<&HeaderMap> {
+        self.headers.as_deref()
     }
 
     /// Which time limit ended the call, for [`ErrorKind::TimedOut`]; `None` for every
@@ -447,6 +480,7 @@ impl fmt::Debug for ClientError {
             .field("kind", &self.kind)
             .field("attempts", &self.attempts)
             .field("body_len", &self.body.as_ref().map(Bytes::len))
+            .field("header_count", &self.headers.as_ref().map(|h| h.len()))
             .field("has_request_id", &self.request_id.is_some())
             .field("retry_after", &self.retry_after)
             .field("time_limit", &self.time_limit)

@@ -952,6 +952,74 @@ fn an_error_without_a_response_carries_the_request_id_of_the_last_response() {
 }
 
 #[test]
+fn a_status_error_keeps_its_own_responses_headers_and_only_those() {
+    // A final 4xx: every header line of its response, in order.
+    let w = World::new();
+    w.transport.push(
+        Reply::status(409)
+            .header("location", "/orders/7")
+            .header("link", "<a>")
+            .header("link", "<b>"),
+    );
+    let client = w.client();
+    let err = w.background_error(&client);
+    let headers = err
+        .headers()
+        .expect("a status error has its response's headers");
+    assert_eq!(headers["location"], "/orders/7");
+    let links: Vec<_> = headers.get_all("link").iter().collect();
+    assert_eq!(links, ["<a>", "<b>"]);
+    // Debug shows how many, never a value.
+    let debug = format!("{err:?}");
+    assert!(debug.contains("header_count: Some(3)"), "{debug}");
+    assert!(!debug.contains("/orders/7"), "{debug}");
+    w.assert_last_failed_is(&err);
+
+    // Retries: the last response's headers, not the first's.
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(503).header("x-ratelimit-reset", "first"),
+        Reply::status(503).header("x-ratelimit-reset", "last"),
+    ]);
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.headers().unwrap()["x-ratelimit-reset"], "last");
+
+    // An error with no response of its own has none: a timed-out retry, or the
+    // breaker's refusal of the retry, whose last failure keeps the 503's.
+    let w = World::new();
+    w.transport
+        .push(Reply::status(503).header("x-ratelimit-reset", "soon"))
+        .push(Reply::stall());
+    let client = w.client();
+    let err =
+        w.rt.block_on(
+            client.execute_with(&bounded_within(1, ms(10), secs(1), secs(30)), |h| {
+                h.get("/x")
+            }),
+        )
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert!(err.headers().is_none(), "{err:?}");
+    let w = World::new();
+    w.transport
+        .push(Reply::status(503).header("x-ratelimit-reset", "soon"));
+    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(1, ms(10)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BreakerOpen);
+    assert!(err.headers().is_none(), "{err:?}");
+    let last = err.last_failure().expect("the 503 the breaker opened on");
+    assert_eq!(last.headers().unwrap()["x-ratelimit-reset"], "soon");
+}
+
+#[test]
 fn an_error_body_read_a_byte_at_a_time_is_cut_on_a_character_boundary() {
     // The character split by the 2,048-byte cut is seen whole only if the read
     // goes past the cut; then it is dropped whole.

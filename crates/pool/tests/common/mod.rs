@@ -275,10 +275,11 @@ impl TransportResponse for Chunks {
 pub fn error_difference(a: &ClientError, b: &ClientError) -> Option<String> {
     let fields = |e: &ClientError| {
         format!(
-            "{:?} {} {:?} {:?} {:?} {:?} {} {} {:?} {}",
+            "{:?} {} {:?} {:?} {:?} {:?} {:?} {} {} {:?} {}",
             e.kind(),
             e.attempts(),
             e.body(),
+            e.headers(),
             e.request_id(),
             e.retry_after(),
             e.time_limit(),
