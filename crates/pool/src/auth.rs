@@ -140,9 +140,14 @@ pub trait TokenSource {
 
     /// Fetches a fresh token, as the header name and value to apply
     /// (for example `authorization: Bearer …`). The value is marked sensitive before
-    /// use. Dropping the future abandons the fetch. A name among
-    /// [`RESERVED_TOKEN_HEADERS`], or an empty or blank value, is refused as a failed
-    /// fetch.
+    /// use, and replaces any header of that name the request closure set. Dropping the
+    /// future abandons the fetch. A name among [`RESERVED_TOKEN_HEADERS`], or an empty
+    /// or blank value, is refused as a failed fetch.
+    ///
+    /// Never fetch through the client this source belongs to (a token endpoint on the
+    /// same API needs a client of its own, or a plain `reqwest::Client`): the inner
+    /// call waits for a token, which waits for the fetch it is part of, so both wait
+    /// until a time limit or a drop ends them.
     fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>>;
 }
 

@@ -222,7 +222,7 @@ pub trait PreparedRequest {
     /// The first value of header `name`, if present.
     fn header(&self, name: &HeaderName) -> Option<&HeaderValue>;
 
-    /// Sets header `name`, replacing any value it had.
+    /// Sets header `name`, replacing every value (line) it had.
     fn set_header(&mut self, name: HeaderName, value: HeaderValue);
 }
 

@@ -1457,6 +1457,25 @@ fn a_token_under_a_framing_header_or_with_an_empty_value_is_an_auth_error() {
 }
 
 #[test]
+fn the_token_replaces_a_header_of_its_name_the_closure_set() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let client = with_token(&w, AUTHORIZATION, "Bearer from-the-source");
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| {
+        h.get("/x")
+            .header(AUTHORIZATION, "Bearer from-the-closure")
+            .header(AUTHORIZATION, "Basic second-line")
+            .header("x-other", "kept")
+    }))
+    .unwrap()
+    .unwrap();
+    let sent = &w.transport.requests()[0].headers;
+    let auth: Vec<_> = sent.get_all(AUTHORIZATION).iter().collect();
+    assert_eq!(auth, ["Bearer from-the-source"]);
+    assert_eq!(sent["x-other"], "kept");
+}
+
+#[test]
 fn the_token_never_appears_in_events_errors_or_debug() {
     let w = World::new();
     require_token(&w, "never");
