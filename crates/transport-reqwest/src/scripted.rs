@@ -28,6 +28,7 @@
 //! | reply | `ReqwestResponse` |
 //! |---|---|
 //! | status and headers | the same |
+//! | the body of a response to `HEAD`, or of a 1xx, 204 or 304 | empty, `content_length()` 0 (as hyper reads them; the script's body is not read) |
 //! | body chunks, delays, stalls | streamed as reqwest's body: `chunk`, `bytes`, `text`, `json` wait on the virtual clock |
 //! | a body that fails after `n` bytes | a reqwest body error after them, mapped as the real adapter maps one: `TimedOut` for a scripted `TimedOut`, `Interrupted` otherwise |
 //! | [`credentials_dropped`](vantage_api_pool_testkit::Reply::credentials_dropped) | [`credentials_dropped`](vantage_api_pool::transport::SendTransportResponse::credentials_dropped) |
@@ -149,11 +150,12 @@ impl SendTransport for ScriptedReqwest {
         request: ReqwestRequest,
     ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> + Send {
         let (_, request) = request.into_parts();
+        let head_request = request.method() == http::Method::HEAD;
         async move {
             let draft = scripted_draft(request).await?;
             let request = self.script.prepare(draft)?;
             let response = self.script.send(request).await?;
-            Ok(into_reqwest(response))
+            Ok(into_reqwest(response, head_request))
         }
     }
 
@@ -218,15 +220,28 @@ async fn read_streamed(mut request: reqwest::Request) -> Result<Bytes, Transport
 }
 
 /// The script's response as reqwest's.
-fn into_reqwest(response: ScriptedResponse) -> ReqwestResponse {
+/// The script's response as reqwest's. As hyper does, the response to a `HEAD`, and a
+/// 1xx, 204 or 304, has an empty body of length 0 whatever its `Content-Length` says
+/// (the script's body is not read).
+fn into_reqwest(response: ScriptedResponse, head_request: bool) -> ReqwestResponse {
     let dropped = response.credentials_dropped();
-    let mut head = http::Response::builder().status(response.status());
+    let status = response.status();
+    let mut head = http::Response::builder().status(status);
     if let Some(headers) = head.headers_mut() {
         headers.clone_from(response.headers());
     }
-    let size = response.content_length();
+    let bodiless = head_request
+        || status.is_informational()
+        || status == http::StatusCode::NO_CONTENT
+        || status == http::StatusCode::NOT_MODIFIED;
+    let (state, size) = if bodiless {
+        (BodyState::Done, Some(0))
+    } else {
+        let size = response.content_length();
+        (BodyState::Idle(response), size)
+    };
     let body = ScriptedBody {
-        state: Mutex::new(BodyState::Idle(response)),
+        state: Mutex::new(state),
         size,
     };
     let response = match head.body(reqwest::Body::wrap(body)) {

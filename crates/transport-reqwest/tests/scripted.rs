@@ -149,6 +149,38 @@ fn the_body_streams_on_the_virtual_clock_through_reqwest() {
 }
 
 #[test]
+fn a_head_or_bodiless_status_has_an_empty_body_as_hyper_reads_it() {
+    for (method, status) in [(Method::HEAD, 200), (Method::GET, 204), (Method::GET, 304)] {
+        let (rt, script, client) = set_up();
+        script.push(
+            Reply::status(status)
+                .header("content-length", "5")
+                .body("hello"),
+        );
+        let (length, body) = rt
+            .block_on(async {
+                let response = client
+                    .execute(|http| http.request(method.clone(), URL))
+                    .await?;
+                let length = response.content_length();
+                Ok::<_, vantage_api_pool::ClientError>((length, response.bytes().await))
+            })
+            .expect("driven")
+            .expect("answered");
+        assert_eq!(length, Some(0), "{method} {status}");
+        assert_eq!(body.expect("no failure"), Bytes::new(), "{method} {status}");
+    }
+    // Any other: the length the header gives.
+    let (rt, script, client) = set_up();
+    script.push(Reply::ok().header("content-length", "5").body("hello"));
+    let response = rt
+        .block_on(client.execute(|http| http.get(URL)))
+        .expect("driven")
+        .expect("answered");
+    assert_eq!(response.content_length(), Some(5));
+}
+
+#[test]
 fn a_body_that_fails_maps_as_the_real_adapter_maps_it() {
     for (kind, want) in [
         (TransportErrorKind::TimedOut, TransportErrorKind::TimedOut),
