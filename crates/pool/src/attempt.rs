@@ -113,7 +113,7 @@ enum Next {
 /// What the call keeps of an error response's head.
 struct ErrorHead {
     status: http::StatusCode,
-    headers: Arc<http::HeaderMap>,
+    headers: Box<http::HeaderMap>,
     /// The server's requested delay, unclamped.
     wait: Option<Duration>,
     request_id: Option<Arc<str>>,
@@ -877,7 +877,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         let headers = response.headers();
         let head = ErrorHead {
             status: response.status(),
-            headers: Arc::new(headers.clone()),
+            headers: Box::new(headers.clone()),
             wait: server_delay(headers, client.runtime.wall_clock()),
             request_id: headers
                 .get(&client.request_id_header)
@@ -915,8 +915,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             } => {
                 self.reached = true;
                 let error = ClientError::new(ErrorKind::Status(status), self.attempt)
-                    .with_body(body)
-                    .with_headers(headers)
+                    .with_response(body, *headers)
                     .with_request_id(request_id)
                     .with_retry_after(wait)
                     .with_credentials_dropped(credentials_dropped)

@@ -155,18 +155,26 @@ impl fmt::Display for ErrorKind {
     }
 }
 
+/// What a [`ClientError`] of kind `Status` keeps of its own response.
+struct ErrorResponse {
+    body: Bytes,
+    headers: HeaderMap,
+}
+
 /// Why a call failed, after how many attempts, and what the API said.
 ///
-/// Cheap to clone (the body is reference-counted). `Display` reads like
+/// Cheap to clone (the response it keeps is reference-counted). `Display` reads like
 /// `HTTP 503 after 3 attempts` and never contains a URL, a body or a header value;
-/// `Debug` shows only lengths for the body and whether a request id is present.
+/// `Debug` shows only the body's length, how many headers there are and whether a
+/// request id is present.
 #[derive(Clone)]
 pub struct ClientError {
     kind: ErrorKind,
     attempts: u32,
-    body: Option<Bytes>,
-    // The headers of the error's own response (`Status` only).
-    headers: Option<Arc<HeaderMap>>,
+    // What a `Status` error keeps of its own response, behind one pointer: a call
+    // keeps its last failure across its waits, so this error's size is part of the
+    // call's future.
+    response: Option<Arc<ErrorResponse>>,
     request_id: Option<Arc<str>>,
     retry_after: Option<Duration>,
     reached: bool,
@@ -183,8 +191,7 @@ impl ClientError {
         ClientError {
             kind,
             attempts,
-            body: None,
-            headers: None,
+            response: None,
             request_id: None,
             retry_after: None,
             reached: false,
@@ -208,9 +215,13 @@ impl ClientError {
         e
     }
 
-    /// Keeps at most [`MAX_ERROR_BODY`] bytes of `body`, cut on a char boundary.
-    pub(crate) fn with_body(mut self, body: Bytes) -> Self {
-        self.body = Some(truncate_body(body));
+    /// Keeps the error's own response: its headers, and at most [`MAX_ERROR_BODY`]
+    /// bytes of `body`, cut on a char boundary.
+    pub(crate) fn with_response(mut self, body: Bytes, headers: HeaderMap) -> Self {
+        self.response = Some(Arc::new(ErrorResponse {
+            body: truncate_body(body),
+            headers,
+        }));
         self
     }
 
@@ -226,11 +237,6 @@ impl ClientError {
         if !matches!(self.kind, ErrorKind::Status(_)) && self.request_id.is_none() {
             self.request_id.clone_from(&earlier.request_id);
         }
-        self
-    }
-
-    pub(crate) fn with_headers(mut self, headers: Arc<HeaderMap>) -> Self {
-        self.headers = Some(headers);
         self
     }
 
@@ -293,13 +299,13 @@ impl ClientError {
     /// broke. `None` for every kind but [`ErrorKind::Status`].
     #[must_use]
     pub fn body(&self) -> Option<&[u8]> {
-        self.body.as_deref()
+        self.response.as_deref().map(|r| &r.body[..])
     }
 
     /// [`ClientError::body`] as text, with invalid UTF-8 replaced.
     #[must_use]
     pub fn body_text(&self) -> Option<Cow<'_, str>> {
-        self.body.as_deref().map(String::from_utf8_lossy)
+        self.body().map(String::from_utf8_lossy)
     }
 
     /// The request id the server sent with the last response the call got (header
@@ -315,7 +321,7 @@ impl ClientError {
     }
 
     /// The headers of the response this error is about, for [`ErrorKind::Status`]
-    /// (a final 404's `Location`, a 401's `WWW-Authenticate`, a 429's rate-limit
+    /// (a 409's `Location`, a 401's `WWW-Authenticate`, a 429's rate-limit
     /// headers once its retries ran out); `None` for every other kind, which has no
     /// response of its own (when the breaker or a time limit ended the call before its
     /// next send went out, [`last_failure`](ClientError::last_failure) is the failed
@@ -336,7 +342,7 @@ impl ClientError {
     /// ```
     #[must_use]
     pub fn headers(&self) -> Option<&HeaderMap> {
-        self.headers.as_deref()
+        self.response.as_deref().map(|r| &r.headers)
     }
 
     /// Which time limit ended the call, for [`ErrorKind::TimedOut`]; `None` for every
@@ -479,8 +485,8 @@ impl fmt::Debug for ClientError {
         f.debug_struct("ClientError")
             .field("kind", &self.kind)
             .field("attempts", &self.attempts)
-            .field("body_len", &self.body.as_ref().map(Bytes::len))
-            .field("header_count", &self.headers.as_ref().map(|h| h.len()))
+            .field("body_len", &self.body().map(<[u8]>::len))
+            .field("header_count", &self.headers().map(HeaderMap::len))
             .field("has_request_id", &self.request_id.is_some())
             .field("retry_after", &self.retry_after)
             .field("time_limit", &self.time_limit)
@@ -553,7 +559,10 @@ mod tests {
     #[test]
     fn display_names_kind_and_attempts_only() {
         let e = status(503, 3)
-            .with_body(Bytes::from_static(b"secret body https://api.example/x"))
+            .with_response(
+                Bytes::from_static(b"secret body https://api.example/x"),
+                HeaderMap::new(),
+            )
             .with_request_id(Some("req-123".into()))
             .with_reached(true);
         assert_eq!(e.to_string(), "HTTP 503 after 3 attempts");
@@ -728,7 +737,7 @@ mod tests {
         unfinished.extend_from_slice(&[0xE2, 0x82]);
         assert_eq!(truncate_body(Bytes::from(unfinished)).len(), 2048);
         // Through the error: the body is kept, cut, and readable as text.
-        let e = status(500, 1).with_body(Bytes::from("é".repeat(2000)));
+        let e = status(500, 1).with_response(Bytes::from("é".repeat(2000)), HeaderMap::new());
         assert_eq!(e.body().unwrap().len(), 2048);
         assert_eq!(e.body_text().unwrap().chars().count(), 1024);
     }

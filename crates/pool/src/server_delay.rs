@@ -28,7 +28,7 @@
 //! | a dot without digits on both sides (`1500.`, `.5`, `1.2.3`) | ignored |
 //! | a sign (`+1`, `-1`), an exponent (`1e3`), `inf`, `NaN` | ignored |
 //! | zero (`0`, `0.0`), or a value under 1 ns (`0.0000001`) | ignored |
-//! | more than [`Duration::MAX`] (`999…` with 30 digits) | [`Duration::MAX`] (see below) |
+//! | more than [`Duration::MAX`] (`999…` with 30 digits) | [`Duration::MAX`] (see below), so `Retry-After` is not read |
 //! | ignored for any reason above | `Retry-After` is read instead |
 //!
 //! `Retry-After` (RFC 9110 §10.2.3):
@@ -46,7 +46,8 @@
 //! A date far in the future (year 9999) is accepted as is; the clamp to the policy's
 //! ceiling keeps it sensible.
 //!
-//! A number too large to hold is still a positive whole number: the server asks for a
+//! A number too large to hold is still a positive whole number (and, on a 503, a delay
+//! that makes the retry safe for any method, as any other delay does): the server asks for a
 //! longer wait than a [`Duration`] can say, so it reads as [`Duration::MAX`], which
 //! the ceiling then cuts to the policy's longest wait. Ignoring it would retry on the
 //! policy's shorter back-off, sooner than the server asked. RFC 9111 §1.2.2 reads an

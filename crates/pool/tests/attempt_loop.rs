@@ -466,6 +466,21 @@ fn a_503_with_a_server_delay_is_retried_for_a_post() {
         .unwrap()
         .unwrap();
     assert_eq!(w.sent_at(), [secs(0), secs(2)]);
+
+    // A delay too large to hold is a delay all the same: retried after the ceiling.
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(503).header("retry-after", "99999999999999999999999"),
+        Reply::ok(),
+    ]);
+    let client = w.client();
+    let policy = CallPolicy::bounded(RetryPolicy::new(3, ms(10), secs(5)).unwrap())
+        .with_jitter(Jitter::None)
+        .unwrap();
+    w.rt.block_on(client.execute_with(&policy, |h| h.post("/pay")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(0), secs(5)]);
 }
 
 #[test]

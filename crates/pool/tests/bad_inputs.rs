@@ -89,6 +89,14 @@ fn server_delays_malformed_and_extreme() {
             &[("retry-after-ms", b"999999999999999999999999999999")],
             ceiling,
         ),
+        (
+            "overflowing ms is read, so a valid Retry-After is not: the ceiling",
+            &[
+                ("retry-after-ms", b"999999999999999999999999999999"),
+                ("retry-after", b"1"),
+            ],
+            ceiling,
+        ),
         ("zero seconds", &[("retry-after", b"0")], policy),
         ("zero ms", &[("retry-after-ms", b"0")], policy),
         ("negative seconds", &[("retry-after", b"-1")], policy),
