@@ -29,6 +29,8 @@
 //! |---|---|
 //! | status and headers | the same |
 //! | the body of a response to `HEAD`, or of a 1xx, 204 or 304 | empty, `content_length()` 0 (as hyper reads them; the script's body is not read) |
+//! | a `Content-Length` | as hyper reads it: `content_length()` is what is left of it, bytes past it are not delivered, a body that ends short of it fails `Interrupted` |
+//! | a 3xx | returned as it is, never followed (script the hop the call should see; mark one that went to another origin with `Reply::credentials_dropped`) |
 //! | body chunks, delays, stalls | streamed as reqwest's body: `chunk`, `bytes`, `text`, `json` wait on the virtual clock |
 //! | a body that fails after `n` bytes | a reqwest body error after them, mapped as the real adapter maps one: `TimedOut` for a scripted `TimedOut`, `Interrupted` otherwise |
 //! | [`credentials_dropped`](vantage_api_pool_testkit::Reply::credentials_dropped) | [`credentials_dropped`](vantage_api_pool::transport::SendTransportResponse::credentials_dropped) |
@@ -219,37 +221,34 @@ async fn read_streamed(mut request: reqwest::Request) -> Result<Bytes, Transport
     }
 }
 
-/// The script's response as reqwest's.
 /// The script's response as reqwest's. As hyper does, the response to a `HEAD`, and a
 /// 1xx, 204 or 304, has an empty body of length 0 whatever its `Content-Length` says
 /// (the script's body is not read).
 fn into_reqwest(response: ScriptedResponse, head_request: bool) -> ReqwestResponse {
     let dropped = response.credentials_dropped();
     let status = response.status();
-    let mut head = http::Response::builder().status(status);
-    if let Some(headers) = head.headers_mut() {
-        headers.clone_from(response.headers());
-    }
+    let headers = response.headers().clone();
     let bodiless = head_request
         || status.is_informational()
         || status == http::StatusCode::NO_CONTENT
         || status == http::StatusCode::NOT_MODIFIED;
-    let (state, size) = if bodiless {
-        (BodyState::Done, Some(0))
+    let length = if bodiless {
+        Some(0)
     } else {
-        let size = response.content_length();
-        (BodyState::Idle(response), size)
+        response.content_length()
+    };
+    let (state, remaining) = match length {
+        Some(0) => (BodyState::Done, Some(0)),
+        _ => (BodyState::Idle(response), length),
     };
     let body = ScriptedBody {
         state: Mutex::new(state),
-        size,
+        remaining,
     };
-    let response = match head.body(reqwest::Body::wrap(body)) {
-        Ok(response) => response,
-        // A status and headers taken from a valid response make a valid one.
-        Err(_) => http::Response::new(reqwest::Body::from(Bytes::new())),
-    };
-    ReqwestResponse::answered(reqwest::Response::from(response), dropped)
+    let mut head = http::Response::new(reqwest::Body::wrap(body));
+    *head.status_mut() = status;
+    *head.headers_mut() = headers;
+    ReqwestResponse::answered(reqwest::Response::from(head), dropped)
 }
 
 type Reading =
@@ -259,9 +258,14 @@ type Reading =
 /// the next chunk the script gives, on the virtual clock. The state sits in a mutex
 /// only to make the body `Sync`, as [`reqwest::Body::wrap`] asks; `poll_frame` has it
 /// by `&mut` and never locks.
+///
+/// With a `Content-Length`, it reads as hyper reads a body: the size hint is what is
+/// left of that length, bytes past it are not delivered, and a body that ends short of
+/// it fails (`UnexpectedEof`, which the adapter maps to `Interrupted`).
 struct ScriptedBody {
     state: Mutex<BodyState>,
-    size: Option<u64>,
+    /// Bytes left of the `Content-Length`, when the response has one.
+    remaining: Option<u64>,
 }
 
 enum BodyState {
@@ -278,11 +282,8 @@ impl HttpBody for ScriptedBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        let state = self
-            .get_mut()
-            .state
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
+        let this = self.get_mut();
+        let state = this.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         loop {
             match std::mem::replace(state, BodyState::Done) {
                 BodyState::Idle(mut response) => {
@@ -297,11 +298,28 @@ impl HttpBody for ScriptedBody {
                             *state = BodyState::Reading(reading);
                             Poll::Pending
                         }
-                        Poll::Ready((response, Ok(Some(chunk)))) => {
-                            *state = BodyState::Idle(response);
+                        Poll::Ready((response, Ok(Some(mut chunk)))) => {
+                            match &mut this.remaining {
+                                Some(left) => {
+                                    let keep = usize::try_from(*left)
+                                        .map_or(chunk.len(), |left| left.min(chunk.len()));
+                                    chunk.truncate(keep);
+                                    *left -= keep as u64;
+                                    if *left > 0 {
+                                        *state = BodyState::Idle(response);
+                                    }
+                                }
+                                None => *state = BodyState::Idle(response),
+                            }
                             Poll::Ready(Some(Ok(Frame::data(chunk))))
                         }
-                        Poll::Ready((_, Ok(None))) => Poll::Ready(None),
+                        Poll::Ready((_, Ok(None))) => match this.remaining {
+                            Some(left) if left > 0 => Poll::Ready(Some(Err(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "the body ended before its Content-Length",
+                            )))),
+                            _ => Poll::Ready(None),
+                        },
                         Poll::Ready((_, Err(err))) => Poll::Ready(Some(Err(io_error(err)))),
                     };
                 }
@@ -310,8 +328,12 @@ impl HttpBody for ScriptedBody {
         }
     }
 
+    fn is_end_stream(&self) -> bool {
+        self.remaining == Some(0)
+    }
+
     fn size_hint(&self) -> SizeHint {
-        self.size
+        self.remaining
             .map_or_else(SizeHint::default, SizeHint::with_exact)
     }
 }
