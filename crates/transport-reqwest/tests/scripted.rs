@@ -1,5 +1,8 @@
 //! `ScriptedReqwest`: code written for reqwest (its request closures, its responses)
-//! on virtual time. No socket is opened and nothing sleeps in real time.
+//! on virtual time. No socket is opened and nothing sleeps in real time, but for one
+//! test that holds the scripted answers against the real adapter's on 127.0.0.1.
+
+mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +13,7 @@ use vantage_api_pool::transport::SendTransportResponse;
 use vantage_api_pool::{
     CallPolicy, ErrorKind, EventKind, Jitter, ResilientClient, RetryPolicy, TransportErrorKind,
 };
-use vantage_api_pool_reqwest::{ReqwestResponse, ScriptedReqwest, reqwest};
+use vantage_api_pool_reqwest::{ReqwestResponse, ReqwestTransport, ScriptedReqwest, reqwest};
 use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
 
 const URL: &str = "https://orders.example/v1/orders";
@@ -363,4 +366,140 @@ fn a_call_over_it_is_send() {
     assert_send(&call);
     drop(call);
     assert_eq!(script.request_count(), 0);
+}
+
+/// What a caller's code sees of an answer: the status, the headers the case names,
+/// `content_length()` before the body is read, and the body read to its end.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    status: u16,
+    headers: Vec<(String, Option<String>)>,
+    length: Option<u64>,
+    body: Result<Bytes, TransportErrorKind>,
+}
+
+async fn seen_of(response: ReqwestResponse, names: &[&str]) -> Seen {
+    let headers = names
+        .iter()
+        .map(|&name| {
+            let value = response.headers().get(name);
+            (
+                name.to_owned(),
+                value.map(|v| v.to_str().unwrap().to_owned()),
+            )
+        })
+        .collect();
+    Seen {
+        status: response.status().as_u16(),
+        headers,
+        length: response.content_length(),
+        body: response.bytes().await.map_err(|e| e.kind()),
+    }
+}
+
+#[tokio::test]
+async fn a_scripted_answer_reads_as_the_same_answer_from_a_real_server() {
+    use common::{Act, FaultServer, response};
+    // (method, what the server writes, the same answer scripted, headers to compare)
+    let cases: Vec<(Method, Act, Reply, &[&str])> = vec![
+        (
+            Method::GET,
+            Act::Respond(response("200 OK", &["x-id: 7"], "hello")),
+            Reply::ok()
+                .header("content-length", "5")
+                .header("x-id", "7")
+                .body("hello"),
+            &["content-length", "x-id"],
+        ),
+        (
+            Method::HEAD,
+            Act::Respond("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n".to_owned()),
+            Reply::ok().header("content-length", "5").body("hello"),
+            &["content-length"],
+        ),
+        (
+            Method::GET,
+            Act::Respond("HTTP/1.1 204 No Content\r\n\r\n".to_owned()),
+            Reply::status(204),
+            &[],
+        ),
+        (
+            Method::GET,
+            Act::Respond("HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n".to_owned()),
+            Reply::status(304).header("content-length", "5"),
+            &["content-length"],
+        ),
+        (
+            Method::GET,
+            Act::RespondThenClose("HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nabc".to_owned()),
+            Reply::ok().header("content-length", "9").body("abc"),
+            &["content-length"],
+        ),
+        (
+            Method::GET,
+            Act::Respond("HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabcdef".to_owned()),
+            Reply::ok().header("content-length", "3").body("abcdef"),
+            &["content-length"],
+        ),
+        (
+            Method::GET,
+            Act::WriteThenReset("HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nabc".to_owned()),
+            Reply::ok()
+                .header("content-length", "6")
+                .body("abcdef")
+                .body_fails_after(3, TransportErrorKind::Interrupted, "reset"),
+            &["content-length"],
+        ),
+        (
+            Method::GET,
+            Act::Respond(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+                    .to_owned(),
+            ),
+            Reply::ok()
+                .header("transfer-encoding", "chunked")
+                .body("abc"),
+            &["content-length", "transfer-encoding"],
+        ),
+        (
+            Method::GET,
+            Act::Respond(response("302 Found", &["location: /elsewhere"], "")),
+            Reply::status(302)
+                .header("content-length", "0")
+                .header("location", "/elsewhere"),
+            &["location"],
+        ),
+    ];
+    let no_retries = CallPolicy::background();
+    for (method, act, reply, names) in cases {
+        let act = std::sync::Mutex::new(Some(act));
+        let server = FaultServer::start(move |_, _| act.lock().unwrap().take().unwrap()).await;
+        let url = server.url("/x");
+        // The real adapter, following no redirect, as the script does not.
+        let real = ReqwestTransport::with_builder(|| {
+            ReqwestTransport::default_client_builder().redirect(reqwest::redirect::Policy::none())
+        })
+        .unwrap();
+        let real = ResilientClient::builder(real, vantage_api_pool_tokio::TokioRuntime::new())
+            .build()
+            .unwrap();
+        let response = real
+            .execute_with(&no_retries, |http| http.request(method.clone(), &url))
+            .await
+            .unwrap_or_else(|e| panic!("{method} {reply:?}: {e}"));
+        let from_server = seen_of(response, names).await;
+
+        let (rt, script, client) = set_up();
+        script.push(reply);
+        let scripted = rt
+            .block_on(async {
+                let response = client
+                    .execute_with(&no_retries, |http| http.request(method.clone(), URL))
+                    .await
+                    .unwrap();
+                seen_of(response, names).await
+            })
+            .expect("driven");
+        assert_eq!(scripted, from_server, "{method} {names:?}");
+    }
 }
