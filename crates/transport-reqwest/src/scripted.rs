@@ -147,6 +147,8 @@ impl SendTransport for ScriptedReqwest {
 
     /// Reads a streamed body to its end, then sends the request to the script and
     /// turns its reply into a [`ReqwestResponse`] (see the [module docs](self)).
+    /// Dropping the future abandons the send, the script's with it (it leaves
+    /// [`in_flight`](ScriptedTransport::in_flight)).
     fn send(
         &self,
         request: ReqwestRequest,
@@ -161,6 +163,9 @@ impl SendTransport for ScriptedReqwest {
         }
     }
 
+    /// The script's admission ([`admit_delay`](ScriptedTransport::admit_delay),
+    /// [`admit_with`](ScriptedTransport::admit_with)). Dropping the future gives up
+    /// the wait; nothing is counted.
     fn admit(&self) -> impl Future<Output = ()> + Send {
         self.script.admit()
     }
