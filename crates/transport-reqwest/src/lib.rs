@@ -155,6 +155,13 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //! give each request its own (`RequestBuilder::timeout`, at most
 //! [`MAX_WASM_TIMEOUT`]), or a stalled body keeps its reader waiting.
 //!
+//! # Testing on virtual time
+//!
+//! With the feature `testkit` (for dev-dependencies, native targets), `ScriptedReqwest`
+//! (module `scripted`) puts the testkit's scripted API behind this transport's types:
+//! the same request closures and the same code reading a [`ReqwestResponse`] run on a
+//! `VirtualRuntime`, with nothing sent.
+//!
 //! # Targets
 //!
 //! On `wasm32` the responses come from `fetch`, and things differ (see
