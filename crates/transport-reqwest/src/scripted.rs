@@ -22,6 +22,7 @@
 //! | headers the request carries | the headers, every line (not the client's default headers, which reqwest adds when it sends) |
 //! | body | its bytes; a streamed body is read to its end first (one that fails is `Interrupted` and reaches no script, as a caller's failing body does over the real adapter) |
 //! | `timeout` | not applied: the loop's attempt time limit and the call's budget are |
+//! | the client's `read_timeout` | on the virtual clock: the adapter's default, 30 s, for a head or a piece of body that does not come ([`ScriptedReqwest::read_timeout`]) |
 //!
 //! And of the reply, in the response:
 //!
@@ -75,12 +76,15 @@ use std::io;
 use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use vantage_api_pool::transport::{SendTransport, SendTransportResponse};
 use vantage_api_pool::{TransportError, TransportErrorKind};
-use vantage_api_pool_testkit::{ScriptedRequestBuilder, ScriptedResponse, ScriptedTransport};
+use vantage_api_pool_testkit::{
+    ScriptedRequestBuilder, ScriptedResponse, ScriptedTransport, VirtualRuntime,
+};
 
 use crate::{ReqwestRequest, ReqwestResponse};
 
@@ -96,10 +100,13 @@ pub struct ScriptedReqwest {
     /// Only builds drafts: nothing is ever sent through it.
     http: reqwest::Client,
     script: ScriptedTransport,
+    read_timeout: Option<Duration>,
 }
 
 impl ScriptedReqwest {
-    /// A transport answered by `script`.
+    /// A transport answered by `script`, with the read timeout of the clients the
+    /// adapter builds ([`DEFAULT_READ_TIMEOUT`](crate::DEFAULT_READ_TIMEOUT), 30 s;
+    /// see [`read_timeout`](ScriptedReqwest::read_timeout)).
     ///
     /// # Errors
     ///
@@ -110,7 +117,46 @@ impl ScriptedReqwest {
             .no_proxy()
             .build()
             .map_err(crate::transport_error)?;
-        Ok(ScriptedReqwest { http, script })
+        Ok(ScriptedReqwest {
+            http,
+            script,
+            read_timeout: Some(crate::DEFAULT_READ_TIMEOUT),
+        })
+    }
+
+    /// reqwest's client `read_timeout` on the virtual clock: a response head, or a
+    /// piece of its body, that does not come within `timeout` of the read before it
+    /// fails with `TimedOut`, as reqwest's does (a send's is the transport's own
+    /// `TimedOut`; a body's reads as [`reqwest::Error::is_timeout`], and
+    /// [`body_error`](crate::body_error) maps it to `TimedOut`). Each piece that comes
+    /// starts the count again. `None`: no read timeout, like a `reqwest::Client` of
+    /// your own without one, so a scripted body that stalls stalls its reader until
+    /// something of the caller's ends the read (the driver reports a deadlock if
+    /// nothing will).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool::{ResilientClient, TransportErrorKind};
+    /// use vantage_api_pool_reqwest::ScriptedReqwest;
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let script = ScriptedTransport::new(&rt);
+    /// script.push(Reply::ok().body("[1, 2").body_stalls_after(3));
+    /// let transport = ScriptedReqwest::new(script)?.read_timeout(Some(Duration::from_secs(2)));
+    /// let api = ResilientClient::builder(transport, rt.clone()).build()?;
+    /// let read = rt.block_on(async {
+    ///     let response = api.execute(|http| http.get("https://orders.example/")).await?;
+    ///     Ok::<_, vantage_api_pool::ClientError>(response.bytes().await)
+    /// })??;
+    /// assert_eq!(read.unwrap_err().kind(), TransportErrorKind::TimedOut);
+    /// assert_eq!(rt.elapsed(), Duration::from_secs(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn read_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.read_timeout = timeout;
+        self
     }
 
     /// The script behind it (the one given to [`new`](ScriptedReqwest::new)).
@@ -158,8 +204,12 @@ impl SendTransport for ScriptedReqwest {
         async move {
             let draft = scripted_draft(request).await?;
             let request = self.script.prepare(draft)?;
-            let response = self.script.send(request).await?;
-            Ok(into_reqwest(response, head_request))
+            let runtime = self.script.runtime();
+            let response = within(runtime, self.read_timeout, self.script.send(request))
+                .await
+                .unwrap_or_else(|| Err(read_timed_out()))?;
+            let timeout = self.read_timeout.map(|t| (runtime.clone(), t));
+            Ok(into_reqwest(response, head_request, timeout))
         }
     }
 
@@ -229,7 +279,11 @@ async fn read_streamed(mut request: reqwest::Request) -> Result<Bytes, Transport
 /// The script's response as reqwest's. As hyper does, the response to a `HEAD`, and a
 /// 1xx, 204 or 304, has an empty body of length 0 whatever its `Content-Length` says
 /// (the script's body is not read).
-fn into_reqwest(response: ScriptedResponse, head_request: bool) -> ReqwestResponse {
+fn into_reqwest(
+    response: ScriptedResponse,
+    head_request: bool,
+    read_timeout: Option<(VirtualRuntime, Duration)>,
+) -> ReqwestResponse {
     let dropped = response.credentials_dropped();
     let status = response.status();
     let headers = response.headers().clone();
@@ -249,6 +303,7 @@ fn into_reqwest(response: ScriptedResponse, head_request: bool) -> ReqwestRespon
     let body = ScriptedBody {
         state: Mutex::new(state),
         remaining,
+        read_timeout,
     };
     let mut head = http::Response::new(reqwest::Body::wrap(body));
     *head.status_mut() = status;
@@ -271,6 +326,7 @@ struct ScriptedBody {
     state: Mutex<BodyState>,
     /// Bytes left of the `Content-Length`, when the response has one.
     remaining: Option<u64>,
+    read_timeout: Option<(VirtualRuntime, Duration)>,
 }
 
 enum BodyState {
@@ -292,8 +348,16 @@ impl HttpBody for ScriptedBody {
         loop {
             match std::mem::replace(state, BodyState::Done) {
                 BodyState::Idle(mut response) => {
+                    let timeout = this.read_timeout.clone();
                     *state = BodyState::Reading(Box::pin(async move {
-                        let chunk = response.chunk().await;
+                        let chunk = match &timeout {
+                            Some((runtime, timeout)) => {
+                                within(runtime, Some(*timeout), response.chunk())
+                                    .await
+                                    .unwrap_or_else(|| Err(read_timed_out()))
+                            }
+                            None => response.chunk().await,
+                        };
                         (response, chunk)
                     }));
                 }
@@ -341,6 +405,32 @@ impl HttpBody for ScriptedBody {
         self.remaining
             .map_or_else(SizeHint::default, SizeHint::with_exact)
     }
+}
+
+/// `work` under a read timeout on the virtual clock: `None` if it does not end within
+/// `timeout` (never, without one).
+async fn within<F: Future>(
+    runtime: &VirtualRuntime,
+    timeout: Option<Duration>,
+    work: F,
+) -> Option<F::Output> {
+    match timeout {
+        None => Some(work.await),
+        Some(timeout) => {
+            let deadline = runtime.now().saturating_add(timeout);
+            vantage_api_pool::timeout_at(runtime, deadline, work)
+                .await
+                .ok()
+        }
+    }
+}
+
+/// What a read the read timeout ended fails with.
+fn read_timed_out() -> TransportError {
+    TransportError::new(
+        TransportErrorKind::TimedOut,
+        "operation timed out (read timeout)",
+    )
 }
 
 /// A scripted body failure as the I/O error reqwest would meet: a `TimedOut` one

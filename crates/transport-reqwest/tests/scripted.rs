@@ -11,7 +11,8 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use vantage_api_pool::transport::SendTransportResponse;
 use vantage_api_pool::{
-    CallPolicy, ErrorKind, EventKind, Jitter, ResilientClient, RetryPolicy, TransportErrorKind,
+    CallPolicy, ErrorKind, EventKind, Jitter, ResilientClient, RetryPolicy, TimeLimit,
+    TransportErrorKind,
 };
 use vantage_api_pool_reqwest::{ReqwestResponse, ReqwestTransport, ScriptedReqwest, reqwest};
 use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
@@ -269,6 +270,85 @@ fn a_body_is_read_to_its_content_length_as_hyper_reads_it() {
             .expect("answered");
         assert_eq!(got.map_err(|e| e.kind()), want, "{length}: {body}");
     }
+}
+
+/// A body read to its end over `client`: what came, or the kind it failed with.
+fn read_body(
+    rt: &VirtualRuntime,
+    client: &ResilientClient<ScriptedReqwest, VirtualRuntime>,
+) -> Result<Result<Bytes, TransportErrorKind>, vantage_api_pool_testkit::DriveError> {
+    rt.block_on(async {
+        let response = client
+            .execute(|http| http.get(URL))
+            .await
+            .expect("answered");
+        response.bytes().await.map_err(|e| e.kind())
+    })
+}
+
+#[test]
+fn a_stalled_body_meets_the_adapters_default_read_timeout() {
+    let (rt, script, client) = set_up();
+    script.push(Reply::ok().body("[1, 2, 3]").body_stalls_after(4));
+    assert_eq!(
+        read_body(&rt, &client),
+        Ok(Err(TransportErrorKind::TimedOut))
+    );
+    assert_eq!(rt.elapsed(), vantage_api_pool_reqwest::DEFAULT_READ_TIMEOUT);
+}
+
+#[test]
+fn the_read_timeout_counts_from_each_read_and_covers_the_head() {
+    let rt = VirtualRuntime::new();
+    let script = ScriptedTransport::new(&rt);
+    let transport = ScriptedReqwest::new(script.clone())
+        .unwrap()
+        .read_timeout(Some(secs(2)));
+    let client = ResilientClient::builder(transport, rt.clone())
+        .build()
+        .unwrap();
+    // Three pieces 1.5 s apart: 4.5 s in all, but never 2 s without one.
+    script.push(
+        Reply::ok()
+            .body("abcdef")
+            .chunk_size(2)
+            .chunk_delay(Duration::from_millis(1500)),
+    );
+    assert_eq!(
+        read_body(&rt, &client),
+        Ok(Ok(Bytes::from_static(b"abcdef")))
+    );
+    assert_eq!(rt.elapsed(), Duration::from_millis(4500));
+    // A head 3 s late: the transport's own timeout, at 2 s.
+    let start = rt.now();
+    script.push(Reply::ok().after(secs(3)));
+    let err = rt
+        .block_on(client.execute_with(&CallPolicy::background(), |http| http.get(URL)))
+        .expect("driven")
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    assert_eq!(err.time_limit(), Some(TimeLimit::Transport));
+    assert_eq!(rt.now().saturating_duration_since(start), secs(2));
+}
+
+#[test]
+fn without_a_read_timeout_a_stalled_body_stalls_its_reader() {
+    let rt = VirtualRuntime::new();
+    let script = ScriptedTransport::new(&rt);
+    let transport = ScriptedReqwest::new(script.clone())
+        .unwrap()
+        .read_timeout(None);
+    let client = ResilientClient::builder(transport, rt.clone())
+        .build()
+        .unwrap();
+    script.push(Reply::ok().body("[1, 2, 3]").body_stalls_after(4));
+    assert!(
+        matches!(
+            read_body(&rt, &client),
+            Err(vantage_api_pool_testkit::DriveError::Deadlock { .. })
+        ),
+        "nothing ends the read"
+    );
 }
 
 #[test]
