@@ -475,7 +475,11 @@ impl fmt::Display for TransportErrorKind {
 /// A failed send: a [`TransportErrorKind`] and a short description.
 ///
 /// The description must never hold a URL, a body or a header value; adapters strip
-/// them before building the error (the reqwest adapter uses `without_url`).
+/// them before building the error (the reqwest adapter uses `without_url`). It keeps
+/// no `source()`: the errors under a transport's (reqwest's, hyper's, an I/O error)
+/// can carry the URL or the peer's text, and whoever walks the chain would print
+/// them. What they tell is in the kind and the description, which makes the error
+/// cheap to clone and compare, as events and errors that carry it need.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kind}: {message}")]
 pub struct TransportError {
