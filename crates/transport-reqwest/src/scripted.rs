@@ -9,7 +9,7 @@
 //! builds the draft as reqwest does (the same `prepare`, with the same
 //! [`Config`](vantage_api_pool::TransportErrorKind::Config) errors), hands the
 //! request to a [`ScriptedTransport`] on a
-//! [`VirtualRuntime`](vantage_api_pool_testkit::VirtualRuntime), and turns its
+//! [`VirtualRuntime`], and turns its
 //! scripted reply into a real [`reqwest::Response`] whose body streams the reply's
 //! chunks on the virtual clock. Nothing touches a socket.
 //!
