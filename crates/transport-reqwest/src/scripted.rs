@@ -8,10 +8,9 @@
 //! it. `ScriptedReqwest` has the same four port types as `ReqwestTransport`; it
 //! builds the draft as reqwest does (the same `prepare`, with the same
 //! [`Config`](vantage_api_pool::TransportErrorKind::Config) errors), hands the
-//! request to a [`ScriptedTransport`] on a
-//! [`VirtualRuntime`], and turns its
-//! scripted reply into a real [`reqwest::Response`] whose body streams the reply's
-//! chunks on the virtual clock. Nothing touches a socket.
+//! request to a [`ScriptedTransport`] on a [`VirtualRuntime`], and turns its scripted
+//! reply into a real [`reqwest::Response`] whose body streams the reply's chunks on
+//! the virtual clock. Nothing touches a socket.
 //!
 //! What the script sees and records of the request:
 //!
