@@ -20,7 +20,7 @@
 //! | URL | its path and query (`/orders?page=2`): `on_path` routes on it; scheme, host and port are not kept |
 //! | headers the request carries | the headers, every line (not the client's default headers, which reqwest adds when it sends) |
 //! | body | its bytes; a streamed body is read to its end first (one that fails is `Interrupted` and reaches no script, as a caller's failing body does over the real adapter) |
-//! | `timeout` | not applied: the loop's attempt time limit and the call's budget are |
+//! | `timeout` (the request's own) | on the virtual clock, as reqwest's: from the start of the send, over the head and the whole body |
 //! | the client's `read_timeout` | on the virtual clock: the adapter's default, 30 s, for a head or a piece of body that does not come ([`ScriptedReqwest::read_timeout`]) |
 //!
 //! And of the reply, in the response:
@@ -169,6 +169,7 @@ impl fmt::Debug for ScriptedReqwest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScriptedReqwest")
             .field("script", &self.script)
+            .field("read_timeout", &self.read_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -200,15 +201,18 @@ impl SendTransport for ScriptedReqwest {
     ) -> impl Future<Output = Result<ReqwestResponse, TransportError>> + Send {
         let (_, request) = request.into_parts();
         let head_request = request.method() == http::Method::HEAD;
+        let timeout = request.timeout().copied();
         async move {
+            let runtime = self.script.runtime();
+            let limits = ReadLimits {
+                runtime: runtime.clone(),
+                read: self.read_timeout,
+                until: timeout.map(|t| runtime.now().saturating_add(t)),
+            };
             let draft = scripted_draft(request).await?;
             let request = self.script.prepare(draft)?;
-            let runtime = self.script.runtime();
-            let response = within(runtime, self.read_timeout, self.script.send(request))
-                .await
-                .unwrap_or_else(|| Err(read_timed_out()))?;
-            let timeout = self.read_timeout.map(|t| (runtime.clone(), t));
-            Ok(into_reqwest(response, head_request, timeout))
+            let response = limits.run(self.script.send(request)).await??;
+            Ok(into_reqwest(response, head_request, limits))
         }
     }
 
@@ -281,7 +285,7 @@ async fn read_streamed(mut request: reqwest::Request) -> Result<Bytes, Transport
 fn into_reqwest(
     response: ScriptedResponse,
     head_request: bool,
-    read_timeout: Option<(VirtualRuntime, Duration)>,
+    limits: ReadLimits,
 ) -> ReqwestResponse {
     let dropped = response.credentials_dropped();
     let status = response.status();
@@ -302,7 +306,7 @@ fn into_reqwest(
     let body = ScriptedBody {
         state: Mutex::new(state),
         remaining,
-        read_timeout,
+        limits,
     };
     let mut head = http::Response::new(reqwest::Body::wrap(body));
     *head.status_mut() = status;
@@ -325,7 +329,7 @@ struct ScriptedBody {
     state: Mutex<BodyState>,
     /// Bytes left of the `Content-Length`, when the response has one.
     remaining: Option<u64>,
-    read_timeout: Option<(VirtualRuntime, Duration)>,
+    limits: ReadLimits,
 }
 
 enum BodyState {
@@ -347,16 +351,9 @@ impl HttpBody for ScriptedBody {
         loop {
             match std::mem::replace(state, BodyState::Done) {
                 BodyState::Idle(mut response) => {
-                    let timeout = this.read_timeout.clone();
+                    let limits = this.limits.clone();
                     *state = BodyState::Reading(Box::pin(async move {
-                        let chunk = match &timeout {
-                            Some((runtime, timeout)) => {
-                                within(runtime, Some(*timeout), response.chunk())
-                                    .await
-                                    .unwrap_or_else(|| Err(read_timed_out()))
-                            }
-                            None => response.chunk().await,
-                        };
+                        let chunk = limits.run(response.chunk()).await.and_then(|c| c);
                         (response, chunk)
                     }));
                 }
@@ -406,30 +403,35 @@ impl HttpBody for ScriptedBody {
     }
 }
 
-/// `work` under a read timeout on the virtual clock: `None` if it does not end within
-/// `timeout` (never, without one).
-async fn within<F: Future>(
-    runtime: &VirtualRuntime,
-    timeout: Option<Duration>,
-    work: F,
-) -> Option<F::Output> {
-    match timeout {
-        None => Some(work.await),
-        Some(timeout) => {
-            let deadline = runtime.now().saturating_add(timeout);
-            vantage_api_pool::timeout_at(runtime, deadline, work)
-                .await
-                .ok()
-        }
-    }
+/// The time limits reqwest puts on reading a response, on the virtual clock: the
+/// client's read timeout, counted from the start of each read (the head, then each
+/// piece of body), and the request's own `timeout`, a deadline from the start of the
+/// send that covers the body too.
+#[derive(Clone)]
+struct ReadLimits {
+    runtime: VirtualRuntime,
+    read: Option<Duration>,
+    until: Option<vantage_api_pool::Instant>,
 }
 
-/// What a read the read timeout ended fails with.
-fn read_timed_out() -> TransportError {
-    TransportError::new(
-        TransportErrorKind::TimedOut,
-        "operation timed out (read timeout)",
-    )
+impl ReadLimits {
+    /// `work` within the limits; `TimedOut` (the transport's own) if it does not end
+    /// before the first of them.
+    async fn run<F: Future>(&self, work: F) -> Result<F::Output, TransportError> {
+        let read = self.read.map(|d| self.runtime.now().saturating_add(d));
+        let deadline = match (read, self.until) {
+            (Some(read), Some(until)) => Some(read.min(until)),
+            (read, until) => read.or(until),
+        };
+        match deadline {
+            None => Ok(work.await),
+            Some(deadline) => vantage_api_pool::timeout_at(&self.runtime, deadline, work)
+                .await
+                .map_err(|_| {
+                    TransportError::new(TransportErrorKind::TimedOut, "operation timed out")
+                }),
+        }
+    }
 }
 
 /// A scripted body failure as the I/O error reqwest would meet: a `TimedOut` one

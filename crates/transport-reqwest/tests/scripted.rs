@@ -332,6 +332,36 @@ fn the_read_timeout_counts_from_each_read_and_covers_the_head() {
 }
 
 #[test]
+fn the_requests_own_timeout_covers_the_head_and_the_whole_body() {
+    // A head 5 s late under a 3 s timeout: the transport's own timeout, at 3 s.
+    let (rt, script, client) = set_up();
+    script.push(Reply::ok().after(secs(5)));
+    let err = rt
+        .block_on(client.execute_with(&CallPolicy::background(), |http| {
+            http.get(URL).timeout(secs(3))
+        }))
+        .expect("driven")
+        .unwrap_err();
+    assert_eq!(err.time_limit(), Some(TimeLimit::Transport), "{err}");
+    assert_eq!(rt.elapsed(), secs(3));
+    // A head at once, then five pieces a second apart under 3.5 s: the body is cut
+    // at 3.5 s from the send, though no piece was ever late.
+    let (rt, script, client) = set_up();
+    script.push(Reply::ok().body("abcde").chunk_size(1).chunk_delay(secs(1)));
+    let read = rt
+        .block_on(async {
+            let response = client
+                .execute(|http| http.get(URL).timeout(Duration::from_millis(3500)))
+                .await
+                .expect("answered");
+            response.bytes().await.map_err(|e| e.kind())
+        })
+        .expect("driven");
+    assert_eq!(read, Err(TransportErrorKind::TimedOut));
+    assert_eq!(rt.elapsed(), Duration::from_millis(3500));
+}
+
+#[test]
 fn without_a_read_timeout_a_stalled_body_stalls_its_reader() {
     let rt = VirtualRuntime::new();
     let script = ScriptedTransport::new(&rt);
