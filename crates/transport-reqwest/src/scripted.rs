@@ -3,7 +3,8 @@
 //!
 //! A call over `ReqwestTransport` takes a closure that receives a [`reqwest::Client`]
 //! and returns a [`reqwest::RequestBuilder`], and gets back a [`ReqwestResponse`] to be
-//! read with reqwest's own methods (`json`, `text`, `bytes`). The testkit's
+//! read with its `text`, `bytes` and `chunk`, or with reqwest's own methods through
+//! `into_inner()` (`json`). The testkit's
 //! [`ScriptedTransport`] has types of its own, so that code could not be tested on
 //! it. `ScriptedReqwest` has the same four port types as `ReqwestTransport`; it
 //! builds the draft as reqwest does (the same `prepare`, with the same
@@ -41,15 +42,17 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use vantage_api_pool::{CallPolicy, Jitter, ResilientClient, RetryPolicy, Runtime, Transport};
+//! use vantage_api_pool::{CallPolicy, Jitter, ResilientClient, RetryPolicy, Runtime, TokenSource, Transport};
 //! use vantage_api_pool_reqwest::{ReqwestResponse, ScriptedReqwest, reqwest};
 //! use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
 //!
-//! // The code under test, written for reqwest: over `ReqwestTransport` it runs as is.
-//! async fn order_count<T, R>(api: &ResilientClient<T, R>) -> Result<usize, Box<dyn std::error::Error>>
+//! // The code under test, written for reqwest: over `ReqwestTransport` it runs as is,
+//! // with or without a token source.
+//! async fn order_count<T, R, A>(api: &ResilientClient<T, R, A>) -> Result<usize, Box<dyn std::error::Error>>
 //! where
 //!     T: Transport<Handle = reqwest::Client, Draft = reqwest::RequestBuilder, Response = ReqwestResponse>,
 //!     R: Runtime,
+//!     A: TokenSource,
 //! {
 //!     let response = api.execute(|http| http.get("https://orders.example/orders?open=1")).await?;
 //!     Ok(response.text().await?.lines().count())
