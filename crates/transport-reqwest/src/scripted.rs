@@ -21,8 +21,8 @@
 //! | URL | its path and query (`/orders?page=2`): `on_path` routes on it; scheme, host and port are not kept |
 //! | headers the request carries | the headers, every line (not the client's default headers, which reqwest adds when it sends) |
 //! | body | its bytes; a streamed body is read to its end first (one that fails is `Interrupted` and reaches no script, as a caller's failing body does over the real adapter) |
-//! | `timeout` (the request's own) | on the virtual clock, as reqwest's: from the start of the send, over the head and the whole body |
-//! | the client's `read_timeout` | on the virtual clock: the adapter's default, 30 s, for a head or a piece of body that does not come ([`ScriptedReqwest::read_timeout`]) |
+//! | `timeout` (the request's own) | on the virtual clock, as reqwest's: from the start of the send, over the upload, the head and the whole body; a body read after it fails even when the data is there |
+//! | the client's `read_timeout` | on the virtual clock, counted as reqwest counts it: the adapter's default, 30 s ([`ScriptedReqwest::read_timeout`]) |
 //!
 //! And of the reply, in the response:
 //!
@@ -30,7 +30,8 @@
 //! |---|---|
 //! | status and headers | the same |
 //! | the body of a response to `HEAD`, or of a 1xx, 204 or 304 | empty, `content_length()` 0 (as hyper reads them; the script's body is not read) |
-//! | a `Content-Length` | as hyper reads it: `content_length()` is what is left of it, bytes past it are not delivered, a body that ends short of it fails `Interrupted` |
+//! | a `Content-Length` | as hyper reads it: `content_length()` is what is left of it, bytes past it are not delivered, a body that ends short of it fails `Interrupted`; one beside a `Transfer-Encoding` is ignored; one hyper cannot read (not a number, lines that disagree) fails the send `Interrupted` |
+//! | a 1xx other than 101 | returned as it is (hyper would wait past it for the final response, which a script of one reply per send does not have) |
 //! | a 3xx | returned as it is, never followed (script the hop the call should see; mark one that went to another origin with `Reply::credentials_dropped`) |
 //! | body chunks, delays, stalls | streamed as reqwest's body: `chunk`, `bytes`, `text`, `json` wait on the virtual clock |
 //! | a body that fails after `n` bytes | a reqwest body error after them, mapped as the real adapter maps one: `TimedOut` for a scripted `TimedOut`, `Interrupted` otherwise |
@@ -126,15 +127,20 @@ impl ScriptedReqwest {
         })
     }
 
-    /// reqwest's client `read_timeout` on the virtual clock: a response head, or a
-    /// piece of its body, that does not come within `timeout` of the read before it
-    /// fails with `TimedOut`, as reqwest's does (a send's is the transport's own
-    /// `TimedOut`; a body's reads as [`reqwest::Error::is_timeout`], and
-    /// [`body_error`](crate::body_error) maps it to `TimedOut`). Each piece that comes
-    /// starts the count again. `None`: no read timeout, like a `reqwest::Client` of
-    /// your own without one, so a scripted body that stalls stalls its reader until
-    /// something of the caller's ends the read (the driver reports a deadlock if
-    /// nothing will).
+    /// reqwest's client `read_timeout` on the virtual clock, counted as reqwest counts
+    /// it: a response head that does not come within `timeout` of the start of the
+    /// send (a streamed body's upload included) fails with the transport's own
+    /// `TimedOut`; a body read fails once `timeout` has passed since the body was first
+    /// polled or last handed a piece, even when the next piece is there already (a
+    /// reader that dawdles between pieces times out too). A body's timeout reads as
+    /// [`reqwest::Error::is_timeout`], and [`body_error`](crate::body_error) maps it to
+    /// `TimedOut`. A piece that comes exactly at the deadline is late, as the timer is
+    /// looked at first. `None`: no read timeout, like a `reqwest::Client` of your own
+    /// without one, so a scripted body that stalls stalls its reader until something of
+    /// the caller's ends the read (the driver reports a deadlock if nothing will).
+    ///
+    /// reqwest panics on a read timeout too long to add to an `Instant`
+    /// (`Duration::MAX`) at the first read; here such a timeout never ends a read.
     ///
     /// ```
     /// use std::time::Duration;
@@ -207,14 +213,27 @@ impl SendTransport for ScriptedReqwest {
         let timeout = request.timeout().copied();
         async move {
             let runtime = self.script.runtime();
+            let start = runtime.now();
             let limits = ReadLimits {
                 runtime: runtime.clone(),
                 read: self.read_timeout,
-                until: timeout.map(|t| runtime.now().saturating_add(t)),
+                until: timeout.map(|t| start.saturating_add(t)),
             };
-            let draft = scripted_draft(request).await?;
-            let request = self.script.prepare(draft)?;
-            let response = limits.run(self.script.send(request)).await??;
+            // As reqwest's, both limits run from the start of the send, over the upload
+            // of a streamed body too, until the head.
+            let head_deadline = earliest(
+                self.read_timeout.map(|t| start.saturating_add(t)),
+                limits.until,
+            );
+            let response = timer_first(runtime, head_deadline, async {
+                let draft = scripted_draft(request).await?;
+                let request = self.script.prepare(draft)?;
+                let response = self.script.send(request).await?;
+                check_framing(&response, head_request)?;
+                Ok(response)
+            })
+            .await
+            .map_err(|()| timed_out())??;
             Ok(into_reqwest(response, head_request, limits))
         }
     }
@@ -293,12 +312,12 @@ fn into_reqwest(
     let dropped = response.credentials_dropped();
     let status = response.status();
     let headers = response.headers().clone();
-    let bodiless = head_request
-        || status.is_informational()
-        || status == http::StatusCode::NO_CONTENT
-        || status == http::StatusCode::NOT_MODIFIED;
-    let length = if bodiless {
+    let length = if bodiless(status, head_request) {
         Some(0)
+    } else if headers.contains_key(http::header::TRANSFER_ENCODING) {
+        // hyper reads a `Transfer-Encoding` body to its own end, whatever a
+        // `Content-Length` beside it says.
+        None
     } else {
         response.content_length()
     };
@@ -307,7 +326,11 @@ fn into_reqwest(
         _ => (BodyState::Idle(response), length),
     };
     let body = ScriptedBody {
-        state: Mutex::new(state),
+        state: Mutex::new(Reader {
+            state,
+            read_deadline: None,
+            timer: None,
+        }),
         remaining,
         limits,
     };
@@ -328,11 +351,26 @@ type Reading =
 /// With a `Content-Length`, it reads as hyper reads a body: the size hint is what is
 /// left of that length, bytes past it are not delivered, and a body that ends short of
 /// it fails (`UnexpectedEof`, which the adapter maps to `Interrupted`).
+///
+/// Its time limits are reqwest's body wrappers' (`ReadTimeoutBody`,
+/// `TotalTimeoutBody`): before the body is polled, the request's deadline and the read
+/// deadline are looked at, and either one passed fails the read with a timeout, even
+/// when the next piece is there already; the read deadline is set at the first poll
+/// and again each time a piece is handed over.
 struct ScriptedBody {
-    state: Mutex<BodyState>,
+    state: Mutex<Reader>,
     /// Bytes left of the `Content-Length`, when the response has one.
     remaining: Option<u64>,
     limits: ReadLimits,
+}
+
+/// The body's reading state (in the mutex only for `Sync`).
+struct Reader {
+    state: BodyState,
+    /// When the read timeout ends the read, once the body has been polled.
+    read_deadline: Option<vantage_api_pool::Instant>,
+    /// A sleep to the nearest deadline, to be woken by while a piece is awaited.
+    timer: Option<vantage_api_pool_testkit::Sleep>,
 }
 
 enum BodyState {
@@ -350,13 +388,36 @@ impl HttpBody for ScriptedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = self.get_mut();
-        let state = this.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let reader = this.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let limits = &this.limits;
+        let now = limits.runtime.now();
+        if reader.read_deadline.is_none() {
+            reader.read_deadline = limits.read.map(|t| now.saturating_add(t));
+        }
+        // The timers first, as reqwest's body wrappers look at them.
+        if let Some(deadline) = earliest(reader.read_deadline, limits.until) {
+            if reader
+                .timer
+                .as_ref()
+                .map(vantage_api_pool_testkit::Sleep::deadline)
+                != Some(deadline)
+            {
+                reader.timer = Some(limits.runtime.sleep_until(deadline));
+            }
+            if let Some(timer) = reader.timer.as_mut()
+                && Pin::new(timer).poll(cx).is_ready()
+            {
+                reader.timer = None;
+                reader.state = BodyState::Done;
+                return Poll::Ready(Some(Err(io_error(timed_out()))));
+            }
+        }
+        let state = &mut reader.state;
         loop {
             match std::mem::replace(state, BodyState::Done) {
                 BodyState::Idle(mut response) => {
-                    let limits = this.limits.clone();
                     *state = BodyState::Reading(Box::pin(async move {
-                        let chunk = limits.run(response.chunk()).await.and_then(|c| c);
+                        let chunk = response.chunk().await;
                         (response, chunk)
                     }));
                 }
@@ -379,6 +440,8 @@ impl HttpBody for ScriptedBody {
                                 }
                                 None => *state = BodyState::Idle(response),
                             }
+                            reader.read_deadline =
+                                limits.read.map(|t| limits.runtime.now().saturating_add(t));
                             Poll::Ready(Some(Ok(Frame::data(chunk))))
                         }
                         Poll::Ready((_, Ok(None))) => match this.remaining {
@@ -407,9 +470,8 @@ impl HttpBody for ScriptedBody {
 }
 
 /// The time limits reqwest puts on reading a response, on the virtual clock: the
-/// client's read timeout, counted from the start of each read (the head, then each
-/// piece of body), and the request's own `timeout`, a deadline from the start of the
-/// send that covers the body too.
+/// client's read timeout, and the request's own `timeout`, a deadline from the start
+/// of the send that covers the body too.
 #[derive(Clone)]
 struct ReadLimits {
     runtime: VirtualRuntime,
@@ -417,24 +479,69 @@ struct ReadLimits {
     until: Option<vantage_api_pool::Instant>,
 }
 
-impl ReadLimits {
-    /// `work` within the limits; `TimedOut` (the transport's own) if it does not end
-    /// before the first of them.
-    async fn run<F: Future>(&self, work: F) -> Result<F::Output, TransportError> {
-        let read = self.read.map(|d| self.runtime.now().saturating_add(d));
-        let deadline = match (read, self.until) {
-            (Some(read), Some(until)) => Some(read.min(until)),
-            (read, until) => read.or(until),
-        };
-        match deadline {
-            None => Ok(work.await),
-            Some(deadline) => vantage_api_pool::timeout_at(&self.runtime, deadline, work)
-                .await
-                .map_err(|_| {
-                    TransportError::new(TransportErrorKind::TimedOut, "operation timed out")
-                }),
-        }
+/// Whether hyper reads no body for this response: one to a `HEAD`, a 1xx, 204 or 304
+/// (it does not look at their `Content-Length`).
+fn bodiless(status: http::StatusCode, head_request: bool) -> bool {
+    head_request
+        || status.is_informational()
+        || status == http::StatusCode::NO_CONTENT
+        || status == http::StatusCode::NOT_MODIFIED
+}
+
+/// The nearer of two deadlines, if any.
+fn earliest(
+    a: Option<vantage_api_pool::Instant>,
+    b: Option<vantage_api_pool::Instant>,
+) -> Option<vantage_api_pool::Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
+}
+
+/// `work`, unless `deadline` comes first (`Err(())`). The deadline is looked at before
+/// the work at every poll, as reqwest looks at its timers, so work that is only ready
+/// at the deadline, or after it, loses.
+async fn timer_first<F: Future>(
+    runtime: &VirtualRuntime,
+    deadline: Option<vantage_api_pool::Instant>,
+    work: F,
+) -> Result<F::Output, ()> {
+    let Some(deadline) = deadline else {
+        return Ok(work.await);
+    };
+    let mut timer = runtime.sleep_until(deadline);
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(|cx| {
+        if Pin::new(&mut timer).poll(cx).is_ready() {
+            return Poll::Ready(Err(()));
+        }
+        work.as_mut().poll(cx).map(Ok)
+    })
+    .await
+}
+
+/// What a read that a time limit ended fails with.
+fn timed_out() -> TransportError {
+    TransportError::new(TransportErrorKind::TimedOut, "operation timed out")
+}
+
+/// hyper refuses a response whose `Content-Length` it cannot read (not a number, or
+/// lines that disagree), unless a `Transfer-Encoding` frames the body instead: the
+/// send fails `Interrupted`, as over the real adapter.
+fn check_framing(response: &ScriptedResponse, head_request: bool) -> Result<(), TransportError> {
+    let headers = response.headers();
+    let unreadable = !bodiless(response.status(), head_request)
+        && headers.contains_key(http::header::CONTENT_LENGTH)
+        && !headers.contains_key(http::header::TRANSFER_ENCODING)
+        && response.content_length().is_none();
+    if unreadable {
+        return Err(TransportError::new(
+            TransportErrorKind::Interrupted,
+            "invalid content-length parsed",
+        ));
+    }
+    Ok(())
 }
 
 /// A scripted body failure as the I/O error reqwest would meet: a `TimedOut` one

@@ -361,6 +361,136 @@ fn the_requests_own_timeout_covers_the_head_and_the_whole_body() {
     assert_eq!(rt.elapsed(), Duration::from_millis(3500));
 }
 
+/// A client over `ScriptedReqwest` with the read timeout `read`.
+fn with_read_timeout(
+    read: Option<Duration>,
+) -> (
+    VirtualRuntime,
+    ScriptedTransport,
+    ResilientClient<ScriptedReqwest, VirtualRuntime>,
+) {
+    let rt = VirtualRuntime::new();
+    let script = ScriptedTransport::new(&rt);
+    let transport = ScriptedReqwest::new(script.clone())
+        .unwrap()
+        .read_timeout(read);
+    let client = ResilientClient::builder(transport, rt.clone())
+        .build()
+        .unwrap();
+    (rt, script, client)
+}
+
+/// Two pieces of body, both there at once, read with `pause` between them: what the
+/// second read gave.
+fn second_read_after(
+    rt: &VirtualRuntime,
+    client: &ResilientClient<ScriptedReqwest, VirtualRuntime>,
+    request: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
+    pause: Duration,
+) -> Result<Option<Bytes>, TransportErrorKind> {
+    rt.block_on(async {
+        let mut response = client.execute(request).await.expect("answered");
+        let first = SendTransportResponse::chunk(&mut response).await;
+        assert_eq!(first.unwrap(), Some(Bytes::from_static(b"abc")));
+        rt.sleep(pause).await;
+        SendTransportResponse::chunk(&mut response)
+            .await
+            .map_err(|e| e.kind())
+    })
+    .expect("driven")
+}
+
+#[test]
+fn a_reader_that_dawdles_past_a_limit_times_out_though_the_data_is_there() {
+    // The read timeout counts from the piece handed over, not from the next read.
+    let (rt, script, client) = with_read_timeout(Some(Duration::from_millis(300)));
+    script.push(Reply::ok().body("abcdef").chunk_size(3));
+    let get = |http: &reqwest::Client| http.get(URL);
+    assert_eq!(
+        second_read_after(&rt, &client, get, Duration::from_millis(500)),
+        Err(TransportErrorKind::TimedOut)
+    );
+    script.push(Reply::ok().body("abcdef").chunk_size(3));
+    assert_eq!(
+        second_read_after(&rt, &client, get, Duration::from_millis(200)),
+        Ok(Some(Bytes::from_static(b"def")))
+    );
+    // The request's own timeout: a read after it fails, whatever is there.
+    let (rt, script, client) = with_read_timeout(None);
+    script.push(Reply::ok().body("abcdef").chunk_size(3));
+    let get = |http: &reqwest::Client| http.get(URL).timeout(Duration::from_millis(300));
+    assert_eq!(
+        second_read_after(&rt, &client, get, Duration::from_millis(500)),
+        Err(TransportErrorKind::TimedOut)
+    );
+}
+
+#[test]
+fn a_piece_at_the_deadline_is_late_and_a_zero_read_timeout_fails_the_head() {
+    let (rt, script, client) = with_read_timeout(Some(secs(2)));
+    script.push(Reply::ok().body("abcd").chunk_size(2).chunk_delay(secs(2)));
+    assert_eq!(
+        read_body(&rt, &client),
+        Ok(Err(TransportErrorKind::TimedOut))
+    );
+    assert_eq!(rt.elapsed(), secs(2));
+
+    let (rt, script, client) = with_read_timeout(Some(Duration::ZERO));
+    script.push(Reply::ok().body("abcd"));
+    let err = rt
+        .block_on(client.execute_with(&CallPolicy::background(), |http| http.get(URL)))
+        .expect("driven")
+        .unwrap_err();
+    assert_eq!(err.time_limit(), Some(TimeLimit::Transport), "{err}");
+}
+
+#[test]
+fn the_limits_cover_the_upload_of_a_streamed_body() {
+    let (rt, script, client) = with_read_timeout(None);
+    script.default_reply(Reply::ok());
+    let err = rt
+        .block_on(client.execute_with(&CallPolicy::background(), |http| {
+            let never = futures::stream::pending::<Result<&'static str, std::io::Error>>();
+            http.post(URL)
+                .timeout(secs(1))
+                .body(reqwest::Body::wrap_stream(never))
+        }))
+        .expect("driven")
+        .unwrap_err();
+    assert_eq!(err.time_limit(), Some(TimeLimit::Transport), "{err}");
+    assert_eq!(rt.elapsed(), secs(1));
+    assert_eq!(script.request_count(), 0);
+}
+
+#[test]
+fn a_content_length_hyper_cannot_read_fails_the_send_unless_bodiless() {
+    for lengths in [&["abc"][..], &["3", "4"]] {
+        let (rt, script, client) = set_up();
+        let mut reply = Reply::ok().body("abcd");
+        for length in lengths {
+            reply = reply.header("content-length", *length);
+        }
+        script.push(reply);
+        let err = rt
+            .block_on(client.execute_with(&CallPolicy::background(), |http| http.get(URL)))
+            .expect("driven")
+            .unwrap_err();
+        assert_eq!(
+            err.kind(),
+            ErrorKind::Transport(TransportErrorKind::Interrupted),
+            "{lengths:?}"
+        );
+    }
+    // hyper does not look at a HEAD response's.
+    let (rt, script, client) = set_up();
+    script.push(Reply::ok().header("content-length", "abc"));
+    let response = rt
+        .block_on(client.execute(|http| http.head(URL)))
+        .expect("driven")
+        .expect("a HEAD response reads no length");
+    assert_eq!(response.content_length(), Some(0));
+}
+
 #[test]
 fn without_a_read_timeout_a_stalled_body_stalls_its_reader() {
     let rt = VirtualRuntime::new();
@@ -570,6 +700,18 @@ async fn a_scripted_answer_reads_as_the_same_answer_from_a_real_server() {
                 .header("transfer-encoding", "chunked")
                 .body("abc"),
             &["content-length", "transfer-encoding"],
+        ),
+        (
+            Method::GET,
+            Act::Respond(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n6\r\nabcdef\r\n0\r\n\r\n"
+                    .to_owned(),
+            ),
+            Reply::ok()
+                .header("transfer-encoding", "chunked")
+                .header("content-length", "3")
+                .body("abcdef"),
+            &["transfer-encoding"],
         ),
         (
             Method::GET,
