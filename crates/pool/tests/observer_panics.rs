@@ -50,7 +50,7 @@ fn set_up(
     first: Reply,
     last: Arc<Panicking>,
 ) -> (World, Arc<HealthObserver>, RecordingObserver, Client) {
-    quiet_panics();
+    quiet_panics_starting_with("observer panics on");
     let w = World::new();
     w.transport.push(first).default_reply(Reply::ok());
     let (health, recorder) = (
@@ -75,24 +75,6 @@ fn call_panics(w: &World, client: &Client) -> bool {
         w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
     };
     catch_unwind(AssertUnwindSafe(run)).is_err()
-}
-
-/// Keeps the observers' own panics, which are expected, out of the test output;
-/// every other panic (a failed assertion) is reported as usual.
-fn quiet_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let report = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let own = info
-                .payload()
-                .downcast_ref::<String>()
-                .is_some_and(|m| m.starts_with("observer panics on"));
-            if !own {
-                report(info);
-            }
-        }));
-    });
 }
 
 #[test]
@@ -181,7 +163,7 @@ fn an_observer_that_panics_on_every_event_does_not_abort_the_process() {
 
 #[test]
 fn a_fanout_feeds_every_observer_even_after_one_panics_then_passes_the_panic_on() {
-    quiet_panics();
+    quiet_panics_starting_with("observer panics on");
     let recorder = RecordingObserver::new();
     let fanout = Fanout::default()
         .with(Panicking::on("any", u32::MAX))

@@ -24,7 +24,7 @@ fn source(
     fetches: &Arc<AtomicU32>,
     panics_on: u32,
 ) -> impl TokenSource + use<> {
-    quiet_panics();
+    quiet_panics_starting_with("token source panics");
     let (rt, fetches) = (rt.clone(), Arc::clone(fetches));
     token_fn(move || {
         let rt = rt.clone();
@@ -40,52 +40,43 @@ fn source(
     })
 }
 
-/// Keeps the token source's own panics out of the test output.
-fn quiet_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let report = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let own = info
-                .payload()
-                .downcast_ref::<String>()
-                .is_some_and(|m| m.starts_with("token source panics"));
-            if !own {
-                report(info);
-            }
-        }));
-    });
-}
-
 fn bearer(request: &ScriptedRequest) -> Option<&str> {
     request.headers().get(AUTHORIZATION)?.to_str().ok()
+}
+
+/// A client whose token source panics on fetch `panics_on`; one call to `/a` (the
+/// one that runs into the panic) and one to `/b` started together and driven to the
+/// end. Whether the first panicked, whether the second succeeded, and how many fetches
+/// there were.
+fn two_calls(w: &World, panics_on: u32) -> (bool, bool, u32, Client<impl TokenSource + use<>>) {
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(source(&w.rt, &fetches, panics_on))
+        .build()
+        .unwrap();
+    let running = client.clone();
+    let first = w.rt.spawn(async move {
+        AssertUnwindSafe(running.execute_with(&CallPolicy::background(), |h| h.get("/a")))
+            .catch_unwind()
+            .await
+            .is_err()
+    });
+    let second = w.spawn_call(&client, CallPolicy::background(), "/b");
+    w.rt.run().unwrap();
+    let panicked = w.rt.block_on(first).unwrap();
+    let succeeded = w.rt.block_on(second).unwrap().is_ok();
+    (panicked, succeeded, fetches.load(Ordering::SeqCst), client)
 }
 
 #[test]
 fn a_first_fetch_that_panics_is_taken_over_by_a_waiting_caller() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(source(&w.rt, &fetches, 1))
-        .build()
-        .unwrap();
-    let fetching = client.clone();
-    let first = w.rt.spawn(async move {
-        AssertUnwindSafe(fetching.execute_with(&CallPolicy::background(), |h| h.get("/x")))
-            .catch_unwind()
-            .await
-            .is_err()
-    });
-    let second = w.spawn_call(&client, CallPolicy::background(), "/x");
-    w.rt.run().unwrap();
-    assert!(
-        w.rt.block_on(first).unwrap(),
-        "the fetching caller panicked"
-    );
-    assert!(w.rt.block_on(second).unwrap().is_ok());
-    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    let (panicked, succeeded, fetches, client) = two_calls(&w, 1);
+    assert!(panicked, "the fetching caller panicked");
+    assert!(succeeded);
+    assert_eq!(fetches, 2);
     let sent: Vec<_> = w
         .transport
         .requests()
@@ -97,7 +88,7 @@ fn a_first_fetch_that_panics_is_taken_over_by_a_waiting_caller() {
     w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
         .unwrap()
         .unwrap();
-    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    assert_eq!(client.token_fetches(), 2);
     w.assert_contract();
 }
 
@@ -109,26 +100,9 @@ fn a_refresh_that_panics_is_taken_over_by_a_replay_waiting_on_it() {
             Some("Bearer t3") => Reply::ok().after(ms(10)),
             _ => Reply::status(401).after(ms(10)),
         });
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(source(&w.rt, &fetches, 2))
-        .build()
-        .unwrap();
-    let refreshing = client.clone();
-    let first = w.rt.spawn(async move {
-        AssertUnwindSafe(refreshing.execute_with(&CallPolicy::background(), |h| h.get("/a")))
-            .catch_unwind()
-            .await
-            .is_err()
-    });
-    let second = w.spawn_call(&client, CallPolicy::background(), "/b");
-    w.rt.run().unwrap();
-    assert!(
-        w.rt.block_on(first).unwrap(),
-        "the refreshing caller panicked"
-    );
-    assert!(w.rt.block_on(second).unwrap().is_ok());
-    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    let (panicked, succeeded, fetches, _) = two_calls(&w, 2);
+    assert!(panicked, "the refreshing caller panicked");
+    assert!(succeeded);
+    assert_eq!(fetches, 3);
     w.assert_contract();
 }

@@ -23,16 +23,21 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-/// A virtual clock, its script, and a client over `ScriptedReqwest` that retries
-/// without jitter.
-fn set_up() -> (
-    VirtualRuntime,
-    ScriptedTransport,
-    ResilientClient<ScriptedReqwest, VirtualRuntime>,
-) {
+type Client = ResilientClient<ScriptedReqwest, VirtualRuntime>;
+
+/// A virtual clock, its script, and a client over `ScriptedReqwest` (with its default
+/// read timeout) that retries without jitter.
+fn set_up() -> (VirtualRuntime, ScriptedTransport, Client) {
+    with_read_timeout(Some(vantage_api_pool_reqwest::DEFAULT_READ_TIMEOUT))
+}
+
+/// [`set_up`] with the read timeout `read`.
+fn with_read_timeout(read: Option<Duration>) -> (VirtualRuntime, ScriptedTransport, Client) {
     let rt = VirtualRuntime::new();
     let script = ScriptedTransport::new(&rt);
-    let transport = ScriptedReqwest::new(script.clone()).expect("a client that never sends");
+    let transport = ScriptedReqwest::new(script.clone())
+        .expect("a client that never sends")
+        .read_timeout(read);
     let policy = CallPolicy::bounded(RetryPolicy::default())
         .with_jitter(Jitter::None)
         .expect("no jitter");
@@ -275,7 +280,7 @@ fn a_body_is_read_to_its_content_length_as_hyper_reads_it() {
 /// A body read to its end over `client`: what came, or the kind it failed with.
 fn read_body(
     rt: &VirtualRuntime,
-    client: &ResilientClient<ScriptedReqwest, VirtualRuntime>,
+    client: &Client,
 ) -> Result<Result<Bytes, TransportErrorKind>, vantage_api_pool_testkit::DriveError> {
     rt.block_on(async {
         let response = client
@@ -299,14 +304,7 @@ fn a_stalled_body_meets_the_adapters_default_read_timeout() {
 
 #[test]
 fn the_read_timeout_counts_from_each_read_and_covers_the_head() {
-    let rt = VirtualRuntime::new();
-    let script = ScriptedTransport::new(&rt);
-    let transport = ScriptedReqwest::new(script.clone())
-        .unwrap()
-        .read_timeout(Some(secs(2)));
-    let client = ResilientClient::builder(transport, rt.clone())
-        .build()
-        .unwrap();
+    let (rt, script, client) = with_read_timeout(Some(secs(2)));
     // Three pieces 1.5 s apart: 4.5 s in all, but never 2 s without one.
     script.push(
         Reply::ok()
@@ -361,30 +359,11 @@ fn the_requests_own_timeout_covers_the_head_and_the_whole_body() {
     assert_eq!(rt.elapsed(), Duration::from_millis(3500));
 }
 
-/// A client over `ScriptedReqwest` with the read timeout `read`.
-fn with_read_timeout(
-    read: Option<Duration>,
-) -> (
-    VirtualRuntime,
-    ScriptedTransport,
-    ResilientClient<ScriptedReqwest, VirtualRuntime>,
-) {
-    let rt = VirtualRuntime::new();
-    let script = ScriptedTransport::new(&rt);
-    let transport = ScriptedReqwest::new(script.clone())
-        .unwrap()
-        .read_timeout(read);
-    let client = ResilientClient::builder(transport, rt.clone())
-        .build()
-        .unwrap();
-    (rt, script, client)
-}
-
 /// Two pieces of body, both there at once, read with `pause` between them: what the
 /// second read gave.
 fn second_read_after(
     rt: &VirtualRuntime,
-    client: &ResilientClient<ScriptedReqwest, VirtualRuntime>,
+    client: &Client,
     request: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
     pause: Duration,
 ) -> Result<Option<Bytes>, TransportErrorKind> {
@@ -493,14 +472,7 @@ fn a_content_length_hyper_cannot_read_fails_the_send_unless_bodiless() {
 
 #[test]
 fn without_a_read_timeout_a_stalled_body_stalls_its_reader() {
-    let rt = VirtualRuntime::new();
-    let script = ScriptedTransport::new(&rt);
-    let transport = ScriptedReqwest::new(script.clone())
-        .unwrap()
-        .read_timeout(None);
-    let client = ResilientClient::builder(transport, rt.clone())
-        .build()
-        .unwrap();
+    let (rt, script, client) = with_read_timeout(None);
     script.push(Reply::ok().body("[1, 2, 3]").body_stalls_after(4));
     assert!(
         matches!(

@@ -293,3 +293,22 @@ pub fn error_difference(a: &ClientError, b: &ClientError) -> Option<String> {
     let (a, b) = (fields(a), fields(b));
     (a != b).then(|| format!("{a} vs {b}"))
 }
+
+/// Keeps the panics a test provokes on purpose (their message starts with `prefix`)
+/// out of its output; every other panic (a failed assertion) is reported as usual.
+/// The first call in a test binary sets the hook for all of its tests.
+pub fn quiet_panics_starting_with(prefix: &'static str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let own = info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|m| m.starts_with(prefix));
+            if !own {
+                report(info);
+            }
+        }));
+    });
+}
