@@ -901,7 +901,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     ) -> Next {
         let client = self.client;
         let (send, attempt) = (guard.send, guard.attempt);
-        let (outcome, server_wait, error, cut_by_budget, credentials_dropped) = match sent {
+        let (outcome, server_wait, error, cut_by_budget) = match sent {
             Sent::ErrorStatus {
                 head:
                     ErrorHead {
@@ -920,13 +920,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     .with_retry_after(wait)
                     .with_credentials_dropped(credentials_dropped)
                     .with_reached(true);
-                (
-                    Outcome::Status(status),
-                    wait,
-                    error,
-                    false,
-                    credentials_dropped,
-                )
+                (Outcome::Status(status), wait, error, false)
             }
             Sent::Failed {
                 error: e,
@@ -948,7 +942,6 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     None,
                     self.with_last_request_id(error).with_reached(self.reached),
                     cut_by_budget,
-                    false,
                 )
             }
         };
@@ -960,7 +953,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 // origins) is not about the client's token: no refresh helps.
                 can_replay_401: client.auth.is_configured()
                     && !self.replayed
-                    && !credentials_dropped,
+                    && !error.credentials_dropped(),
                 redials_used: self.redials,
                 has_server_delay: server_wait.is_some(),
                 cut_by_budget,

@@ -390,8 +390,9 @@ impl ClientError {
 
     /// The delay the server asked for on the last response (`retry-after-ms` or
     /// `Retry-After`), as parsed, before any clamping to a policy's ceiling (a number
-    /// too large to hold reads as [`Duration::MAX`]). `None` for every kind but [`ErrorKind::Status`]: a delay an earlier response asked
-    /// for was waited out before the send that failed.
+    /// too large to hold reads as [`Duration::MAX`]). `None` for every kind but
+    /// [`ErrorKind::Status`]: a delay an earlier response asked for was waited out
+    /// before the send that failed.
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after

@@ -221,20 +221,17 @@ impl SendTransport for ScriptedReqwest {
             };
             // As reqwest's, both limits run from the start of the send, over the upload
             // of a streamed body too, until the head.
-            let head_deadline = earliest(
-                self.read_timeout.map(|t| start.saturating_add(t)),
-                limits.until,
-            );
-            let response = timer_first(runtime, head_deadline, async {
+            let head_deadline = earliest(limits.read_from(start), limits.until);
+            let (response, length) = timer_first(runtime, head_deadline, async {
                 let draft = scripted_draft(request).await?;
                 let request = self.script.prepare(draft)?;
                 let response = self.script.send(request).await?;
-                check_framing(&response, head_request)?;
-                Ok(response)
+                let length = body_length(&response, head_request)?;
+                Ok((response, length))
             })
             .await
             .map_err(|()| timed_out())??;
-            Ok(into_reqwest(response, head_request, limits))
+            Ok(into_reqwest(response, length, limits))
         }
     }
 
@@ -301,26 +298,16 @@ async fn read_streamed(mut request: reqwest::Request) -> Result<Bytes, Transport
     }
 }
 
-/// The script's response as reqwest's. As hyper does, the response to a `HEAD`, and a
-/// 1xx, 204 or 304, has an empty body of length 0 whatever its `Content-Length` says
-/// (the script's body is not read).
+/// The script's response as reqwest's, its body `length` bytes long when known
+/// ([`body_length`]; of length 0, the script's body is not read).
 fn into_reqwest(
     response: ScriptedResponse,
-    head_request: bool,
+    length: Option<u64>,
     limits: ReadLimits,
 ) -> ReqwestResponse {
     let dropped = response.credentials_dropped();
     let status = response.status();
     let headers = response.headers().clone();
-    let length = if bodiless(status, head_request) {
-        Some(0)
-    } else if headers.contains_key(http::header::TRANSFER_ENCODING) {
-        // hyper reads a `Transfer-Encoding` body to its own end, whatever a
-        // `Content-Length` beside it says.
-        None
-    } else {
-        response.content_length()
-    };
     let (state, remaining) = match length {
         Some(0) => (BodyState::Done, Some(0)),
         _ => (BodyState::Idle(response), length),
@@ -392,7 +379,7 @@ impl HttpBody for ScriptedBody {
         let limits = &this.limits;
         let now = limits.runtime.now();
         if reader.read_deadline.is_none() {
-            reader.read_deadline = limits.read.map(|t| now.saturating_add(t));
+            reader.read_deadline = limits.read_from(now);
         }
         // The timers first, as reqwest's body wrappers look at them.
         if let Some(deadline) = earliest(reader.read_deadline, limits.until) {
@@ -440,8 +427,7 @@ impl HttpBody for ScriptedBody {
                                 }
                                 None => *state = BodyState::Idle(response),
                             }
-                            reader.read_deadline =
-                                limits.read.map(|t| limits.runtime.now().saturating_add(t));
+                            reader.read_deadline = limits.read_from(limits.runtime.now());
                             Poll::Ready(Some(Ok(Frame::data(chunk))))
                         }
                         Poll::Ready((_, Ok(None))) => match this.remaining {
@@ -488,6 +474,13 @@ fn bodiless(status: http::StatusCode, head_request: bool) -> bool {
         || status == http::StatusCode::NOT_MODIFIED
 }
 
+impl ReadLimits {
+    /// When the read timeout ends a read that starts at `at`.
+    fn read_from(&self, at: vantage_api_pool::Instant) -> Option<vantage_api_pool::Instant> {
+        self.read.map(|t| at.saturating_add(t))
+    }
+}
+
 /// The nearer of two deadlines, if any.
 fn earliest(
     a: Option<vantage_api_pool::Instant>,
@@ -526,22 +519,29 @@ fn timed_out() -> TransportError {
     TransportError::new(TransportErrorKind::TimedOut, "operation timed out")
 }
 
-/// hyper refuses a response whose `Content-Length` it cannot read (not a number, or
-/// lines that disagree), unless a `Transfer-Encoding` frames the body instead: the
-/// send fails `Interrupted`, as over the real adapter.
-fn check_framing(response: &ScriptedResponse, head_request: bool) -> Result<(), TransportError> {
+/// The body's length as hyper frames it: 0 for a response to `HEAD`, a 1xx, 204 or
+/// 304, whatever its `Content-Length` says; unknown when a `Transfer-Encoding` frames
+/// it (a `Content-Length` beside it is ignored); else its `Content-Length`. One hyper
+/// cannot read (not a number, lines that disagree) fails the send `Interrupted`, as
+/// over the real adapter.
+fn body_length(
+    response: &ScriptedResponse,
+    head_request: bool,
+) -> Result<Option<u64>, TransportError> {
     let headers = response.headers();
-    let unreadable = !bodiless(response.status(), head_request)
-        && headers.contains_key(http::header::CONTENT_LENGTH)
-        && !headers.contains_key(http::header::TRANSFER_ENCODING)
-        && response.content_length().is_none();
-    if unreadable {
-        return Err(TransportError::new(
+    if bodiless(response.status(), head_request) {
+        return Ok(Some(0));
+    }
+    if headers.contains_key(http::header::TRANSFER_ENCODING) {
+        return Ok(None);
+    }
+    match response.content_length() {
+        None if headers.contains_key(http::header::CONTENT_LENGTH) => Err(TransportError::new(
             TransportErrorKind::Interrupted,
             "invalid content-length parsed",
-        ));
+        )),
+        length => Ok(length),
     }
-    Ok(())
 }
 
 /// A scripted body failure as the I/O error reqwest would meet: a `TimedOut` one
