@@ -28,12 +28,12 @@ const REDIALED_ONCE: [&str; 5] = [
     "ok s2 a1 200",
 ];
 
-/// The adapter's default client, each new connection handed to hyper `ms`
-/// milliseconds after it is established.
-fn delayed_connects(ms: u64) -> ReqwestTransport {
+/// The adapter's default client, its `k`-th new connection handed to hyper only
+/// once `ready(k)` holds.
+fn held_connects(ready: impl Fn(usize) -> bool + Send + Sync + 'static) -> ReqwestTransport {
+    let hold = HoldConnects::until(ready);
     ReqwestTransport::with_builder(move || {
-        ReqwestTransport::default_client_builder()
-            .connector_layer(DelayAfterConnect(Duration::from_millis(ms)))
+        ReqwestTransport::default_client_builder().connector_layer(hold.clone())
     })
     .unwrap()
 }
@@ -41,13 +41,15 @@ fn delayed_connects(ms: u64) -> ReqwestTransport {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_connection_closed_before_the_request_left_is_not_sent_and_redialed() {
     // Connection 0 is closed as soon as it is accepted; the client hands it to hyper
-    // only 100 ms later, so hyper sees the close before writing anything.
+    // only once the server has closed it, so hyper sees the close before writing
+    // anything.
     let server = FaultServer::start_with(
         |_, _| Act::Respond(ok("done")),
         |connection| connection == 0,
     )
     .await;
-    let transport = delayed_connects(100);
+    let closed = server.closed_counter();
+    let transport = held_connects(move |k| k > 0 || closed() >= 1);
     let observer = RecordingObserver::new();
     let client = client(transport, &observer);
     let url = server.url(PATH);
@@ -79,7 +81,10 @@ async fn a_post_redirected_to_a_connection_closed_before_the_hop_left_is_interru
     let origin =
         FaultServer::start(move |_, _| Act::Respond(response("303 See Other", &[&location], "")))
             .await;
-    let transport = delayed_connects(100);
+    // Connection 0 goes to the origin; connection 1, the hop's, is handed to hyper
+    // once the target has closed it.
+    let closed = target.closed_counter();
+    let transport = held_connects(move |k| k == 0 || closed() >= 1);
     let observer = RecordingObserver::new();
     let client = client(transport, &observer);
     let url = origin.url(PATH);
@@ -104,7 +109,8 @@ async fn a_post_redirected_to_a_connection_closed_before_the_hop_left_is_interru
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_fresh_connections_closed_before_sending_end_a_post_after_two_redials() {
     let server = FaultServer::start_with(|_, _| Act::Respond(ok("done")), |_| true).await;
-    let transport = delayed_connects(50);
+    let closed = server.closed_counter();
+    let transport = held_connects(move |k| closed() > k);
     let observer = RecordingObserver::new();
     let client = client(transport, &observer);
     let url = server.url(PATH);
@@ -141,10 +147,12 @@ async fn three_fresh_connections_closed_before_sending_end_a_post_after_two_redi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_connection_the_server_closed_while_idle_is_not_reused() {
     // The server answers, keeps the connection 50 ms, then closes it idle. The next
-    // call comes 200 ms later. Observed: hyper saw the close while the connection sat
-    // in the pool and dropped it, so the call dials afresh and the pool sees a plain
-    // success (no NotSent reaches it; had the close raced the checkout, hyper-util
-    // would have resent the unwritten request on a fresh connection by itself).
+    // call comes once the server has closed it, and 50 ms later. Observed: hyper saw
+    // the close while the connection sat in the pool and dropped it, so the call
+    // dials afresh and the pool sees a plain success (no NotSent reaches it; had the
+    // close raced the checkout, hyper-util would have resent the unwritten request on
+    // a fresh connection by itself: it retries a request canceled on a reused
+    // connection).
     let server = FaultServer::start(|_, _| {
         Act::RespondThenCloseAfter(ok("done"), Duration::from_millis(50))
     })
@@ -152,13 +160,14 @@ async fn a_keep_alive_connection_the_server_closed_while_idle_is_not_reused() {
     let observer = RecordingObserver::new();
     let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
     let url = server.url(PATH);
-    for _ in 0..2 {
+    for call in 1..=2 {
         let response = client
             .execute_with(&policy(0), |http| http.get(&url))
             .await
             .unwrap();
         assert_eq!(response.into_inner().text().await.unwrap(), "done");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        wait_until(|| server.closed() >= call).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
         trace(&observer),

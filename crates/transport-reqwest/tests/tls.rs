@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    DelayAfterConnect, ServerTask, assert_no_url, assert_post_interrupted_once, ok, policy,
+    HoldConnects, ServerTask, assert_no_url, assert_post_interrupted_once, ok, policy,
     policy_with_timeout, read_request, short, trace,
 };
 use rustls::pki_types::pem::PemObject;
@@ -47,6 +47,9 @@ struct TlsServer {
     heads: Arc<Mutex<Vec<String>>>,
     /// TCP connections accepted, handshakes completed or not.
     connections: Arc<AtomicUsize>,
+    /// Handshakes the server ended (its alert, if any, written), counted as each
+    /// ends.
+    refused: Arc<AtomicUsize>,
     _task: ServerTask,
 }
 
@@ -65,17 +68,22 @@ impl TlsServer {
         let port = listener.local_addr().unwrap().port();
         let heads = Arc::new(Mutex::new(Vec::new()));
         let connections = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn({
             let (heads, connections) = (Arc::clone(&heads), Arc::clone(&connections));
+            let refused = Arc::clone(&refused);
             async move {
                 let mut tasks = JoinSet::new();
                 while let Ok((stream, _)) = listener.accept().await {
                     connections.fetch_add(1, Ordering::SeqCst);
                     let (acceptor, heads) = (acceptor.clone(), Arc::clone(&heads));
-                    let answer = Arc::clone(&answer);
+                    let (answer, refused) = (Arc::clone(&answer), Arc::clone(&refused));
                     tasks.spawn(async move {
-                        // A client that rejects the certificate ends the handshake.
+                        // A client that rejects the certificate ends the handshake;
+                        // so does the server, with its alert, for a client
+                        // certificate it requires and does not get.
                         let Ok(mut tls) = acceptor.accept(stream).await else {
+                            refused.fetch_add(1, Ordering::SeqCst);
                             return;
                         };
                         while let Some(head) = read_request(&mut tls).await {
@@ -103,6 +111,7 @@ impl TlsServer {
             port,
             heads,
             connections,
+            refused,
             _task: ServerTask(task),
         }
     }
@@ -155,14 +164,15 @@ fn trusting_client(
     ResilientClient<ReqwestTransport, TokioRuntime>,
     ReqwestTransport,
 ) {
-    trusting_client_with(observer, Duration::ZERO, None)
+    trusting_client_with(observer, None, None)
 }
 
-/// [`trusting_client`], each new connection handed to hyper `delay` after its
-/// handshake, presenting `identity` as its client certificate when given.
+/// [`trusting_client`], each new connection held after its handshake as `hold`
+/// says before hyper gets it, presenting `identity` as its client certificate when
+/// given.
 fn trusting_client_with(
     observer: &RecordingObserver,
-    delay: Duration,
+    hold: Option<HoldConnects>,
     identity: Option<reqwest::Identity>,
 ) -> (
     ResilientClient<ReqwestTransport, TokioRuntime>,
@@ -177,10 +187,9 @@ fn trusting_client_with(
             Some(identity) => builder.identity(identity.clone()),
             None => builder,
         };
-        if delay.is_zero() {
-            builder
-        } else {
-            builder.connector_layer(DelayAfterConnect(delay))
+        match &hold {
+            Some(hold) => builder.connector_layer(hold.clone()),
+            None => builder,
         }
     })
     .expect("client");
@@ -310,19 +319,14 @@ async fn a_server_that_requires_a_client_certificate_gives_a_final_tls_error_not
     // server will not take (the server's own, not for client authentication) is
     // refused the same way under TLS 1.3, with `unsupported_certificate`.
     let servers_own = || Some(reqwest::Identity::from_pem(&[CERT, KEY].concat()).expect("pem"));
-    for (version, versions, delay, identity) in [
-        ("1.2", &[&rustls::version::TLS12], Duration::ZERO, None),
-        ("1.3", &[&rustls::version::TLS13], Duration::ZERO, None),
-        (
-            "1.3, alert first",
-            &[&rustls::version::TLS13],
-            Duration::from_millis(100),
-            None,
-        ),
+    for (version, versions, alert_first, identity) in [
+        ("1.2", &[&rustls::version::TLS12], false, None),
+        ("1.3", &[&rustls::version::TLS13], false, None),
+        ("1.3, alert first", &[&rustls::version::TLS13], true, None),
         (
             "1.3, a certificate it will not take",
             &[&rustls::version::TLS13],
-            Duration::ZERO,
+            false,
             servers_own(),
         ),
     ] {
@@ -330,7 +334,12 @@ async fn a_server_that_requires_a_client_certificate_gives_a_final_tls_error_not
             TlsServer::start_with(server_config(versions, true), |_| Answer::Bytes(ok("paid")))
                 .await;
         let observer = RecordingObserver::new();
-        let (client, _transport) = trusting_client_with(&observer, delay, identity);
+        // Alert first: the connection goes to hyper once the server has refused it.
+        let hold = alert_first.then(|| {
+            let refused = Arc::clone(&server.refused);
+            HoldConnects::until(move |_| refused.load(Ordering::SeqCst) >= 1)
+        });
+        let (client, _transport) = trusting_client_with(&observer, hold, identity);
         let url = server.url("/charge");
         let error = client
             .execute_with(&policy(3).idempotent(true), |http| {

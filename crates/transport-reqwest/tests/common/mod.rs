@@ -72,6 +72,9 @@ impl Seen {
 #[derive(Default)]
 struct Record {
     connections: AtomicUsize,
+    /// Connections the server has closed (at once on accept, or idle after
+    /// answering), counted once the close is done.
+    closed: AtomicUsize,
     requests: Mutex<Vec<Seen>>,
 }
 
@@ -124,6 +127,7 @@ impl FaultServer {
                     let index = record.connections.fetch_add(1, Ordering::SeqCst);
                     if close_at_once(index) {
                         drop(stream);
+                        record.closed.fetch_add(1, Ordering::SeqCst);
                         continue;
                     }
                     connections.spawn(serve(
@@ -150,6 +154,19 @@ impl FaultServer {
     /// Connections accepted so far.
     pub(crate) fn connections(&self) -> usize {
         self.record.connections.load(Ordering::SeqCst)
+    }
+
+    /// Connections the server has closed so far, at once on accept (see
+    /// [`start_with`](FaultServer::start_with)) or idle after
+    /// [`Act::RespondThenCloseAfter`]: each counted once its close is done.
+    pub(crate) fn closed(&self) -> usize {
+        self.record.closed.load(Ordering::SeqCst)
+    }
+
+    /// [`closed`](FaultServer::closed), readable from a connector layer.
+    pub(crate) fn closed_counter(&self) -> impl Fn() -> usize + Send + Sync + 'static {
+        let record = Arc::clone(&self.record);
+        move || record.closed.load(Ordering::SeqCst)
     }
 
     /// Requests read so far, in order.
@@ -182,6 +199,7 @@ async fn serve(mut stream: TcpStream, connection: usize, script: Script, record:
                 let _ = stream.write_all(bytes.as_bytes()).await;
                 tokio::time::sleep(idle).await;
                 let _ = stream.shutdown().await;
+                record.closed.fetch_add(1, Ordering::SeqCst);
                 return;
             }
             Act::Close => {
@@ -397,30 +415,56 @@ pub(crate) fn message(error: &ClientError) -> String {
     std::error::Error::source(error).map_or_else(String::new, |s| s.to_string())
 }
 
-/// A connector layer that waits `.0` after each connection is established (TCP, and
-/// TLS for https), before hyper gets it: long enough for a server's immediate close,
-/// or its TLS alert, to arrive first.
+/// A connector layer that holds each new connection (TCP, and TLS for https) before
+/// hyper gets it until the server has done something, such as closing it or
+/// sending its TLS alert, so that hyper finds that done before it writes anything.
+///
+/// The `k`-th connection made (from 0, in the order the connects started, counted
+/// over every client built with one layer) waits until `ready(k)` holds, as
+/// [`wait_until`] waits.
 #[derive(Clone)]
-pub(crate) struct DelayAfterConnect(pub(crate) Duration);
+pub(crate) struct HoldConnects {
+    made: Arc<AtomicUsize>,
+    ready: Arc<dyn Fn(usize) -> bool + Send + Sync>,
+}
 
-impl<S> tower_layer::Layer<S> for DelayAfterConnect {
-    type Service = Delayed<S>;
+impl HoldConnects {
+    /// Holds the `k`-th connection until `ready(k)`.
+    pub(crate) fn until(ready: impl Fn(usize) -> bool + Send + Sync + 'static) -> Self {
+        HoldConnects {
+            made: Arc::default(),
+            ready: Arc::new(ready),
+        }
+    }
+}
 
-    fn layer(&self, inner: S) -> Delayed<S> {
-        Delayed {
+/// Waits until `condition` holds, looking every millisecond; after 10 s it returns
+/// anyway (the test then fails on what follows, instead of hanging).
+pub(crate) async fn wait_until(condition: impl Fn() -> bool) {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !condition() && tokio::time::Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+impl<S> tower_layer::Layer<S> for HoldConnects {
+    type Service = Held<S>;
+
+    fn layer(&self, inner: S) -> Held<S> {
+        Held {
             inner,
-            delay: self.0,
+            hold: self.clone(),
         }
     }
 }
 
 #[derive(Clone)]
-pub(crate) struct Delayed<S> {
+pub(crate) struct Held<S> {
     inner: S,
-    delay: Duration,
+    hold: HoldConnects,
 }
 
-impl<S, R> tower_service::Service<R> for Delayed<S>
+impl<S, R> tower_service::Service<R> for Held<S>
 where
     S: tower_service::Service<R>,
     S::Future: Send + 'static,
@@ -439,11 +483,12 @@ where
     }
 
     fn call(&mut self, request: R) -> Self::Future {
+        let k = self.hold.made.fetch_add(1, Ordering::SeqCst);
         let connecting = self.inner.call(request);
-        let delay = self.delay;
+        let ready = Arc::clone(&self.hold.ready);
         Box::pin(async move {
             let connection = connecting.await?;
-            tokio::time::sleep(delay).await;
+            wait_until(|| ready(k)).await;
             Ok(connection)
         })
     }
