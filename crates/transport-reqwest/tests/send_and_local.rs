@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use common::*;
-use vantage_api_pool::auth::{AuthError, TokenSource, send_token_fn, token_fn};
+use vantage_api_pool::auth::{AuthError, TokenSource, token_fn};
 use vantage_api_pool::http::{HeaderValue, StatusCode, header::AUTHORIZATION};
 use vantage_api_pool::{
     CallPolicy, ClientError, ResilientClient, Runtime, Transport, TransportError, TransportResponse,
@@ -152,7 +152,7 @@ async fn generic_code_over_the_send_ports_spawns_its_calls() {
     })
     .await;
     let client = ReqwestTransport::tokio_builder(reqwest_client())
-        .auth(send_token_fn(|| async {
+        .auth(vantage_api_pool::auth::send_token_fn(|| async {
             Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer g")))
         }))
         .build()

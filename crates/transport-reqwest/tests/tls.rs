@@ -260,16 +260,17 @@ async fn an_untrusted_certificate_is_a_final_tls_error_and_nothing_is_sent() {
     let server = TlsServer::start(|_| Answer::Bytes(ok("https ok"))).await;
     let observer = RecordingObserver::new();
     // The adapter's defaults: the platform's roots, which do not hold the test CA.
-    let client = ReqwestTransport::tokio_builder(
+    let transport = ReqwestTransport::new(
         ReqwestTransport::default_client_builder()
             .no_proxy()
             .build()
             .unwrap(),
-    )
-    .observer("test-api", Arc::new(observer.clone()))
-    .breaker(1, Duration::from_secs(60), Duration::from_secs(600))
-    .build()
-    .unwrap();
+    );
+    let client = ResilientClient::builder(transport, TokioRuntime::new())
+        .observer("test-api", Arc::new(observer.clone()))
+        .breaker(1, Duration::from_secs(60), Duration::from_secs(600))
+        .build()
+        .unwrap();
     let url = server.url("/secret?token=hunter2");
     let error = client
         .execute_with(&policy(3), |http| http.get(&url))
