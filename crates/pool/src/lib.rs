@@ -11,6 +11,46 @@
 //! crates: `vantage-api-pool-reqwest`, `vantage-api-pool-tokio`,
 //! `vantage-api-pool-wasm`, and `vantage-api-pool-testkit` for virtual time.
 //!
+//! # A first call
+//!
+//! A tokio service builds the client over `vantage-api-pool-reqwest`'s
+//! `ReqwestTransport` and `TokioRuntime` (`ReqwestTransport::tokio_default()`; see
+//! that crate and the README's quick start). The same attempt loop runs here on the
+//! testkit's scripted API and virtual clock: the first send is answered `503` with
+//! `Retry-After: 2`, the call waits the two seconds the server asked for and up to a
+//! quarter more (the default jitter, which never shortens a server's delay; virtual
+//! seconds, which pass at once), and the second send succeeds.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use vantage_api_pool::{CallPolicy, EventKind, ResilientClient, RetryPolicy};
+//! use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
+//!
+//! let rt = VirtualRuntime::new();
+//! let api = ScriptedTransport::new(&rt);
+//! api.push(Reply::status(503).header("retry-after", "2"));
+//! api.push(Reply::ok().body("[]"));
+//! let observer = RecordingObserver::new();
+//! let client = ResilientClient::builder(api.clone(), rt.clone())
+//!     .max_parallel(4)
+//!     .rate_limit(10.0)
+//!     .default_breaker()
+//!     .observer("orders-api", Arc::new(observer.clone()))
+//!     .build()?;
+//!
+//! let policy = CallPolicy::bounded(RetryPolicy::default());
+//! let response = rt.block_on(client.execute_with(&policy, |http| http.get("/orders")))??;
+//! assert_eq!(response.status(), 200);
+//! let waited = api.requests()[1].at - api.requests()[0].at;
+//! assert!((Duration::from_secs(2)..=Duration::from_millis(2500)).contains(&waited));
+//! // What the rest of the process was told, in the order of the observer contract.
+//! let names: Vec<_> = observer.events().iter().map(|e| e.event.kind.name()).collect();
+//! assert_eq!(names, ["started", "failed", "retry_scheduled", "started", "succeeded"]);
+//! observer.check_contract()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Modules, one per concept (see ARCHITECTURE.md):
 //!
 //! | module | concept |
