@@ -42,11 +42,16 @@
 //! let policy = CallPolicy::bounded(RetryPolicy::default());
 //! let response = rt.block_on(client.execute_with(&policy, |http| http.get("/orders")))??;
 //! assert_eq!(response.status(), 200);
-//! let waited = api.requests()[1].at - api.requests()[0].at;
+//! let sent = api.requests();
+//! assert_eq!(sent.len(), 2);
+//! let waited = sent[1].at - sent[0].at;
 //! assert!((Duration::from_secs(2)..=Duration::from_millis(2500)).contains(&waited));
 //! // What the rest of the process was told, in the order of the observer contract.
-//! let names: Vec<_> = observer.events().iter().map(|e| e.event.kind.name()).collect();
+//! let events = observer.events();
+//! let names: Vec<_> = events.iter().map(|e| e.event.kind.name()).collect();
 //! assert_eq!(names, ["started", "failed", "retry_scheduled", "started", "succeeded"]);
+//! let EventKind::RetryScheduled { after, .. } = events[2].event.kind else { unreachable!() };
+//! assert_eq!(after, waited); // the sleep it announced is the one it slept
 //! observer.check_contract()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

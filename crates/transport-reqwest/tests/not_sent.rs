@@ -166,7 +166,7 @@ async fn a_keep_alive_connection_the_server_closed_while_idle_is_not_reused() {
             .await
             .unwrap();
         assert_eq!(response.into_inner().text().await.unwrap(), "done");
-        wait_until(|| server.closed() >= call).await;
+        wait_until("the server's idle close", || server.closed() >= call).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(

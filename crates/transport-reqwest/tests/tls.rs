@@ -47,8 +47,8 @@ struct TlsServer {
     heads: Arc<Mutex<Vec<String>>>,
     /// TCP connections accepted, handshakes completed or not.
     connections: Arc<AtomicUsize>,
-    /// Handshakes the server ended (its alert, if any, written), counted as each
-    /// ends.
+    /// Handshakes that failed on the server's side (it refused the client, its alert
+    /// written, or the client gave up), counted as each fails.
     refused: Arc<AtomicUsize>,
     _task: ServerTask,
 }

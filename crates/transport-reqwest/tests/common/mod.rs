@@ -72,8 +72,9 @@ impl Seen {
 #[derive(Default)]
 struct Record {
     connections: AtomicUsize,
-    /// Connections the server has closed (at once on accept, or idle after
-    /// answering), counted once the close is done.
+    /// Connections the server has closed at once on accept, or idle after
+    /// [`Act::RespondThenCloseAfter`], each counted once its close is done (no other
+    /// close is counted).
     closed: AtomicUsize,
     requests: Mutex<Vec<Seen>>,
 }
@@ -421,7 +422,9 @@ pub(crate) fn message(error: &ClientError) -> String {
 ///
 /// The `k`-th connection made (from 0, in the order the connects started, counted
 /// over every client built with one layer) waits until `ready(k)` holds, as
-/// [`wait_until`] waits.
+/// [`wait_until`] waits, and then 2 ms more: a turn of tokio's reactor (its time
+/// driver polls for I/O before it fires a timer), so the close the server made is
+/// also seen by the socket's readiness, which is what hyper reads.
 #[derive(Clone)]
 pub(crate) struct HoldConnects {
     made: Arc<AtomicUsize>,
@@ -438,11 +441,16 @@ impl HoldConnects {
     }
 }
 
-/// Waits until `condition` holds, looking every millisecond; after 10 s it returns
-/// anyway (the test then fails on what follows, instead of hanging).
-pub(crate) async fn wait_until(condition: impl Fn() -> bool) {
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition() && tokio::time::Instant::now() < give_up {
+/// Waits until `condition` holds, looking every millisecond, and panics naming `what`
+/// after 3 s: sooner than a send's 5 s time limit in [`policy`], so a condition that
+/// never holds fails the test as itself, not as a timed-out send.
+pub(crate) async fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(3);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "still waiting after 3 s: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
@@ -488,7 +496,8 @@ where
         let ready = Arc::clone(&self.hold.ready);
         Box::pin(async move {
             let connection = connecting.await?;
-            wait_until(|| ready(k)).await;
+            wait_until(&format!("the hold on connection {k}"), || ready(k)).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
             Ok(connection)
         })
     }
