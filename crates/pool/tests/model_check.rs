@@ -64,16 +64,51 @@ fn iterations() -> usize {
 
 /// Runs `scenario` under the random scheduler and the PCT scheduler (depth 3), each
 /// for [`iterations`] schedules from `seed` (`SHUTTLE_RANDOM_SEED` overrides it).
+///
+/// The exploration runs on a thread of its own, watched: one that has not finished
+/// after [`watchdog_limit`] fails the test instead of hanging the suite. Shuttle runs
+/// every task of a schedule on one thread, so a task that blocks outside its control
+/// (a `std` lock taken inside an execution, held by another task) blocks them all.
 fn explore(name: &str, seed: u64, scenario: impl Fn() + Send + Sync + 'static) {
     let n = iterations();
-    let scenario = Arc::new(scenario);
-    let s = Arc::clone(&scenario);
-    let random =
-        Runner::new(RandomScheduler::new_from_seed(seed, n), Config::new()).run(move || s());
-    let s = Arc::clone(&scenario);
-    let pct = Runner::new(PctScheduler::new_from_seed(seed, 3, n), Config::new()).run(move || s());
-    println!("{name}: {random} random + {pct} PCT schedules passed");
-    assert_eq!((random, pct), (n, n), "{name}: every schedule ran");
+    let limit = watchdog_limit(n);
+    let (done, finished) = std::sync::mpsc::channel();
+    let explorer = std::thread::spawn(move || {
+        let scenario = Arc::new(scenario);
+        let s = Arc::clone(&scenario);
+        let random =
+            Runner::new(RandomScheduler::new_from_seed(seed, n), Config::new()).run(move || s());
+        let s = Arc::clone(&scenario);
+        let pct =
+            Runner::new(PctScheduler::new_from_seed(seed, 3, n), Config::new()).run(move || s());
+        let _ = done.send((random, pct));
+    });
+    match finished.recv_timeout(limit) {
+        Ok((random, pct)) => {
+            explorer.join().expect("the exploring thread");
+            println!("{name}: {random} random + {pct} PCT schedules passed");
+            assert_eq!((random, pct), (n, n), "{name}: every schedule ran");
+        }
+        // The exploring thread panicked (a schedule broke a property): its panic,
+        // with the schedule to replay, is the test's failure.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(panic) = explorer.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!(
+            "{name}: {n} + {n} schedules not explored after {limit:?}: a task blocked where \
+             shuttle cannot switch (a std lock inside an execution?)"
+        ),
+    }
+}
+
+/// How long [`explore`] waits for `n` schedules per scheduler: 60 s, or 10 ms a
+/// schedule if that is longer (a debug build explores about 2 a millisecond here).
+fn watchdog_limit(n: usize) -> Duration {
+    let per_schedule = Duration::from_millis(10);
+    Duration::from_secs(60)
+        .max(per_schedule.saturating_mul(u32::try_from(2 * n).unwrap_or(u32::MAX)))
 }
 
 /// A number in `0..n` drawn from shuttle's (replayable) random source.
