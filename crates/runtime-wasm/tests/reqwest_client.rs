@@ -40,9 +40,12 @@ fn server() -> &'static str {
     }
 }
 
-/// True in a browser (a `document` exists), false in Node.
+/// True in a browser, on a page (a `document` exists) or in a Web Worker (its global
+/// scope is a `WorkerGlobalScope`); false in Node.
 fn in_browser() -> bool {
-    js_sys::Reflect::has(&js_sys::global(), &JsValue::from_str("document")).unwrap_or(false)
+    ["document", "WorkerGlobalScope"].into_iter().any(|name| {
+        js_sys::Reflect::has(&js_sys::global(), &JsValue::from_str(name)).unwrap_or(false)
+    })
 }
 
 /// A path no earlier run used, so counts start at zero even when the server is shared.
@@ -478,6 +481,52 @@ async fn a_header_fetch_cannot_carry_is_config_and_nothing_is_sent() {
         0,
         "nothing reached the server"
     );
+}
+
+#[wasm_bindgen_test]
+async fn a_credential_header_a_browser_would_drop_is_config_there_and_goes_out_in_node() {
+    // A browser's fetch drops a `cookie` or `proxy-authorization` header set by a
+    // page or a worker, without an error: there the adapter refuses the request
+    // before the fetch (a token under `cookie` would otherwise end every call with
+    // its second 401). Node's fetch sends them, and they reach the server.
+    for (name, echoed) in [("cookie", "s=1|-"), ("proxy-authorization", "-|s=1")] {
+        let observer = RecordingObserver::new();
+        let client = client(&observer);
+        let path = fresh("credentials");
+        let url = format!("{}{path}", server());
+        let result = client
+            .execute(|http| http.get(&url).header(name, "s=1"))
+            .await;
+        if in_browser() {
+            let err = result.expect_err("a browser would drop the header");
+            assert_eq!(
+                err.kind(),
+                ErrorKind::Transport(TransportErrorKind::Config),
+                "{name}: {err:?}"
+            );
+            assert_eq!(err.attempts(), 1, "{name}: final");
+            assert!(err.nothing_sent(), "{name}");
+            let message = std::error::Error::source(&err).map(ToString::to_string);
+            assert!(
+                message
+                    .as_deref()
+                    .is_some_and(|m| m.contains(&format!("`{name}`"))),
+                "{name}: the error names the header: {message:?}"
+            );
+            assert_eq!(counted("count", &path).await, 0, "{name}: nothing sent");
+        } else {
+            let response = result.expect("Node's fetch sends the header");
+            let body = response
+                .try_into_inner()
+                .expect("the body was not read by the loop")
+                .text()
+                .await
+                .expect("a body");
+            assert_eq!(body, echoed, "{name} reached the server");
+            assert_eq!(counted("count", &path).await, 1, "{name}");
+        }
+        observer.check_contract().expect("observer contract");
+    }
 }
 
 #[wasm_bindgen_test]

@@ -171,7 +171,9 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //! no [`ReqwestTransport::with_builder`] (fetch gives no handle on its connections,
 //! so there is none to distrust; dropping a send aborts its fetch) and no `tokio`
 //! feature. Fetch reports every network failure alike, so most of them map to
-//! `Interrupted` there. Never send with `fetch_mode_no_cors()`: reqwest 0.13 throws
+//! `Interrupted` there. In a browser, a request carrying a credential header the
+//! browser would drop (`cookie`, `cookie2`, `proxy-authorization`) fails with `Config`
+//! before the fetch, nothing sent. Never send with `fetch_mode_no_cors()`: reqwest 0.13 throws
 //! a JavaScript exception on the opaque response of a cross-origin no-cors fetch,
 //! which ends the call without running its destructors (it never returns and keeps
 //! its permit), and the adapter cannot see the mode on a request.
@@ -547,6 +549,10 @@ macro_rules! transport_impl {
                 // it mutably), or the request made with `ReqwestRequest::new`.
                 #[cfg(target_arch = "wasm32")]
                 let request = cap_wasm_timeout(request);
+                #[cfg(target_arch = "wasm32")]
+                if let Some(refused) = refused_by_the_browser(request.headers()) {
+                    return futures::future::Either::Left(std::future::ready(Err(refused)));
+                }
                 #[cfg(not(target_arch = "wasm32"))]
                 let client = match &self.rebuild {
                     Some(rebuild) => rebuild.lock().client.clone(),
@@ -557,13 +563,16 @@ macro_rules! transport_impl {
                 #[cfg(target_arch = "wasm32")]
                 let guarded = false;
                 let http_url = matches!(request.url().scheme(), "http" | "https");
-                Sending {
+                let sending = Sending {
                     pending: client.execute(request),
                     guarded,
                     redirected: false,
                     credentials_dropped: false,
                     http_url,
-                }
+                };
+                #[cfg(target_arch = "wasm32")]
+                let sending = futures::future::Either::Right(sending);
+                sending
             }
 
             /// On a client the adapter built, replaces it with a fresh one (at most once per
@@ -624,6 +633,40 @@ fn cap_wasm_timeout(mut request: reqwest::Request) -> reqwest::Request {
         *timeout = std::time::Duration::from_millis(millis.min(max) as u64);
     }
     request
+}
+
+/// The credential headers a browser's `fetch` drops without an error when a page or
+/// a Web Worker sets them (forbidden request-header names in the Fetch standard).
+#[cfg(target_arch = "wasm32")]
+const DROPPED_BY_BROWSERS: [&str; 3] = ["cookie", "cookie2", "proxy-authorization"];
+
+/// In a browser, a request carrying a header of [`DROPPED_BY_BROWSERS`] fails before
+/// the fetch with `Config`: the browser would send it without that credential, and
+/// the answer would be a 401 nobody could explain. Node's fetch sends them, and is
+/// left alone.
+#[cfg(target_arch = "wasm32")]
+fn refused_by_the_browser(headers: &http::HeaderMap) -> Option<TransportError> {
+    let name = DROPPED_BY_BROWSERS
+        .into_iter()
+        .find(|name| headers.contains_key(*name))?;
+    in_a_browser().then(|| {
+        TransportError::new(
+            TransportErrorKind::Config,
+            format!(
+                "a browser drops a `{name}` header set by a page or worker, so the request \
+                 was not sent (for the browser's own cookies use fetch_credentials_include)"
+            ),
+        )
+    })
+}
+
+/// A page (its global has `document`) or a Web Worker (`WorkerGlobalScope`), not Node.
+#[cfg(target_arch = "wasm32")]
+fn in_a_browser() -> bool {
+    let global = js_sys::global();
+    ["document", "WorkerGlobalScope"]
+        .into_iter()
+        .any(|name| js_sys::Reflect::has(&global, &js_sys::JsString::from(name)).unwrap_or(false))
 }
 
 #[cfg(not(target_arch = "wasm32"))]
