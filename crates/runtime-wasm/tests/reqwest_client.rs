@@ -11,12 +11,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{HeaderName, HeaderValue, StatusCode};
+use vantage_api_pool::auth::{AuthError, token_fn};
 use vantage_api_pool::{
     CallPolicy, ClientError, ErrorKind, EventKind, ResilientClient, Runtime, TimeLimit, Transport,
     TransportErrorKind, TransportEvent,
 };
-use vantage_api_pool_reqwest::{MAX_WASM_TIMEOUT, ReqwestTransport, reqwest};
+use vantage_api_pool_reqwest::{MAX_WASM_TIMEOUT, ReqwestResponse, ReqwestTransport, reqwest};
 use vantage_api_pool_testkit::RecordingObserver;
 use vantage_api_pool_wasm::WasmRuntime;
 use wasm_bindgen::JsValue;
@@ -40,12 +41,25 @@ fn server() -> &'static str {
     }
 }
 
-/// True in a browser, on a page (a `document` exists) or in a Web Worker (its global
-/// scope is a `WorkerGlobalScope`); false in Node.
+/// True in a browser, on a page or in a Web Worker; false in Node (whose global
+/// `process` has `versions.node`).
 fn in_browser() -> bool {
-    ["document", "WorkerGlobalScope"].into_iter().any(|name| {
-        js_sys::Reflect::has(&js_sys::global(), &JsValue::from_str(name)).unwrap_or(false)
-    })
+    let versions = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("process"))
+        .and_then(|process| js_sys::Reflect::get(&process, &JsValue::from_str("versions")))
+        .unwrap_or(JsValue::UNDEFINED);
+    !(versions.is_object()
+        && js_sys::Reflect::has(&versions, &JsValue::from_str("node")).unwrap_or(false))
+}
+
+/// The body of a response the loop did not read, as text, through the portable
+/// `try_into_inner` (which also compiles natively).
+async fn text_of(response: ReqwestResponse) -> String {
+    response
+        .try_into_inner()
+        .expect("the body was not read by the loop")
+        .text()
+        .await
+        .expect("a body")
 }
 
 /// A path no earlier run used, so counts start at zero even when the server is shared.
@@ -265,13 +279,7 @@ async fn a_body_is_read_by_the_caller_after_success() {
         response.as_inner().map(|inner| inner.status()),
         Some(StatusCode::OK)
     );
-    let body = response
-        .try_into_inner()
-        .expect("the body was not read by the loop")
-        .text()
-        .await
-        .expect("a body");
-    assert_eq!(body, "ok");
+    assert_eq!(text_of(response).await, "ok");
     assert_eq!(counted("count", &path).await, 1);
 }
 
@@ -484,46 +492,71 @@ async fn a_header_fetch_cannot_carry_is_config_and_nothing_is_sent() {
 }
 
 #[wasm_bindgen_test]
-async fn a_credential_header_a_browser_would_drop_is_config_there_and_goes_out_in_node() {
-    // A browser's fetch drops a `cookie` or `proxy-authorization` header set by a
-    // page or a worker, without an error: there the adapter refuses the request
-    // before the fetch (a token under `cookie` would otherwise end every call with
-    // its second 401). Node's fetch sends them, and they reach the server.
-    for (name, echoed) in [("cookie", "s=1|-"), ("proxy-authorization", "-|s=1")] {
+async fn a_credential_a_browser_would_drop_is_config_there_and_goes_out_in_node() {
+    // A browser's fetch drops a `cookie`, `cookie2` or `proxy-authorization` header,
+    // and any `sec-*` one, set by a page or a worker, without an error: there the
+    // adapter refuses the request before the fetch (a token under `cookie` would
+    // otherwise end every call with its second 401). Node's fetch sends them, and
+    // they reach the server. The headers are set by the request, or are the token.
+    let server_saw = |at: usize| {
+        let mut seen = ["-"; 4];
+        seen[at] = "s=1";
+        seen.join("|")
+    };
+    for (name, by_token, echoed) in [
+        ("cookie", false, server_saw(0)),
+        ("cookie2", false, server_saw(1)),
+        ("proxy-authorization", false, server_saw(2)),
+        ("cookie", true, server_saw(0)),
+        ("sec-token", true, server_saw(3)),
+    ] {
+        let case = format!("{name}{}", if by_token { " (token)" } else { "" });
         let observer = RecordingObserver::new();
-        let client = client(&observer);
+        let builder = ResilientClient::builder(
+            ReqwestTransport::new(reqwest::Client::new()),
+            WasmRuntime::new(),
+        )
+        .observer("fault-server", Arc::new(observer.clone()));
         let path = fresh("credentials");
         let url = format!("{}{path}", server());
-        let result = client
-            .execute(|http| http.get(&url).header(name, "s=1"))
-            .await;
+        let result = if by_token {
+            let token = HeaderName::from_static(name);
+            builder
+                .auth(token_fn(move || {
+                    let token = token.clone();
+                    async move { Ok::<_, AuthError>((token, HeaderValue::from_static("s=1"))) }
+                }))
+                .build()
+                .expect("valid settings")
+                .execute(|http| http.get(&url))
+                .await
+        } else {
+            let client = builder.build().expect("valid settings");
+            client
+                .execute(|http| http.get(&url).header(name, "s=1"))
+                .await
+        };
         if in_browser() {
             let err = result.expect_err("a browser would drop the header");
             assert_eq!(
                 err.kind(),
                 ErrorKind::Transport(TransportErrorKind::Config),
-                "{name}: {err:?}"
+                "{case}: {err:?}"
             );
-            assert_eq!(err.attempts(), 1, "{name}: final");
-            assert!(err.nothing_sent(), "{name}");
+            assert_eq!(err.attempts(), 1, "{case}: final");
+            assert!(err.nothing_sent(), "{case}");
             let message = std::error::Error::source(&err).map(ToString::to_string);
             assert!(
                 message
                     .as_deref()
                     .is_some_and(|m| m.contains(&format!("`{name}`"))),
-                "{name}: the error names the header: {message:?}"
+                "{case}: the error names the header: {message:?}"
             );
-            assert_eq!(counted("count", &path).await, 0, "{name}: nothing sent");
+            assert_eq!(counted("count", &path).await, 0, "{case}: nothing sent");
         } else {
             let response = result.expect("Node's fetch sends the header");
-            let body = response
-                .try_into_inner()
-                .expect("the body was not read by the loop")
-                .text()
-                .await
-                .expect("a body");
-            assert_eq!(body, echoed, "{name} reached the server");
-            assert_eq!(counted("count", &path).await, 1, "{name}");
+            assert_eq!(text_of(response).await, echoed, "{case} reached the server");
+            assert_eq!(counted("count", &path).await, 1, "{case}");
         }
         observer.check_contract().expect("observer contract");
     }

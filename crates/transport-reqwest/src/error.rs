@@ -64,9 +64,9 @@
 //! On wasm32, fetch reports every network failure (refused, DNS, reset, CORS) as the
 //! same `TypeError`, so there is no `NotSent`, `Connect`, `Tls` or `TooLarge` there:
 //! they are `Interrupted`. A request that fetch cannot carry as it is (a header value
-//! with bytes above 0x7f; in a browser, a `cookie`, `cookie2` or
-//! `proxy-authorization` header, which the browser would drop without an error) is
-//! `Config`, refused before the fetch.
+//! with bytes above 0x7f; in a browser, a credential the browser would drop without
+//! an error: `cookie`, `cookie2`, `proxy-authorization` or a sensitive header such as
+//! a token under `sec-*`) is `Config`, refused before the fetch.
 //!
 //! The message is [`reqwest::Error::without_url`]'s text followed by the texts of its
 //! sources (for example `error sending request: client error (Connect): tcp connect

@@ -171,9 +171,10 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //! no [`ReqwestTransport::with_builder`] (fetch gives no handle on its connections,
 //! so there is none to distrust; dropping a send aborts its fetch) and no `tokio`
 //! feature. Fetch reports every network failure alike, so most of them map to
-//! `Interrupted` there. In a browser, a request carrying a credential header the
-//! browser would drop (`cookie`, `cookie2`, `proxy-authorization`) fails with `Config`
-//! before the fetch, nothing sent. Never send with `fetch_mode_no_cors()`: reqwest 0.13 throws
+//! `Interrupted` there. In a browser, a request carrying a credential the browser
+//! would drop without an error (`cookie`, `cookie2`, `proxy-authorization`, or a
+//! sensitive header, a token's, under a forbidden name) fails with `Config` before
+//! the fetch, nothing sent. Never send with `fetch_mode_no_cors()`: reqwest 0.13 throws
 //! a JavaScript exception on the opaque response of a cross-origin no-cors fetch,
 //! which ends the call without running its destructors (it never returns and keeps
 //! its permit), and the adapter cannot see the mode on a request.
@@ -550,7 +551,7 @@ macro_rules! transport_impl {
                 #[cfg(target_arch = "wasm32")]
                 let request = cap_wasm_timeout(request);
                 #[cfg(target_arch = "wasm32")]
-                if let Some(refused) = refused_by_the_browser(request.headers()) {
+                if let Some(refused) = refused_by_fetch(request.headers()) {
                     return futures::future::Either::Left(std::future::ready(Err(refused)));
                 }
                 #[cfg(not(target_arch = "wasm32"))]
@@ -637,36 +638,70 @@ fn cap_wasm_timeout(mut request: reqwest::Request) -> reqwest::Request {
 
 /// The credential headers a browser's `fetch` drops without an error when a page or
 /// a Web Worker sets them (forbidden request-header names in the Fetch standard).
+/// Any header whose value is marked sensitive (a token) is looked at too.
 #[cfg(target_arch = "wasm32")]
-const DROPPED_BY_BROWSERS: [&str; 3] = ["cookie", "cookie2", "proxy-authorization"];
+const CREDENTIAL_HEADERS: [http::HeaderName; 3] = [
+    http::header::COOKIE,
+    http::HeaderName::from_static("cookie2"),
+    http::header::PROXY_AUTHORIZATION,
+];
 
-/// In a browser, a request carrying a header of [`DROPPED_BY_BROWSERS`] fails before
-/// the fetch with `Config`: the browser would send it without that credential, and
-/// the answer would be a 401 nobody could explain. Node's fetch sends them, and is
-/// left alone.
+/// A request carrying a credential (a header of [`CREDENTIAL_HEADERS`], or one whose
+/// value is sensitive, as a token's is) that this platform's `fetch` would drop
+/// without an error fails before the fetch with `Config`: it would leave without the
+/// credential and be answered 401 for a reason nobody could see. A browser drops
+/// them (`cookie`, `proxy-*`, `sec-*`, …); a platform whose fetch sends them (Node)
+/// is left alone.
+///
+/// A client's `default_headers` are added by reqwest after this, out of its sight.
 #[cfg(target_arch = "wasm32")]
-fn refused_by_the_browser(headers: &http::HeaderMap) -> Option<TransportError> {
-    let name = DROPPED_BY_BROWSERS
-        .into_iter()
-        .find(|name| headers.contains_key(*name))?;
-    in_a_browser().then(|| {
-        TransportError::new(
-            TransportErrorKind::Config,
-            format!(
-                "a browser drops a `{name}` header set by a page or worker, so the request \
-                 was not sent (for the browser's own cookies use fetch_credentials_include)"
-            ),
-        )
-    })
+fn refused_by_fetch(headers: &http::HeaderMap) -> Option<TransportError> {
+    let name = headers
+        .iter()
+        .filter(|(name, value)| value.is_sensitive() || CREDENTIAL_HEADERS.contains(name))
+        .map(|(name, _)| name)
+        .find(|name| fetch_drops(name))?;
+    let hint = if name == http::header::COOKIE || name.as_str() == "cookie2" {
+        " (a browser sends its own cookies: same-origin by default, cross-origin with \
+         fetch_credentials_include and a CORS answer that allows credentials)"
+    } else {
+        ""
+    };
+    Some(TransportError::new(
+        TransportErrorKind::Config,
+        format!("this platform's fetch drops a `{name}` header, so the request was not sent{hint}"),
+    ))
 }
 
-/// A page (its global has `document`) or a Web Worker (`WorkerGlobalScope`), not Node.
+/// Whether this platform's `fetch` drops header `name`: asked of its own `Request`,
+/// as reqwest builds one (a `Headers` handed to `new Request`), once per name and
+/// thread. Where there is no `Request` to ask, the header is let through as before.
 #[cfg(target_arch = "wasm32")]
-fn in_a_browser() -> bool {
-    let global = js_sys::global();
-    ["document", "WorkerGlobalScope"]
-        .into_iter()
-        .any(|name| js_sys::Reflect::has(&global, &js_sys::JsString::from(name)).unwrap_or(false))
+fn fetch_drops(name: &http::HeaderName) -> bool {
+    thread_local! {
+        static SEEN: std::cell::RefCell<Vec<(http::HeaderName, bool)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let ask = || -> Option<bool> {
+        let headers = web_sys::Headers::new().ok()?;
+        headers.append(name.as_str(), "x").ok()?;
+        let init = web_sys::RequestInit::new();
+        init.set_headers(&headers);
+        let request = web_sys::Request::new_with_str_and_init("http://localhost/", &init).ok()?;
+        Some(!request.headers().has(name.as_str()).ok()?)
+    };
+    SEEN.with(|seen| {
+        if let Some(&(_, drops)) = seen.borrow().iter().find(|(seen, _)| seen == name) {
+            return drops;
+        }
+        let drops = ask().unwrap_or(false);
+        // A few names in practice; a bound all the same.
+        let mut seen = seen.borrow_mut();
+        if seen.len() < 64 {
+            seen.push((name.clone(), drops));
+        }
+        drops
+    })
 }
 
 #[cfg(not(target_arch = "wasm32"))]
