@@ -19,7 +19,7 @@
 //! | `GET /stall-head/<id>` | nothing at all until the client closes (counted as a request) |
 //! | `GET /stall-error/<id>` | `503` announcing 100 body bytes, sends 10 (`0123456789`), then nothing until the client closes |
 //! | `GET /long-error/<id>` | `503` announcing 1,000,000 body bytes, sends 4,096 (`e`), then nothing until the client closes |
-//! | `GET /credentials/<id>` | `200` with the body `<cookie>\|<cookie2>\|<proxy-authorization>\|<sec-token>`: those headers' values, `-` for one not sent |
+//! | `GET /credentials/<id>` | `200` with the body `<cookie>\|<cookie2>\|<proxy-authorization>\|<sec-token>\|<authorization>`: those headers' values, `-` for one not sent |
 //! | `GET /count?path=<path>` | how many requests (not preflights) `<path>` received |
 //! | `GET /closed?path=<path>` | how many of `<path>`'s stalled answers above the client closed (or reset) the connection of |
 //! | `GET /preflights?path=<path>` | how many `OPTIONS` preflights `<path>` received |
@@ -251,9 +251,15 @@ fn answer(
         part_of(full, 100, b"0123456789")
     } else if path.starts_with("/credentials/") {
         let value = |name: &str| headers.get(name).map_or("-", String::as_str);
-        let body = ["cookie", "cookie2", "proxy-authorization", "sec-token"]
-            .map(value)
-            .join("|");
+        let body = [
+            "cookie",
+            "cookie2",
+            "proxy-authorization",
+            "sec-token",
+            "authorization",
+        ]
+        .map(value)
+        .join("|");
         response("200 OK", &[id], &body)
     } else if path.starts_with("/long-error/") {
         let full = response("503 Service Unavailable", &[id], &"e".repeat(1_000_000));

@@ -160,13 +160,14 @@ async fn a_keep_alive_connection_the_server_closed_while_idle_is_not_reused() {
     let observer = RecordingObserver::new();
     let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
     let url = server.url(PATH);
+    let closed = server.closed_counter();
     for call in 1..=2 {
         let response = client
             .execute_with(&policy(0), |http| http.get(&url))
             .await
             .unwrap();
         assert_eq!(response.into_inner().text().await.unwrap(), "done");
-        wait_until("the server's idle close", || server.closed() >= call).await;
+        wait_until("the server's idle close", || closed() >= call).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(

@@ -157,14 +157,10 @@ impl FaultServer {
         self.record.connections.load(Ordering::SeqCst)
     }
 
-    /// Connections the server has closed so far, at once on accept (see
-    /// [`start_with`](FaultServer::start_with)) or idle after
-    /// [`Act::RespondThenCloseAfter`]: each counted once its close is done.
-    pub(crate) fn closed(&self) -> usize {
-        self.record.closed.load(Ordering::SeqCst)
-    }
-
-    /// [`closed`](FaultServer::closed), readable from a connector layer.
+    /// A reading of the connections the server has closed so far, at once on accept
+    /// (see [`start_with`](FaultServer::start_with)) or idle after
+    /// [`Act::RespondThenCloseAfter`], each counted once its close is done; it can
+    /// move into a connector layer.
     pub(crate) fn closed_counter(&self) -> impl Fn() -> usize + Send + Sync + 'static {
         let record = Arc::clone(&self.record);
         move || record.closed.load(Ordering::SeqCst)
