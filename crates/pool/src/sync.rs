@@ -260,7 +260,11 @@ pub(crate) mod test_support {
     struct DropsOnLastRef<T>(Mutex<Option<T>>);
 
     impl<T: Send> Wake for DropsOnLastRef<T> {
-        fn wake(self: Arc<Self>) {}
+        // Waking lets go of this reference and does nothing else; the value goes
+        // with the last one (not `Waker::noop`, which has no reference to drop).
+        fn wake(self: Arc<Self>) {
+            drop(self);
+        }
     }
 
     /// A waker that does nothing when woken and drops `value` with its last clone: a

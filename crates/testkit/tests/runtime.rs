@@ -990,7 +990,11 @@ fn a_dropped_sleeps_leftover_key_does_not_fire_the_timer_that_reuses_its_slot() 
 /// A waker whose clones are counted by its `Arc`.
 struct Counted;
 impl Wake for Counted {
-    fn wake(self: Arc<Self>) {}
+    // Waking lets go of this reference and does nothing else (`Waker::noop` would
+    // have no count to read).
+    fn wake(self: Arc<Self>) {
+        drop(self);
+    }
 }
 #[test]
 fn a_removed_or_fired_timer_lets_go_of_its_waker_at_once() {
@@ -1307,7 +1311,11 @@ struct ReadsOnDrop {
 }
 
 impl Wake for ReadsOnDrop {
-    fn wake(self: Arc<Self>) {}
+    // Waking lets go of this reference and does nothing else; the last one's drop
+    // is what the tests watch.
+    fn wake(self: Arc<Self>) {
+        drop(self);
+    }
 }
 
 impl Drop for ReadsOnDrop {
