@@ -74,7 +74,16 @@
 //! | [`concurrency`] | the fair permit limiter behind `max_parallel` |
 //! | [`auth`] | [`TokenSource`] (and [`SendTokenSource`](auth::SendTokenSource)), [`NoAuth`] |
 //! | [`health`] | [`HealthObserver`](health::HealthObserver): per-API figures for a dashboard |
-//! | `tracing_observer` (feature `tracing`) | `TracingObserver`: events as `tracing` events |
+#![cfg_attr(
+    feature = "tracing",
+    doc = "| [`tracing_observer`] (feature `tracing`) | \
+           [`TracingObserver`](tracing_observer::TracingObserver): events as `tracing` events |"
+)]
+#![cfg_attr(
+    not(feature = "tracing"),
+    doc = "| `tracing_observer` (feature `tracing`; not in these docs: `cargo doc --features \
+           tracing` shows it) | `TracingObserver`: events as `tracing` events |"
+)]
 //! | [`error`] | [`ClientError`], [`ErrorKind`], [`ConfigError`] |
 //! | [`observer`] | [`TransportObserver`], [`TransportEvent`], [`EventKind`] |
 #![forbid(unsafe_code)]

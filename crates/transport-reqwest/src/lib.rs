@@ -157,8 +157,19 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //!
 //! # Testing on virtual time
 //!
-//! With the feature `testkit` (for dev-dependencies, native targets), `ScriptedReqwest`
-//! (module `scripted`) puts the testkit's scripted API behind this transport's types:
+#![cfg_attr(
+    all(feature = "testkit", not(target_arch = "wasm32")),
+    doc = "With the feature `testkit` (for dev-dependencies, native targets), \
+           [`ScriptedReqwest`] (module [`scripted`])"
+)]
+#![cfg_attr(
+    not(all(feature = "testkit", not(target_arch = "wasm32"))),
+    doc = "With the feature `testkit` (for dev-dependencies, native targets; these docs \
+           were built without it, so its items are missing: `cargo doc --features \
+           testkit`, or `--all-features`, shows them), `ScriptedReqwest` (module \
+           `scripted`)"
+)]
+//! puts the testkit's scripted API behind this transport's types:
 //! the same request closures and the same code reading a [`ReqwestResponse`] run on a
 //! `VirtualRuntime`, with nothing sent.
 //!
