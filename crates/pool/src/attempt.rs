@@ -402,7 +402,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// if this send is the probe), the transport's shared limiter (not charged to the
     /// budget), then the auth token. Holds no permit; the rate token is taken later,
     /// after the permit (see `run`). Returns the clock as the gate let the send
-    /// through; the clock is read again after a wait and after an auth token lookup.
+    /// through; the clock is read again only after a wait (a cooldown, an admission,
+    /// a token fetch), not for a token at hand.
     async fn wait_for_gate(&mut self) -> Result<Ticket<'c>, ClientError> {
         let mut now = self.now();
         // The budget starts when the call first reaches the gate.
@@ -447,12 +448,15 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             now = after;
         }
         let configured = self.client.auth.is_configured();
-        let token = if configured {
+        let token = if !configured {
+            None
+        } else if let Some(token) = self.client.auth_state.current(None) {
+            // A token at hand takes no wait: the gate's reading still stands.
+            Some(token)
+        } else {
             let token = self.auth_token(None).await?;
             now = self.now();
             token
-        } else {
-            None
         };
         Ok(Ticket {
             probe,

@@ -81,8 +81,9 @@
 )]
 #![cfg_attr(
     not(feature = "tracing"),
-    doc = "| `tracing_observer` (feature `tracing`; not in these docs: `cargo doc --features \
-           tracing` shows it) | `TracingObserver`: events as `tracing` events |"
+    doc = "| `tracing_observer` (feature `tracing`; not in these docs: `cargo doc \
+           --features vantage-api-pool/tracing` shows it) | `TracingObserver`: events as \
+           `tracing` events |"
 )]
 //! | [`error`] | [`ClientError`], [`ErrorKind`], [`ConfigError`] |
 //! | [`observer`] | [`TransportObserver`], [`TransportEvent`], [`EventKind`] |

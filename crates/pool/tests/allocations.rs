@@ -3,8 +3,9 @@
 //!
 //! The claim under test (README, "Speed"): a send that waits for nothing and
 //! succeeds allocates nothing in the loop, with every per-API control on (breaker,
-//! rate bucket, permit cap, an observer), over a send that is not ready on its first
-//! poll (so the attempt's time limit arms its timer, as over a network). Every wait
+//! rate bucket, permit cap, an observer, a token source whose token is at hand), over
+//! a send that is not ready on its first poll (so the attempt's time limit arms its
+//! timer, as over a network). Every wait
 //! is a boxed future that only a waiting call pays for: the last test shows the
 //! counter sees that one. The first also holds the README's count of clock readings
 //! on that path: three a send.
@@ -24,7 +25,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime};
 
+use vantage_api_pool::auth::{AuthError, TokenSource, token_fn};
 use vantage_api_pool::bytes::Bytes;
+use vantage_api_pool::http::header::AUTHORIZATION;
 use vantage_api_pool::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use vantage_api_pool::{
     CallPolicy, EventKind, Instant, PreparedRequest, ResilientClient, Runtime, Transport,
@@ -86,10 +89,11 @@ fn allocations_in<T>(f: impl FnOnce() -> T) -> (u64, T) {
     (ALLOCATIONS.with(Cell::get), out)
 }
 
-/// A request that is a method and no headers (an empty `HeaderMap` holds no memory).
+/// A request that is a method and at most one header (the auth token), kept without
+/// a `HeaderMap`, whose first insertion allocates.
 struct Req {
     method: Method,
-    headers: HeaderMap,
+    header: Option<(HeaderName, HeaderValue)>,
 }
 
 impl PreparedRequest for Req {
@@ -98,11 +102,18 @@ impl PreparedRequest for Req {
     }
 
     fn header(&self, name: &HeaderName) -> Option<&HeaderValue> {
-        self.headers.get(name)
+        self.header
+            .as_ref()
+            .filter(|(n, _)| n == name)
+            .map(|(_, value)| value)
     }
 
     fn set_header(&mut self, name: HeaderName, value: HeaderValue) {
-        self.headers.insert(name, value);
+        assert!(
+            self.header.is_none() || self.header.as_ref().is_some_and(|(n, _)| *n == name),
+            "a second header: {name}"
+        );
+        self.header = Some((name, value));
     }
 }
 
@@ -126,10 +137,11 @@ impl TransportResponse for Resp {
 }
 
 /// Answers 200 on the second poll of each send, as a network send is never ready on
-/// its first; counts its sends.
+/// its first; counts its sends and the ones that carried the token.
 #[derive(Default)]
 struct Quiet {
     sends: Cell<u64>,
+    with_token: Cell<u64>,
 }
 
 /// Pending once (waking its task at once), then the answer.
@@ -167,24 +179,31 @@ impl Transport for Quiet {
     fn prepare(&self, method: Method) -> Result<Req, TransportError> {
         Ok(Req {
             method,
-            headers: HeaderMap::new(),
+            header: None,
         })
     }
 
-    fn send(&self, _request: Req) -> impl Future<Output = Result<Resp, TransportError>> {
+    fn send(&self, request: Req) -> impl Future<Output = Result<Resp, TransportError>> {
         self.sends.set(self.sends.get() + 1);
+        if request.header(&AUTHORIZATION) == Some(&HeaderValue::from_static(TOKEN)) {
+            self.with_token.set(self.with_token.get() + 1);
+        }
         SecondPoll { polled: false }
     }
 }
 
 /// A clock that moves 1 µs per reading; its sleeps never end (nothing here should
-/// wait for one) and allocate nothing.
+/// wait for one) and allocate nothing. A sleep keeps its deadline, so it has a size,
+/// as a real runtime's does: boxing one would call the allocator (a zero-sized value
+/// boxes without it).
 #[derive(Default)]
 struct Ticking {
     micros: Cell<u64>,
 }
 
-struct Never;
+struct Never {
+    _deadline: Instant,
+}
 
 impl Future for Never {
     type Output = ();
@@ -204,8 +223,10 @@ impl Runtime for Ticking {
         SystemTime::UNIX_EPOCH
     }
 
-    fn sleep_until(&self, _deadline: Instant) -> impl Future<Output = ()> {
-        Never
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> {
+        Never {
+            _deadline: deadline,
+        }
     }
 
     fn random(&self) -> f64 {
@@ -245,14 +266,20 @@ fn run<F: Future>(future: F) -> F::Output {
     panic!("the call did not finish within 1,000 polls");
 }
 
-type Client = ResilientClient<Quiet, Ticking>;
+const TOKEN: &str = "Bearer t";
 
-fn client(tally: &Arc<Tally>) -> Client {
+/// A client with every per-API control on: a breaker, a rate bucket, a permit cap,
+/// an observer and a token source (whose token, fetched by the first call, is then
+/// only applied).
+fn client(tally: &Arc<Tally>) -> ResilientClient<Quiet, Ticking, impl TokenSource> {
     ResilientClient::builder(Quiet::default(), Ticking::default())
         .default_breaker()
         .rate_limit(1e9)
         .max_parallel(1024)
         .observer("api", tally.clone())
+        .auth(token_fn(|| async {
+            Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static(TOKEN)))
+        }))
         .build()
         .expect("valid settings")
 }
@@ -265,35 +292,42 @@ fn a_send_that_waits_for_nothing_and_succeeds_allocates_nothing_and_reads_the_cl
     let client = client(&tally);
     let policy = CallPolicy::essential();
     // The first call may set up what lives as long as the client.
-    assert!(run(client.execute_with(&policy, |_| Method::GET)).is_ok());
+    // The request closures capture what they send, so they have a size, as real
+    // ones do: boxing one would call the allocator.
+    let get = Method::GET;
+    assert!(run(client.execute_with(&policy, |_| get.clone())).is_ok());
 
+    let readings_before = client.runtime().micros.get();
     let (allocated, ok) = allocations_in(|| {
         (0..CALLS)
-            .filter(|_| run(client.execute_with(&policy, |_| Method::GET)).is_ok())
+            .filter(|_| run(client.execute_with(&policy, |_| get.clone())).is_ok())
             .count()
     });
     assert_eq!(ok as u64, CALLS);
     assert_eq!(allocated, 0, "allocations over {CALLS} calls");
     // The calls really went through the loop: one send, a Started and a Succeeded each.
     assert_eq!(client.transport().sends.get(), CALLS + 1);
+    assert_eq!(client.transport().with_token.get(), CALLS + 1);
     assert_eq!(tally.started.load(Ordering::Relaxed), CALLS + 1);
     assert_eq!(tally.succeeded.load(Ordering::Relaxed), CALLS + 1);
     assert_eq!(tally.other.load(Ordering::Relaxed), 0);
     // The README's other claim for this path: three clock readings a send (at the
-    // gate, just before the send, at the response head).
-    assert_eq!(client.runtime().micros.get(), 3 * (CALLS + 1));
+    // gate, just before the send, at the response head), the token at hand included.
+    let readings = client.runtime().micros.get() - readings_before;
+    assert_eq!(readings, 3 * CALLS);
 }
 
 #[test]
 fn a_call_under_the_default_policy_or_an_owned_one_allocates_nothing_either() {
     let tally = Arc::new(Tally::default());
     let client = client(&tally);
-    assert!(run(client.execute(|_| Method::POST)).is_ok());
+    let post = Method::POST;
+    assert!(run(client.execute(|_| post.clone())).is_ok());
 
     let (allocated, ok) = allocations_in(|| {
         (0..CALLS)
             .filter(|i| {
-                let call = |_: &()| Method::POST;
+                let call = |_: &()| post.clone();
                 if i % 2 == 0 {
                     run(client.execute(call)).is_ok()
                 } else {

@@ -165,9 +165,9 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 #![cfg_attr(
     not(all(feature = "testkit", not(target_arch = "wasm32"))),
     doc = "With the feature `testkit` (for dev-dependencies, native targets; these docs \
-           were built without it, so its items are missing: `cargo doc --features \
-           testkit`, or `--all-features`, shows them), `ScriptedReqwest` (module \
-           `scripted`)"
+           were built without it or for wasm32, so its items are missing: `cargo doc \
+           --features vantage-api-pool-reqwest/testkit`, or `--all-features`, on a \
+           native target shows them), `ScriptedReqwest` (module `scripted`)"
 )]
 //! puts the testkit's scripted API behind this transport's types:
 //! the same request closures and the same code reading a [`ReqwestResponse`] run on a
