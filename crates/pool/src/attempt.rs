@@ -46,8 +46,8 @@ struct Ticket<'c> {
     /// The clock as the gate let the send through.
     now: Instant,
     /// Whether the call may have given way to other tasks after the breaker let it
-    /// through (an admission wait, or any client with a token source), so the
-    /// breaker may have changed: it is asked again before a request is built.
+    /// through (an admission wait, a token fetch), so the breaker may have changed:
+    /// it is asked again before a request is built.
     yielded: bool,
 }
 
@@ -447,13 +447,16 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             }
             now = after;
         }
-        let configured = self.client.auth.is_configured();
-        let token = if !configured {
+        // A token at hand takes no wait: the gate's reading still stands, and the
+        // call gave way to nobody. A fetch counts as giving way even when its
+        // future was ready at once.
+        let mut fetched = false;
+        let token = if !self.client.auth.is_configured() {
             None
         } else if let Some(token) = self.client.auth_state.current(None) {
-            // A token at hand takes no wait: the gate's reading still stands.
             Some(token)
         } else {
+            fetched = true;
             let token = self.auth_token(None).await?;
             now = self.now();
             token
@@ -462,7 +465,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             probe,
             token,
             now,
-            yielded: configured || admission_waited,
+            yielded: fetched || admission_waited,
         })
     }
 
