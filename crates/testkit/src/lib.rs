@@ -27,7 +27,11 @@
 //! Only this driver moves the clock. A future that waits on a `VirtualRuntime` (a
 //! call, a sleep, a scripted delay) must run inside [`VirtualRuntime::block_on`] or a
 //! task [`spawn`](VirtualRuntime::spawn)ed on it: awaited under `#[tokio::test]` or
-//! another executor, nothing advances the clock and it waits forever.
+//! another executor, nothing advances the clock and it waits forever. The first sleep
+//! left waiting that way prints [`UNDRIVEN_HINT`] on stderr (the test harness shows it
+//! with a failing test's output; not after a [`VirtualRuntime::advance`], for a test
+//! that moves the clock by hand), and [`VirtualRuntime::undriven_sleeps`] counts
+//! them.
 //!
 //! # Testing your own policy
 //!
@@ -97,7 +101,7 @@ pub mod transport;
 pub use observer::{ContractRule, ContractViolation, RecordedEvent, RecordingObserver};
 pub use runtime::{
     DEFAULT_SEED, DEFAULT_STEP_LIMIT, DEFAULT_TIME_LIMIT, DEFAULT_WALL_CLOCK_SECS, DriveError,
-    JoinHandle, Sleep, VirtualRuntime,
+    JoinHandle, Sleep, UNDRIVEN_HINT, VirtualRuntime,
 };
 pub use transport::{
     RecordedRequest, Reply, ScriptedHttp, ScriptedRequest, ScriptedRequestBuilder,

@@ -192,6 +192,13 @@ struct Shared {
     /// [`VirtualRuntime::with_time_limit`] in nanoseconds (`u64::MAX`: none).
     time_limit_nanos: AtomicU64,
     driving: AtomicBool,
+    /// Sleeps that were pending when polled while no driver ran (each counted once).
+    undriven_sleeps: AtomicU64,
+    /// Whether [`VirtualRuntime::advance`] was ever called: a test that moves the
+    /// clock by hand gets no hint about undriven sleeps.
+    advanced_by_hand: AtomicBool,
+    /// Whether the hint about an undriven sleep has been printed.
+    hinted: AtomicBool,
     home: OnceLock<ThreadId>,
     main_generation: AtomicU32,
     /// Calls of [`VirtualRuntime::advance`] that have taken timers out and not yet
@@ -364,7 +371,30 @@ impl Shared {
             nanos => Instant::from_origin(Duration::from_nanos(nanos)),
         }
     }
+
+    /// Counts a sleep left waiting while no driver ran, and the first time (unless
+    /// the test moves the clock by hand) says on stderr why it may wait forever. The
+    /// test harness shows it with the output of a test that fails.
+    fn sleep_polled_undriven(&self) {
+        self.undriven_sleeps.fetch_add(1, Ordering::Relaxed);
+        if !self.advanced_by_hand.load(Ordering::Relaxed)
+            && !self.hinted.swap(true, Ordering::Relaxed)
+        {
+            // wasm32-unknown-unknown has no stderr.
+            #[cfg(not(target_arch = "wasm32"))]
+            eprintln!("{UNDRIVEN_HINT}");
+        }
+    }
 }
+
+/// What a test sees on stderr when a sleep of a runtime nothing drives is left
+/// waiting (see [`VirtualRuntime::undriven_sleeps`]).
+pub const UNDRIVEN_HINT: &str = "vantage-api-pool-testkit: a VirtualRuntime sleep was \
+    polled while nothing drove the runtime. Its clock moves only under rt.block_on, \
+    rt.run, rt.run_for, rt.run_until and rt.run_until_idle (which also run \
+    rt.spawn's tasks), or by rt.advance: awaited under #[tokio::test] or another \
+    executor, a call on this runtime waits forever. Await it inside rt.block_on(..) \
+    instead. (Printed once per runtime; not after an rt.advance.)";
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -469,6 +499,9 @@ impl VirtualRuntime {
                 step_limit: AtomicU64::new(DEFAULT_STEP_LIMIT),
                 time_limit_nanos: AtomicU64::new(nanos_or_max(DEFAULT_TIME_LIMIT)),
                 driving: AtomicBool::new(false),
+                undriven_sleeps: AtomicU64::new(0),
+                advanced_by_hand: AtomicBool::new(false),
+                hinted: AtomicBool::new(false),
                 home: OnceLock::new(),
                 main_generation: AtomicU32::new(0),
                 waking: AtomicUsize::new(0),
@@ -792,6 +825,36 @@ impl VirtualRuntime {
         lock(&self.shared.clock).timers.len()
     }
 
+    /// How many of this runtime's sleeps were left waiting when polled while none of
+    /// its drivers ran (each sleep counted once): polled by another executor, such as
+    /// `#[tokio::test]`'s, where only [`advance`](VirtualRuntime::advance) can end
+    /// them. The first one also prints [`UNDRIVEN_HINT`] on stderr, unless `advance`
+    /// was called before. A test that drives its calls with
+    /// [`block_on`](VirtualRuntime::block_on) or [`run`](VirtualRuntime::run) counts
+    /// none, so `assert_eq!(rt.undriven_sleeps(), 0)` finds the one that does not.
+    ///
+    /// ```
+    /// use std::future::Future;
+    /// use std::pin::pin;
+    /// use std::task::{Context, Waker};
+    /// use std::time::Duration;
+    /// use vantage_api_pool_testkit::VirtualRuntime;
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// rt.block_on(rt.sleep(Duration::from_secs(1)))?;
+    /// assert_eq!(rt.undriven_sleeps(), 0);
+    ///
+    /// // Polled by hand, as another executor would: nothing moves its clock.
+    /// let mut sleep = pin!(rt.sleep(Duration::from_secs(1)));
+    /// assert!(sleep.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending());
+    /// assert_eq!(rt.undriven_sleeps(), 1);
+    /// # Ok::<(), vantage_api_pool_testkit::DriveError>(())
+    /// ```
+    #[must_use]
+    pub fn undriven_sleeps(&self) -> u64 {
+        self.shared.undriven_sleeps.load(Ordering::Relaxed)
+    }
+
     /// The deadline of the earliest pending timer, if any.
     ///
     /// ```
@@ -832,6 +895,7 @@ impl VirtualRuntime {
     /// # Ok::<(), vantage_api_pool_testkit::DriveError>(())
     /// ```
     pub fn advance(&self, by: Duration) {
+        self.shared.advanced_by_hand.store(true, Ordering::Relaxed);
         let mut wakers = Vec::new();
         {
             let mut clock = lock(&self.shared.clock);
@@ -1543,6 +1607,8 @@ struct TimerCore {
     deadline: Instant,
     /// `None` once the sleep is over (or if it never needed a timer).
     timer: Option<TimerId>,
+    /// Counted in [`Shared::undriven_sleeps`] already.
+    undriven: bool,
 }
 
 impl TimerCore {
@@ -1550,7 +1616,11 @@ impl TimerCore {
     fn until(shared: &Shared, deadline: Instant) -> TimerCore {
         let mut clock = lock(&shared.clock);
         let timer = (deadline > clock.now).then(|| clock.timers.insert(deadline));
-        TimerCore { deadline, timer }
+        TimerCore {
+            deadline,
+            timer,
+            undriven: false,
+        }
     }
 
     /// Registers a timer `duration` after now (one lock for both).
@@ -1558,7 +1628,11 @@ impl TimerCore {
         let mut clock = lock(&shared.clock);
         let deadline = clock.now.saturating_add(duration);
         let timer = (deadline > clock.now).then(|| clock.timers.insert(deadline));
-        TimerCore { deadline, timer }
+        TimerCore {
+            deadline,
+            timer,
+            undriven: false,
+        }
     }
 
     fn poll(&mut self, shared: &Shared, cx: &mut Context<'_>) -> Poll<()> {
@@ -1598,6 +1672,10 @@ impl TimerCore {
         // anything, a sleep's drop on this runtime included.
         drop(clock);
         drop(replaced);
+        if !self.undriven && !shared.driving.load(Ordering::Acquire) {
+            self.undriven = true;
+            shared.sleep_polled_undriven();
+        }
         Poll::Pending
     }
 
