@@ -967,14 +967,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             },
         );
         let transition = self.tell_breaker(verdict.breaker, guard.probe.take(), ended);
+        // A request the transport refused before anything left (`Config`) is one
+        // that could not be built: reported as unsent, as a draft `prepare` refuses
+        // is, so it stays out of request-rate and latency figures.
+        let sent = outcome != Outcome::Transport(TransportErrorKind::Config);
         guard.finish(
             ended,
             EventKind::Failed {
                 send,
                 attempt,
                 error: error.clone(),
-                ms,
-                sent: true,
+                ms: if sent { ms } else { 0 },
+                sent,
             },
             transition,
         );

@@ -74,7 +74,8 @@ pub struct ApiHealth {
     /// refused at the gate or before it left (breaker open, auth, a budget that ended
     /// there or in its permit or rate wait), in a call refused outright or
     /// in one that had sent before (a retry), a budget used up by the request closure,
-    /// or a request that could not be built.
+    /// or a request that could not be built (by `prepare`, or refused by the
+    /// transport with `Config` at its send).
     pub refused_in_window: u32,
     /// `successes / sends` over the window; `None` with no sends in it.
     pub success_rate: Option<f64>,

@@ -144,8 +144,9 @@ pub enum EventKind {
         ms: u64,
         /// `false` for a synthetic pair (fail-fast rejection, auth failure, budget
         /// ending at the gate or before the send, in its permit or rate wait, a
-        /// request that could not be built): filter these out
-        /// of request-rate figures.
+        /// request that could not be built), and for a send the transport refused
+        /// with [`Config`](crate::TransportErrorKind::Config) before anything left
+        /// (its `ms` is 0 too): filter these out of request-rate figures.
         sent: bool,
     },
     /// The caller dropped the call's future while this send was in flight.

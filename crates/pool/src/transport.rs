@@ -447,6 +447,8 @@ pub enum TransportErrorKind {
     /// The request or the response was larger than a limit allows.
     TooLarge,
     /// The request could not be built (bad URL, bad header). Our side; nothing sent.
+    /// Returned by `send`, its `Failed` is reported unsent (`sent: false`, `ms: 0`),
+    /// as one from `prepare` is; the attempt still counts.
     Config,
 }
 

@@ -777,6 +777,43 @@ fn a_draft_that_cannot_be_prepared_is_final_with_nothing_sent() {
     w.assert_contract();
 }
 
+/// A request the transport refuses before anything leaves (`Config` at send: the
+/// reqwest adapter's obs-text header or a credential a browser would drop) is one
+/// that could not be built: its `Failed` is unsent, with no time of its own, even
+/// after a real send of the same call.
+#[test]
+fn a_request_the_transport_refuses_as_config_is_reported_unsent() {
+    let w = World::new();
+    w.transport
+        .push(Reply::status(503))
+        .push(Reply::fail(TransportErrorKind::Config, "refused header").after(ms(5)));
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(
+            &CallPolicy::essential().with_jitter(Jitter::None).unwrap(),
+            |h| h.get("/x"),
+        ))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Transport(TransportErrorKind::Config));
+    // The 503 went out.
+    assert!(!err.nothing_sent());
+    assert_eq!(
+        w.kinds(),
+        ["started", "failed", "retry_scheduled", "started", "failed"]
+    );
+    let sent: Vec<(bool, u64)> = w
+        .events()
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Failed { sent, ms, .. } => Some((sent, ms)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, [(true, 0), (false, 0)]);
+    w.assert_contract();
+}
+
 #[test]
 fn ms_runs_from_send_to_response_head_only() {
     let w = World::new();
