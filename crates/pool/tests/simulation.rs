@@ -83,7 +83,9 @@ fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
                 TransportErrorKind::TimedOut,
                 TransportErrorKind::Tls,
                 TransportErrorKind::TooLarge,
-            ][rng.below(6) as usize],
+                // Refused by the transport before anything left: reported unsent.
+                TransportErrorKind::Config,
+            ][rng.below(7) as usize],
             "simulated",
         ),
         16 => Reply::fail(TransportErrorKind::NotSent, "stale"),
@@ -206,6 +208,24 @@ fn synthetic_sends(events: &[TransportEvent]) -> HashSet<(CallId, u32)> {
             _ => None,
         })
         .collect()
+}
+
+/// A send the transport refused with `Config` left nothing: its `Failed` is unsent,
+/// with no time of its own.
+fn check_config_refusals(events: &[TransportEvent], problems: &mut Vec<String>) {
+    for e in events {
+        if let EventKind::Failed {
+            error, sent, ms, ..
+        } = &e.kind
+            && error.kind() == ErrorKind::Transport(TransportErrorKind::Config)
+            && (*sent || *ms != 0)
+        {
+            problems.push(format!(
+                "{:?}: a Config refusal reported sent: {sent}, ms: {ms}",
+                e.call
+            ));
+        }
+    }
 }
 
 /// At most one probe per epoch: while the breaker is open, no real send starts
@@ -726,6 +746,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
     }
 
     check_probes(&events, &mut problems);
+    check_config_refusals(&events, &mut problems);
 
     // A failure only doubles the cooldown when it is the probe's: every re-opening is
     // caused by a send that started after the previous cooldown ended.
