@@ -5,16 +5,17 @@
 //! succeeds allocates nothing in the loop, with every per-API control on (breaker,
 //! rate bucket, permit cap, an observer, a token source whose token is at hand), over
 //! a send that is not ready on its first poll (so the attempt's time limit arms its
-//! timer, as over a network). Every wait
-//! is a boxed future that only a waiting call pays for: the last test shows the
-//! counter sees that one. The first also holds the README's count of clock readings
-//! on that path: three a send.
+//! timer, as over a network). Every wait is a boxed future that only a waiting call
+//! pays for: the last test shows the counter sees that one. The first also holds the
+//! README's count of clock readings on that path: three a send.
 //!
 //! The transport, runtime and observer here allocate nothing themselves, so every
 //! allocation counted is the client's. Native only (the wasm suites do not run it).
 
 // A global allocator is an `unsafe impl`; the libraries themselves forbid unsafe code.
 #![allow(unsafe_code)]
+
+mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -25,13 +26,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime};
 
+use common::Chunks;
 use vantage_api_pool::auth::{AuthError, TokenSource, token_fn};
-use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::http::header::AUTHORIZATION;
-use vantage_api_pool::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use vantage_api_pool::http::{HeaderName, HeaderValue, Method};
 use vantage_api_pool::{
     CallPolicy, EventKind, Instant, PreparedRequest, ResilientClient, Runtime, Transport,
-    TransportError, TransportEvent, TransportObserver, TransportResponse,
+    TransportError, TransportEvent, TransportObserver,
 };
 
 struct Counting;
@@ -117,25 +118,6 @@ impl PreparedRequest for Req {
     }
 }
 
-struct Resp {
-    status: StatusCode,
-    headers: HeaderMap,
-}
-
-impl TransportResponse for Resp {
-    fn status(&self) -> StatusCode {
-        self.status
-    }
-
-    fn headers(&self) -> &HeaderMap {
-        &self.headers
-    }
-
-    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>> {
-        std::future::ready(Ok(None))
-    }
-}
-
 /// Answers 200 on the second poll of each send, as a network send is never ready on
 /// its first; counts its sends and the ones that carried the token.
 #[derive(Default)]
@@ -150,14 +132,12 @@ struct SecondPoll {
 }
 
 impl Future for SecondPoll {
-    type Output = Result<Resp, TransportError>;
+    type Output = Result<Chunks, TransportError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if self.polled {
-            Poll::Ready(Ok(Resp {
-                status: StatusCode::OK,
-                headers: HeaderMap::new(),
-            }))
+            // A 200 with an empty body: no header map or chunk queue to allocate.
+            Poll::Ready(Ok(Chunks::new([])))
         } else {
             self.polled = true;
             cx.waker().wake_by_ref();
@@ -170,7 +150,7 @@ impl Transport for Quiet {
     type Handle = ();
     type Draft = Method;
     type Request = Req;
-    type Response = Resp;
+    type Response = Chunks;
 
     fn handle(&self) -> &() {
         &()
@@ -183,7 +163,7 @@ impl Transport for Quiet {
         })
     }
 
-    fn send(&self, request: Req) -> impl Future<Output = Result<Resp, TransportError>> {
+    fn send(&self, request: Req) -> impl Future<Output = Result<Chunks, TransportError>> {
         self.sends.set(self.sends.get() + 1);
         if request.header(&AUTHORIZATION) == Some(&HeaderValue::from_static(TOKEN)) {
             self.with_token.set(self.with_token.get() + 1);
