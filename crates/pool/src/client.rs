@@ -139,7 +139,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// Runs one call under `policy`. `build` is called with the transport's handle
     /// for every send and returns a fresh draft request. It runs after the gate
     /// (breaker, admission, auth token; the breaker is asked again after the
-    /// gate's waits, and always on a client with a token source) and before the
+    /// gate's waits: an admission that waited, a token fetch) and before the
     /// permit and rate-token waits. The breaker is asked again after each of those
     /// waits too; a request it turns back is dropped unsent, and `build` runs again
     /// when the call next passes the gate. So do once-per-call work (an

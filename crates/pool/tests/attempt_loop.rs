@@ -778,7 +778,8 @@ fn a_draft_that_cannot_be_prepared_is_final_with_nothing_sent() {
 }
 
 /// A request the transport refuses before anything leaves (`Config` at send: the
-/// reqwest adapter's obs-text header or a credential a browser would drop) is one
+/// reqwest adapter's refusal of a URL that is not http or https, or on wasm32 of an
+/// obs-text header or a credential a browser would drop) is one
 /// that could not be built: its `Failed` is unsent, with no time of its own, even
 /// after a real send of the same call.
 #[test]

@@ -197,14 +197,21 @@ fn attempt_limit(policy: &CallPolicy) -> Option<u32> {
     }
 }
 
-/// The (call, send) of every synthetic pair: a `Failed` with `sent: false`.
+/// The (call, send) of every synthetic pair: a `Failed` with `sent: false`, but for
+/// a send the transport refused with `Config`, which is unsent too but went through
+/// the permit, the rate bucket and the probe slot as a real send does.
 fn synthetic_sends(events: &[TransportEvent]) -> HashSet<(CallId, u32)> {
     events
         .iter()
-        .filter_map(|e| match e.kind {
+        .filter_map(|e| match &e.kind {
             EventKind::Failed {
-                send, sent: false, ..
-            } => Some((e.call.unwrap(), send)),
+                send,
+                sent: false,
+                error,
+                ..
+            } if error.kind() != ErrorKind::Transport(TransportErrorKind::Config) => {
+                Some((e.call.unwrap(), *send))
+            }
             _ => None,
         })
         .collect()

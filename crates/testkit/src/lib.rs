@@ -28,10 +28,11 @@
 //! call, a sleep, a scripted delay) must run inside [`VirtualRuntime::block_on`] or a
 //! task [`spawn`](VirtualRuntime::spawn)ed on it: awaited under `#[tokio::test]` or
 //! another executor, nothing advances the clock and it waits forever. The first sleep
-//! left waiting that way prints [`UNDRIVEN_HINT`] on stderr (the test harness shows it
-//! with a failing test's output; not after a [`VirtualRuntime::advance`], for a test
-//! that moves the clock by hand), and [`VirtualRuntime::undriven_sleeps`] counts
-//! them.
+//! left waiting that way prints [`UNDRIVEN_HINT`] on stderr (captured by the test
+//! harness: shown with a failing test's output or under `--nocapture`, so a test that
+//! hangs shows it only under `--nocapture`; not after a [`VirtualRuntime::advance`],
+//! for a test that moves the clock by hand), and [`VirtualRuntime::undriven_sleeps`]
+//! counts them.
 //!
 //! # Testing your own policy
 //!

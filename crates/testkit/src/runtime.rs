@@ -373,8 +373,10 @@ impl Shared {
     }
 
     /// Counts a sleep left waiting while no driver ran, and the first time (unless
-    /// the test moves the clock by hand) says on stderr why it may wait forever. The
-    /// test harness shows it with the output of a test that fails.
+    /// the test moves the clock by hand) says on stderr why it may wait forever.
+    /// `eprintln!`, so the test harness keeps it with the test's captured output:
+    /// shown when the test fails, or under `--nocapture` (a test that hangs shows it
+    /// only there); a green run stays quiet.
     fn sleep_polled_undriven(&self) {
         self.undriven_sleeps.fetch_add(1, Ordering::Relaxed);
         if !self.advanced_by_hand.load(Ordering::Relaxed)
@@ -393,8 +395,9 @@ pub const UNDRIVEN_HINT: &str = "vantage-api-pool-testkit: a VirtualRuntime slee
     polled while nothing drove the runtime. Its clock moves only under rt.block_on, \
     rt.run, rt.run_for, rt.run_until and rt.run_until_idle (which also run \
     rt.spawn's tasks), or by rt.advance: awaited under #[tokio::test] or another \
-    executor, a call on this runtime waits forever. Await it inside rt.block_on(..) \
-    instead. (Printed once per runtime; not after an rt.advance.)";
+    executor, a call on this runtime may wait forever. Await it inside \
+    rt.block_on(..) instead. (Printed once per runtime, not after an rt.advance; \
+    ignore it if the test drives the runtime later.)";
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -828,10 +831,13 @@ impl VirtualRuntime {
     /// How many of this runtime's sleeps were left waiting when polled while none of
     /// its drivers ran (each sleep counted once): polled by another executor, such as
     /// `#[tokio::test]`'s, where only [`advance`](VirtualRuntime::advance) can end
-    /// them. The first one also prints [`UNDRIVEN_HINT`] on stderr, unless `advance`
-    /// was called before. A test that drives its calls with
+    /// them. The first one also prints [`UNDRIVEN_HINT`] on stderr (captured by the
+    /// test harness: shown when the test fails, or under `--nocapture`), unless
+    /// `advance` was called before. A test that drives its calls with
     /// [`block_on`](VirtualRuntime::block_on) or [`run`](VirtualRuntime::run) counts
-    /// none, so `assert_eq!(rt.undriven_sleeps(), 0)` finds the one that does not.
+    /// none, so `assert_eq!(rt.undriven_sleeps(), 0)` finds the one that does not. A
+    /// sleep polled by hand before it is driven (a `now_or_never` look, say) counts
+    /// too, though the driver ends it later.
     ///
     /// ```
     /// use std::future::Future;
