@@ -257,6 +257,46 @@ pub use vantage_api_pool_tokio::TokioRuntime;
 pub type TokioClient<A = vantage_api_pool::NoAuth> =
     vantage_api_pool::ResilientClient<ReqwestTransport, TokioRuntime, A>;
 
+/// A transport with reqwest's types at its port: its request closures get a
+/// [`reqwest::Client`] and return a [`reqwest::RequestBuilder`], and its responses are
+/// [`ReqwestResponse`]s. [`ReqwestTransport`] is one, and so is `ScriptedReqwest`
+/// (feature `testkit`), so code bound on this trait runs over both: in production and
+/// on virtual time. It stands for the three bounds it spells out, and every transport
+/// with those types has it.
+///
+/// ```
+/// use vantage_api_pool::{ResilientClient, Runtime, TokenSource};
+/// use vantage_api_pool_reqwest::{ReqwestLike, ReqwestTransport, reqwest};
+///
+/// async fn open_orders<T: ReqwestLike, R: Runtime, A: TokenSource>(
+///     api: &ResilientClient<T, R, A>,
+///     base: &str,
+/// ) -> Result<String, Box<dyn std::error::Error>> {
+///     let response = api.execute(|http| http.get(format!("{base}/orders?open=1"))).await?;
+///     Ok(response.text().await?)
+/// }
+///
+/// fn takes(_: &impl ReqwestLike) {}
+/// takes(&ReqwestTransport::new(reqwest::Client::new()));
+/// ```
+pub trait ReqwestLike:
+    vantage_api_pool::Transport<
+        Handle = reqwest::Client,
+        Draft = reqwest::RequestBuilder,
+        Response = ReqwestResponse,
+    >
+{
+}
+
+impl<T> ReqwestLike for T where
+    T: vantage_api_pool::Transport<
+            Handle = reqwest::Client,
+            Draft = reqwest::RequestBuilder,
+            Response = ReqwestResponse,
+        >
+{
+}
+
 use std::fmt;
 use std::future::Future;
 #[cfg(not(target_arch = "wasm32"))]
