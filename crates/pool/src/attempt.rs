@@ -456,8 +456,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         } else if let Some(token) = self.client.auth_state.current(None) {
             Some(token)
         } else {
+            // `auth_token` would look for a token at hand again first.
             fetched = true;
-            let token = self.auth_token(None).await?;
+            let token = Box::pin(self.fetch_token(None)).await?;
             now = self.now();
             token
         };

@@ -465,15 +465,6 @@ struct ReadLimits {
     until: Option<vantage_api_pool::Instant>,
 }
 
-/// Whether hyper reads no body for this response: one to a `HEAD`, a 1xx, 204 or 304
-/// (it does not look at their `Content-Length`).
-fn bodiless(status: http::StatusCode, head_request: bool) -> bool {
-    head_request
-        || status.is_informational()
-        || status == http::StatusCode::NO_CONTENT
-        || status == http::StatusCode::NOT_MODIFIED
-}
-
 impl ReadLimits {
     /// When the read timeout ends a read that starts at `at`.
     fn read_from(&self, at: vantage_api_pool::Instant) -> Option<vantage_api_pool::Instant> {
@@ -517,6 +508,15 @@ async fn timer_first<F: Future>(
 /// What a read that a time limit ended fails with.
 fn timed_out() -> TransportError {
     TransportError::new(TransportErrorKind::TimedOut, "operation timed out")
+}
+
+/// Whether hyper reads no body for this response: one to a `HEAD`, a 1xx, 204 or 304
+/// (it does not look at their `Content-Length`).
+fn bodiless(status: http::StatusCode, head_request: bool) -> bool {
+    head_request
+        || status.is_informational()
+        || status == http::StatusCode::NO_CONTENT
+        || status == http::StatusCode::NOT_MODIFIED
 }
 
 /// The body's length as hyper frames it: 0 for a response to `HEAD`, a 1xx, 204 or
