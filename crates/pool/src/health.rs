@@ -8,17 +8,18 @@
 //!
 //! Events of different calls can reach an observer out of order (two tasks on a
 //! multi-thread runtime report at nearly the same moment), so the figures go by each
-//! event's `at`, not by when it arrived: the window holds exactly the sends whose
-//! `at` lies in it, and the breaker view, the last status and the last error are
-//! those of the latest `at` (on a tie, the one heard last). A send's `at` is read
-//! just before the breaker hears of it, so two sends told apart by less than that
-//! gap, on two threads, can still show their breaker changes in the wrong order
-//! until the next answer (a `Succeeded` shows the breaker closed: an answer closes
-//! it) or breaker change; [`ResilientClient::breaker_state`] is exact.
+//! event's `at`, not by when it arrived: a send counts in the slice of the window
+//! its `at` falls in (see [`HealthObserver::new`]), and the breaker view, the last
+//! status and the last error are those of the latest `at` (on a tie, the one heard
+//! last). A send's `at` is read just before the breaker hears of it, so two sends
+//! told apart by less than that gap, on two threads, can still show their breaker
+//! changes in the wrong order until the next answer (a `Succeeded` shows the breaker
+//! closed: an answer closes it) or breaker change;
+//! [`ResilientClient::breaker_state`] is exact.
 //!
 //! [`ResilientClient::breaker_state`]: crate::ResilientClient::breaker_state
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,11 +98,68 @@ pub struct ApiHealth {
     pub updated_at: Instant,
 }
 
+/// The most slices a window is cut into.
+const SLICES: usize = 60;
+/// The fewest slices a window is cut into when a number of slices from this to
+/// [`SLICES`] divides it into whole nanoseconds.
+const FEWEST_EVEN_SLICES: u128 = 30;
+
+/// The figures of the sends whose `at` falls in one slice of time.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slice {
+    /// Which slice of time this is (`at / width`), `None` while the slot is unused.
+    index: Option<u64>,
+    /// Sends that got an answer or failed (synthetic failures excluded).
+    sends: u64,
+    /// Of those, the ones that succeeded.
+    successes: u64,
+    /// `Failed { sent: false }`.
+    refused: u64,
+    /// The sum of the sends' `ms`.
+    total_ms: u128,
+    /// The slowest send.
+    max_ms: Option<u64>,
+}
+
+/// How a window is cut: slices of `width` nanoseconds, `span` of them (at most
+/// [`SLICES`]) to a window.
 #[derive(Debug, Clone, Copy)]
-struct Sample {
-    at: Instant,
-    ok: bool,
-    ms: u64,
+struct Slicing {
+    width: u128,
+    span: u64,
+}
+
+impl Slicing {
+    /// `None` for a zero window, which holds no send.
+    fn new(window: Duration) -> Option<Self> {
+        let nanos = window.as_nanos();
+        if nanos == 0 {
+            return None;
+        }
+        // The most slices, from 30 to 60, that cut the window evenly (60 for a
+        // minute, 50 for ten seconds or one), so a slice's sends leave exactly one
+        // window after the slice began; otherwise 60 slices a little wider than a
+        // sixtieth. At least 1 ns wide: a window under 60 ns has a slice a nanosecond.
+        let even = (FEWEST_EVEN_SLICES..=SLICES as u128)
+            .rev()
+            .find(|&slices| nanos.is_multiple_of(slices));
+        let width = nanos.div_ceil(even.unwrap_or(SLICES as u128));
+        // `nanos / width` is at most SLICES, so the cast keeps every bit.
+        let span = nanos.div_ceil(width) as u64;
+        Some(Slicing { width, span })
+    }
+
+    /// The slice that holds `at`.
+    fn index(self, at: Instant) -> u64 {
+        // No larger than `at`'s nanoseconds, so the cast keeps every bit.
+        (u128::from(at.as_nanos()) / self.width) as u64
+    }
+
+    /// Whether slice `index` is in the window whose end lies in slice `end`: that
+    /// slice and the `span - 1` before it.
+    fn holds(self, index: u64, end: u64) -> bool {
+        index <= end && end - index < self.span
+    }
 }
 
 #[derive(Debug)]
@@ -112,10 +170,9 @@ struct ApiState {
     /// `Started` heard minus terminal events heard: signed, so a terminal event
     /// heard before its `Started` (events relayed out of order) evens out.
     in_flight: i64,
-    /// Sorted by `at`.
-    samples: VecDeque<Sample>,
-    /// Sorted.
-    refused: VecDeque<Instant>,
+    /// A ring: slice `i` lives in slot `i % SLICES`, so the newest `SLICES` slices
+    /// seen are kept, whatever the rate.
+    slices: [Slice; SLICES],
     /// The status and the `at` of the event that carried it.
     last_status: Option<(StatusCode, Instant)>,
     last_error: Option<LastError>,
@@ -131,8 +188,7 @@ impl ApiState {
             breaker: BreakerView::Closed,
             breaker_at: Instant::ORIGIN,
             in_flight: 0,
-            samples: VecDeque::new(),
-            refused: VecDeque::new(),
+            slices: [Slice::default(); SLICES],
             last_status: None,
             last_error: None,
             retries: 0,
@@ -157,20 +213,40 @@ impl ApiState {
         }
     }
 
-    fn prune(&mut self, now: Instant, window: Duration) {
-        while self
-            .samples
-            .front()
-            .is_some_and(|s| outside(s.at, now, window))
-        {
-            self.samples.pop_front();
+    /// The slice that counts an event at `at`, emptied first if its slot still holds
+    /// an older slice. `None` for a zero window, or when a newer slice holds the slot:
+    /// then `at` lies a whole window or more before an event already heard, outside
+    /// every window a read can ask for.
+    fn slice_at(&mut self, slicing: Option<Slicing>, at: Instant) -> Option<&mut Slice> {
+        let index = slicing?.index(at);
+        let slot = &mut self.slices[(index % SLICES as u64) as usize];
+        match slot.index {
+            Some(held) if held > index => return None,
+            Some(held) if held == index => {}
+            _ => {
+                *slot = Slice {
+                    index: Some(index),
+                    ..Slice::default()
+                };
+            }
         }
-        while self
-            .refused
-            .front()
-            .is_some_and(|t| outside(*t, now, window))
-        {
-            self.refused.pop_front();
+        Some(slot)
+    }
+
+    /// Counts a send that got an answer (`ok`) or failed.
+    fn saw_send(&mut self, slicing: Option<Slicing>, at: Instant, ok: bool, ms: u64) {
+        if let Some(slice) = self.slice_at(slicing, at) {
+            slice.sends += 1;
+            slice.successes += u64::from(ok);
+            slice.total_ms += u128::from(ms);
+            slice.max_ms = slice.max_ms.max(Some(ms));
+        }
+    }
+
+    /// Counts a send that never went out.
+    fn saw_refusal(&mut self, slicing: Option<Slicing>, at: Instant) {
+        if let Some(slice) = self.slice_at(slicing, at) {
+            slice.refused += 1;
         }
     }
 }
@@ -201,24 +277,34 @@ impl ApiState {
 /// ```
 #[derive(Debug)]
 pub struct HealthObserver {
-    window: Duration,
+    slicing: Option<Slicing>,
     apis: Mutex<HashMap<Arc<str>, ApiState>>,
 }
 
 impl HealthObserver {
-    /// Figures over a sliding `window` of event time (success rate, latency): the
-    /// sends whose `at` lies in `(end - window, end]`, where the window ends at the
-    /// latest event (or at the time a `snapshot_at` names).
+    /// Figures over a sliding `window` of event time (success rate, latency, sends
+    /// and refusals), ending at the API's latest event (or at the time a
+    /// `snapshot_at` names).
     ///
-    /// Each send in the window is kept (24 bytes), and a snapshot reads them all
-    /// under the lock every client's events take: memory and a snapshot's time grow
-    /// with rate × window. A minute at a few hundred sends a second is a few hundred
-    /// kilobytes; `Duration::MAX` keeps every send for ever. A zero window holds no
-    /// send: its rates and latencies read `None`.
+    /// The window is counted in slices (resilience4j's and Hystrix's rolling windows
+    /// work the same way): a send counts in the slice its `at` falls in, and a window
+    /// holds the slice its end falls in and the ones before it that make up its
+    /// length. A window is cut into the most slices, from 30 to 60, that divide it
+    /// into whole nanoseconds (60 for a minute, 50 for ten seconds), so a send counts
+    /// from its `at` for at most the window and more than the window less one slice,
+    /// and leaves with its slice (a one-minute window drops a second's sends at a
+    /// time). A window that no such number divides is cut into 60 slices rounded up
+    /// to whole nanoseconds, and holds a send up to 60 ns longer.
+    ///
+    /// Memory is fixed per API (60 slices, about 5 KB) whatever the rate, and an
+    /// event or a snapshot, which both hold the lock every client's events take,
+    /// costs the same at ten sends a second or a hundred thousand.
+    /// `Duration::MAX` counts every send for ever. A zero window holds no send: its
+    /// rates and latencies read `None`.
     #[must_use]
     pub fn new(window: Duration) -> Self {
         HealthObserver {
-            window,
+            slicing: Slicing::new(window),
             apis: Mutex::new(HashMap::new()),
         }
     }
@@ -234,7 +320,7 @@ impl HealthObserver {
     pub fn snapshot(&self, api: &str) -> Option<ApiHealth> {
         let apis = self.lock();
         let state = apis.get(api)?;
-        Some(figures(state, self.window_end(state, None), self.window))
+        Some(figures(state, self.window_end(state, None), self.slicing))
     }
 
     /// The figures of `api` with the window ending at `now` (the clock of the
@@ -243,7 +329,7 @@ impl HealthObserver {
     /// event of it was seen yet.
     ///
     /// A `now` before the API's latest event reads as that event's time (as
-    /// [`snapshot`](HealthObserver::snapshot) does): samples are kept for the window
+    /// [`snapshot`](HealthObserver::snapshot) does): slices are kept for the window
     /// before the latest event only, and a clock read just before another thread's
     /// report must not hide it. A read changes nothing: a later read still sees every
     /// send of its own window.
@@ -254,7 +340,7 @@ impl HealthObserver {
         Some(figures(
             state,
             self.window_end(state, Some(now)),
-            self.window,
+            self.slicing,
         ))
     }
 
@@ -287,7 +373,7 @@ impl HealthObserver {
             .iter()
             .map(|(name, state)| {
                 let end = self.window_end(state, now);
-                (Arc::clone(name), figures(state, end, self.window))
+                (Arc::clone(name), figures(state, end, self.slicing))
             })
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -295,41 +381,34 @@ impl HealthObserver {
     }
 }
 
-/// Whether `at` lies outside the window of length `window` that ends at `now`: the
-/// window is `(now - window, now]`, so a 10 s window holds 10 s of sends, not one
-/// more at its far edge.
-fn outside(at: Instant, now: Instant, window: Duration) -> bool {
-    now.saturating_duration_since(at) >= window
-}
-
-/// Inserts `item` after every element whose time is at or before its own: at the end
-/// when events arrive in order, so the common case costs no search.
-fn push_in_order<T>(queue: &mut VecDeque<T>, item: T, at: impl Fn(&T) -> Instant) {
-    let t = at(&item);
-    let pos = queue.iter().rposition(|x| at(x) <= t).map_or(0, |i| i + 1);
-    queue.insert(pos, item);
-}
-
-/// The figures of `state` over the sends in the `window` that ends at `end` (the kept
-/// samples are in time order, so the window is their tail).
-fn figures(state: &ApiState, end: Instant, window: Duration) -> ApiHealth {
-    let first = state
-        .samples
-        .partition_point(|s| outside(s.at, end, window));
-    let samples = || state.samples.range(first..);
-    let refused = state.refused.len() - state.refused.partition_point(|t| outside(*t, end, window));
-    let sends = u32::try_from(samples().len()).unwrap_or(u32::MAX);
-    let successes = u32::try_from(samples().filter(|s| s.ok).count()).unwrap_or(u32::MAX);
-    let total_ms: u128 = samples().map(|s| u128::from(s.ms)).sum();
+/// The figures of `state` over the window that ends at `end`.
+fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealth {
+    let mut sum = Slice::default();
+    if let Some(slicing) = slicing {
+        let end = slicing.index(end);
+        let held = state
+            .slices
+            .iter()
+            .filter(|slice| slice.index.is_some_and(|index| slicing.holds(index, end)));
+        for slice in held {
+            sum.sends += slice.sends;
+            sum.successes += slice.successes;
+            sum.refused += slice.refused;
+            sum.total_ms += slice.total_ms;
+            sum.max_ms = sum.max_ms.max(slice.max_ms);
+        }
+    }
+    let saturating = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    let sends = (sum.sends > 0).then_some(sum.sends as f64);
     ApiHealth {
         breaker: state.breaker,
         in_flight: u32::try_from(state.in_flight.max(0)).unwrap_or(u32::MAX),
-        sends_in_window: sends,
-        successes_in_window: successes,
-        refused_in_window: u32::try_from(refused).unwrap_or(u32::MAX),
-        success_rate: (sends > 0).then(|| f64::from(successes) / f64::from(sends)),
-        mean_latency_ms: (sends > 0).then(|| total_ms as f64 / f64::from(sends)),
-        max_latency_ms: samples().map(|s| s.ms).max(),
+        sends_in_window: saturating(sum.sends),
+        successes_in_window: saturating(sum.successes),
+        refused_in_window: saturating(sum.refused),
+        success_rate: sends.map(|sends| sum.successes as f64 / sends),
+        mean_latency_ms: sends.map(|sends| sum.total_ms as f64 / sends),
+        max_latency_ms: sum.max_ms,
         last_status: state.last_status.map(|(status, _)| status),
         last_error: state.last_error.clone(),
         retries: state.retries,
@@ -358,35 +437,19 @@ impl TransportObserver for HealthObserver {
                 // or without its own `BreakerClosed`: a close reported before an
                 // earlier opening from another thread is not left showing `Open`.
                 state.saw_breaker(BreakerView::Closed, event.at);
-                push_in_order(
-                    &mut state.samples,
-                    Sample {
-                        at: event.at,
-                        ok: true,
-                        ms: *ms,
-                    },
-                    |s| s.at,
-                );
+                state.saw_send(self.slicing, event.at, true, *ms);
             }
             EventKind::Failed {
                 error, ms, sent, ..
             } => {
                 state.in_flight -= 1;
                 if *sent {
-                    push_in_order(
-                        &mut state.samples,
-                        Sample {
-                            at: event.at,
-                            ok: false,
-                            ms: *ms,
-                        },
-                        |s| s.at,
-                    );
+                    state.saw_send(self.slicing, event.at, false, *ms);
                     if let Some(status) = error.status() {
                         state.saw_status(status, event.at);
                     }
                 } else {
-                    push_in_order(&mut state.refused, event.at, |t| *t);
+                    state.saw_refusal(self.slicing, event.at);
                 }
                 if state
                     .last_error
@@ -415,8 +478,6 @@ impl TransportObserver for HealthObserver {
             EventKind::BreakerClosed => state.saw_breaker(BreakerView::Closed, event.at),
             EventKind::RowsPulled { .. } | EventKind::WritePushed => {}
         }
-        let now = state.updated_at;
-        state.prune(now, self.window);
     }
 }
 
@@ -435,10 +496,12 @@ mod tests {
     }
 
     #[test]
-    fn keeps_no_more_than_a_window_of_sends_and_refusals() {
-        // 10,000 sends and as many refusals over 100 windows of 1 s: what is kept
-        // stays at one window's worth (the memory the docs promise), and the
-        // figures still count only the last window.
+    fn memory_is_fixed_and_the_figures_count_the_last_window() {
+        // What an API keeps is one ring of slices, whatever the rate (the docs say
+        // about 5 KB).
+        assert!(std::mem::size_of::<ApiState>() <= 6 * 1024);
+        // 10,000 sends and as many refusals over 100 windows of 1 s (50 slices of
+        // 20 ms): the figures count only the last window.
         let h = HealthObserver::new(Duration::from_secs(1));
         let err = ClientError::new(ErrorKind::BreakerOpen, 0);
         for i in 0..10_000 {
@@ -447,22 +510,121 @@ mod tests {
             h.on_event("a", &ev(t, failed(2, true, err.clone())));
             h.on_event("a", &ev(t + 5, started()));
             h.on_event("a", &ev(t + 5, failed(0, false, err.clone())));
-            let apis = h.lock();
-            let state = &apis["a"];
-            assert!(
-                state.samples.len() <= 100,
-                "{} sends kept",
-                state.samples.len()
-            );
-            assert!(
-                state.refused.len() <= 100,
-                "{} refusals kept",
-                state.refused.len()
-            );
         }
         let figures = h.snapshot("a").unwrap();
         assert_eq!(figures.sends_in_window, 100);
         assert_eq!(figures.refused_in_window, 100);
+    }
+
+    #[test]
+    fn a_window_is_cut_into_the_most_even_slices_up_to_60() {
+        let cut = |window: Duration| {
+            let slicing = Slicing::new(window).unwrap();
+            (slicing.width, slicing.span)
+        };
+        assert_eq!(cut(Duration::from_secs(60)), (1_000_000_000, 60));
+        assert_eq!(cut(Duration::from_secs(10)), (200_000_000, 50));
+        assert_eq!(cut(Duration::from_secs(1)), (20_000_000, 50));
+        assert_eq!(cut(Duration::from_millis(700)), (12_500_000, 56));
+        // No number from 30 to 60 divides these: 60 slices, rounded up.
+        assert_eq!(cut(Duration::from_nanos(1_000_000_007)), (16_666_667, 60));
+        assert_eq!(cut(Duration::from_nanos(10)), (1, 10));
+        assert_eq!(cut(Duration::from_nanos(1)), (1, 1));
+        assert!(Slicing::new(Duration::ZERO).is_none());
+        let max = Slicing::new(Duration::MAX).unwrap();
+        assert!(max.span <= 60 && u128::from(max.span) * max.width >= Duration::MAX.as_nanos());
+    }
+
+    #[test]
+    fn a_one_minute_window_drops_a_seconds_sends_at_a_time() {
+        let h = HealthObserver::new(Duration::from_secs(60));
+        for t in [1_000, 1_500, 1_999, 2_000] {
+            h.on_event("a", &ev(t, started()));
+            h.on_event("a", &ev(t, ok(5, StatusCode::OK)));
+        }
+        let sends = |ms| h.snapshot_at("a", at(ms)).unwrap().sends_in_window;
+        // The sends of second 1 (1.000 to 1.999 s) stay until 61 s, all of them, and
+        // leave together; the one at 2 s stays a second longer.
+        assert_eq!((sends(2_000), sends(60_999)), (4, 4));
+        assert_eq!((sends(61_000), sends(61_999), sends(62_000)), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_window_no_number_of_slices_divides_holds_a_send_a_few_nanoseconds_longer() {
+        let window = Duration::from_nanos(1_000_000_007);
+        let h = HealthObserver::new(window);
+        h.on_event("a", &ev(0, started()));
+        h.on_event("a", &ev(0, ok(5, StatusCode::OK)));
+        let sends = |nanos| {
+            h.snapshot_at("a", Instant::from_nanos(nanos))
+                .unwrap()
+                .sends_in_window
+        };
+        // 60 slices of 16,666,667 ns: 1,000,000,020 ns.
+        assert_eq!((sends(1_000_000_019), sends(1_000_000_020)), (1, 0));
+    }
+
+    #[test]
+    fn a_send_heard_after_a_newer_slice_took_its_slot_is_outside_every_window() {
+        // 1 s in 50 slices of 20 ms: the slices of 0.8 s and 2.0 s share a slot.
+        let h = HealthObserver::new(Duration::from_secs(1));
+        h.on_event("a", &ev(2_000, ok(5, StatusCode::OK)));
+        h.on_event("a", &ev(800, ok(7, StatusCode::OK)));
+        h.on_event(
+            "a",
+            &ev(
+                800,
+                failed(0, false, ClientError::new(ErrorKind::BreakerOpen, 0)),
+            ),
+        );
+        let a = h.snapshot("a").unwrap();
+        assert_eq!(
+            (a.sends_in_window, a.refused_in_window, a.max_latency_ms),
+            (1, 0, Some(5))
+        );
+        // The slice of 3.2 s takes the slot over, starting from nothing.
+        h.on_event("a", &ev(3_200, ok(9, StatusCode::OK)));
+        let a = h.snapshot("a").unwrap();
+        assert_eq!((a.sends_in_window, a.max_latency_ms), (1, Some(9)));
+    }
+
+    #[test]
+    fn a_window_of_duration_max_counts_every_send_for_ever() {
+        let h = HealthObserver::new(Duration::MAX);
+        for nanos in [0, 1 << 40, u64::MAX / 2, u64::MAX] {
+            let at = Instant::from_nanos(nanos);
+            h.on_event(
+                "a",
+                &TransportEvent::new(at, Some(CallId(1)), ok(1, StatusCode::OK)),
+            );
+        }
+        let end = Instant::from_nanos(u64::MAX);
+        assert_eq!(h.snapshot_at("a", end).unwrap().sends_in_window, 4);
+    }
+
+    #[test]
+    fn a_zero_window_holds_no_send() {
+        let h = HealthObserver::new(Duration::ZERO);
+        h.on_event("a", &ev(0, started()));
+        h.on_event("a", &ev(0, ok(5, StatusCode::OK)));
+        h.on_event(
+            "a",
+            &ev(
+                0,
+                failed(0, false, ClientError::new(ErrorKind::BreakerOpen, 0)),
+            ),
+        );
+        let a = h.snapshot("a").unwrap();
+        assert_eq!(
+            (
+                a.sends_in_window,
+                a.refused_in_window,
+                a.success_rate,
+                a.mean_latency_ms
+            ),
+            (0, 0, None, None)
+        );
+        assert_eq!((a.last_status, a.in_flight), (Some(StatusCode::OK), 0));
     }
 
     #[test]
@@ -553,9 +715,12 @@ mod tests {
             }
         );
         assert_eq!(b.success_rate, None);
-        // Read at a later time, the window has moved on even with no new event.
-        let later = h.snapshot_at("a", at(10_110)).unwrap();
-        assert_eq!((later.sends_in_window, later.successes_in_window), (1, 1));
+        // Read at a later time, the window has moved on even with no new event: both
+        // sends are in the first slice (200 ms), which leaves at 10 s.
+        let later = h.snapshot_at("a", at(9_999)).unwrap();
+        assert_eq!((later.sends_in_window, later.successes_in_window), (2, 1));
+        let later = h.snapshot_at("a", at(10_000)).unwrap();
+        assert_eq!((later.sends_in_window, later.successes_in_window), (0, 0));
         assert_eq!(h.snapshots_at(at(60_000))[0].1.sends_in_window, 0);
         // Samples older than the window drop out.
         h.on_event("a", &ev(20_000, started()));
@@ -660,16 +825,6 @@ mod tests {
             h.snapshot("a").unwrap().last_status,
             Some(StatusCode::ACCEPTED)
         );
-    }
-
-    #[test]
-    fn push_in_order_keeps_the_queue_sorted_and_stable() {
-        let mut q = VecDeque::new();
-        for (t, tag) in [(5, 'a'), (3, 'b'), (5, 'c'), (1, 'd'), (9, 'e'), (3, 'f')] {
-            push_in_order(&mut q, (at(t), tag), |x| x.0);
-        }
-        let tags: String = q.iter().map(|x| x.1).collect();
-        assert_eq!(tags, "dbface");
     }
 
     #[test]
@@ -782,8 +937,10 @@ mod tests {
         // ... and reading it removed nothing from the windows of other reads.
         assert_eq!(figures(h.snapshot("a").unwrap()), (2, 1));
         assert_eq!(figures(h.snapshot_at("a", at(5_000)).unwrap()), (2, 1));
-        // 10 s after the first success, only the second is in the window.
-        assert_eq!(figures(h.snapshot_at("a", at(10_015)).unwrap()), (1, 1));
+        // All three are in the first 200 ms slice, which leaves the window 10 s after
+        // it began.
+        assert_eq!(figures(h.snapshot_at("a", at(9_999)).unwrap()), (2, 1));
+        assert_eq!(figures(h.snapshot_at("a", at(10_000)).unwrap()), (0, 0));
     }
 
     #[test]
