@@ -151,8 +151,8 @@ impl Slicing {
 
     /// The slice that holds `at`.
     fn index(self, at: Instant) -> u64 {
-        // No larger than `at`'s nanoseconds, so the cast keeps every bit.
-        (u128::from(at.as_nanos()) / self.width) as u64
+        // A slice wider than u64 nanoseconds holds every instant there is.
+        u64::try_from(self.width).map_or(0, |width| at.as_nanos() / width)
     }
 
     /// Whether slice `index` is in the window whose end lies in slice `end`: that
