@@ -4,7 +4,8 @@
 //!
 //! - CI runs `SIM_SEEDS` seeds (default 2,000).
 //! - `SIM_SEEDS=100000 cargo test --release -p vantage-api-pool --test simulation`
-//!   runs 100,000.
+//!   runs 100,000; `SIM_SEED_START=100000` starts there instead of at 0, so a long
+//!   run can explore seeds no earlier run has.
 //! - A failing seed is printed; `SIM_SEED=<seed> cargo test -p vantage-api-pool --test
 //!   simulation` replays it alone.
 
@@ -944,11 +945,15 @@ fn seeded_fault_schedules_keep_every_promise() {
     let seeds: Vec<u64> = match std::env::var("SIM_SEED") {
         Ok(one) => vec![one.parse().expect("SIM_SEED is a number")],
         Err(_) => {
-            let n: u64 = std::env::var("SIM_SEEDS")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(2000);
-            (0..n).collect()
+            let number = |name: &str, default: u64| {
+                std::env::var(name).map_or(default, |value| {
+                    value
+                        .parse()
+                        .unwrap_or_else(|_| panic!("{name} is a number, not {value:?}"))
+                })
+            };
+            let (start, n) = (number("SIM_SEED_START", 0), number("SIM_SEEDS", 2000));
+            (start..start.saturating_add(n)).collect()
         }
     };
     let mut failed = Vec::new();
