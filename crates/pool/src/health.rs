@@ -64,7 +64,9 @@ pub struct ApiHealth {
     pub breaker: BreakerView,
     /// Sends started and not yet ended.
     pub in_flight: u32,
-    /// Sends that got an answer or failed in the window (synthetic failures excluded).
+    /// Sends that got an answer or failed in the window's slices (synthetic failures
+    /// excluded): they cover [`covered`](ApiHealth::covered), a little less than the
+    /// window.
     /// A `NotSent` failure (a pooled connection the server had closed; the call
     /// redials it for free) is a sent `Failed` in the event contract, so it counts
     /// here as a failed send, and its few milliseconds in the latency.
@@ -96,6 +98,13 @@ pub struct ApiHealth {
     pub cancelled: u64,
     /// The time of the latest event seen for this API.
     pub updated_at: Instant,
+    /// The time the `*_in_window` figures cover: from the start of the window's
+    /// oldest slice to the window's end (see [`HealthObserver::new`]). At least the
+    /// window less one slice and at most the window (up to 59 ns more for a window
+    /// cut unevenly; less while the runtime is younger than the window; zero for a
+    /// zero window): divide by it, not by the window, for a rate per second that
+    /// does not read low.
+    pub covered: Duration,
 }
 
 /// The most slices a window is cut into.
@@ -158,7 +167,16 @@ impl Slicing {
     /// Whether slice `index` is in the window whose end lies in slice `end`: that
     /// slice and the `span - 1` before it.
     fn holds(self, index: u64, end: u64) -> bool {
-        index <= end && end - index < self.span
+        end.checked_sub(index).is_some_and(|back| back < self.span)
+    }
+
+    /// The time from the start of the oldest slice of the window that ends at `end`
+    /// to `end`.
+    fn covered(self, end: Instant) -> Duration {
+        let oldest = self.index(end).saturating_sub(self.span - 1);
+        // The start of a slice at or before `end`, so within u64 nanoseconds.
+        let start = u64::try_from(u128::from(oldest) * self.width).unwrap_or(0);
+        Duration::from_nanos(end.as_nanos() - start)
     }
 }
 
@@ -172,7 +190,7 @@ struct ApiState {
     in_flight: i64,
     /// A ring: slice `i` lives in slot `i % SLICES`, so the newest `SLICES` slices
     /// seen are kept, whatever the rate.
-    slices: [Slice; SLICES],
+    slices: Box<[Slice; SLICES]>,
     /// The status and the `at` of the event that carried it.
     last_status: Option<(StatusCode, Instant)>,
     last_error: Option<LastError>,
@@ -188,7 +206,7 @@ impl ApiState {
             breaker: BreakerView::Closed,
             breaker_at: Instant::ORIGIN,
             in_flight: 0,
-            slices: [Slice::default(); SLICES],
+            slices: Box::new([Slice::default(); SLICES]),
             last_status: None,
             last_error: None,
             retries: 0,
@@ -215,8 +233,8 @@ impl ApiState {
 
     /// The slice that counts an event at `at`, emptied first if its slot still holds
     /// an older slice. `None` for a zero window, or when a newer slice holds the slot:
-    /// then `at` lies a whole window or more before an event already heard, outside
-    /// every window a read can ask for.
+    /// then `at`'s slice has left every window a read can ask for (a read's window
+    /// ends at the latest event or later, and slots are `SLICES` slices apart).
     fn slice_at(&mut self, slicing: Option<Slicing>, at: Instant) -> Option<&mut Slice> {
         let index = slicing?.index(at);
         let slot = &mut self.slices[(index % SLICES as u64) as usize];
@@ -293,8 +311,11 @@ impl HealthObserver {
     /// into whole nanoseconds (60 for a minute, 50 for ten seconds), so a send counts
     /// from its `at` for at most the window and more than the window less one slice,
     /// and leaves with its slice (a one-minute window drops a second's sends at a
-    /// time). A window that no such number divides is cut into 60 slices rounded up
-    /// to whole nanoseconds, and holds a send up to 60 ns longer.
+    /// time). A window that no such number divides is cut into slices of a sixtieth
+    /// rounded up to whole nanoseconds (fewer than 60 of them for a window of a few
+    /// microseconds or less), and holds a send up to 59 ns longer. The figures
+    /// therefore cover a little less than the window ([`ApiHealth::covered`] says
+    /// how much).
     ///
     /// Memory is fixed per API (60 slices, about 5 KB) whatever the rate, and an
     /// event or a snapshot, which both hold the lock every client's events take,
@@ -385,11 +406,11 @@ impl HealthObserver {
 fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealth {
     let mut sum = Slice::default();
     if let Some(slicing) = slicing {
-        let end = slicing.index(end);
+        let last = slicing.index(end);
         let held = state
             .slices
             .iter()
-            .filter(|slice| slice.index.is_some_and(|index| slicing.holds(index, end)));
+            .filter(|slice| slice.index.is_some_and(|index| slicing.holds(index, last)));
         for slice in held {
             sum.sends += slice.sends;
             sum.successes += slice.successes;
@@ -415,6 +436,7 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
         redials: state.redials,
         cancelled: state.cancelled,
         updated_at: state.updated_at,
+        covered: slicing.map_or(Duration::ZERO, |slicing| slicing.covered(end)),
     }
 }
 
@@ -499,7 +521,8 @@ mod tests {
     fn memory_is_fixed_and_the_figures_count_the_last_window() {
         // What an API keeps is one ring of slices, whatever the rate (the docs say
         // about 5 KB).
-        assert!(std::mem::size_of::<ApiState>() <= 6 * 1024);
+        let kept = std::mem::size_of::<ApiState>() + std::mem::size_of::<[Slice; SLICES]>();
+        assert!(kept <= 6 * 1024, "{kept} bytes");
         // 10,000 sends and as many refusals over 100 windows of 1 s (50 slices of
         // 20 ms): the figures count only the last window.
         let h = HealthObserver::new(Duration::from_secs(1));
@@ -582,10 +605,62 @@ mod tests {
             (a.sends_in_window, a.refused_in_window, a.max_latency_ms),
             (1, 0, Some(5))
         );
-        // The slice of 3.2 s takes the slot over, starting from nothing.
-        h.on_event("a", &ev(3_200, ok(9, StatusCode::OK)));
+        // The slice of 3.2 s takes the slot over, starting from nothing: none of the
+        // 2.0 s slice's success, latency or slowest send is left in it.
+        let error = ClientError::new(ErrorKind::Status(StatusCode::BAD_GATEWAY), 1);
+        h.on_event("a", &ev(3_200, failed(1, true, error)));
         let a = h.snapshot("a").unwrap();
-        assert_eq!((a.sends_in_window, a.max_latency_ms), (1, Some(9)));
+        assert_eq!(
+            (a.sends_in_window, a.successes_in_window, a.success_rate),
+            (1, 0, Some(0.0))
+        );
+        assert_eq!((a.mean_latency_ms, a.max_latency_ms), (Some(1.0), Some(1)));
+    }
+
+    #[test]
+    fn a_read_before_the_latest_event_reads_at_the_latest_event() {
+        let h = HealthObserver::new(Duration::from_secs(10));
+        for t in [15_000, 20_000] {
+            h.on_event("a", &ev(t, ok(5, StatusCode::OK)));
+        }
+        // A clock read just before another thread's report: not a window ending at
+        // 1 s, which would hold neither send.
+        let early = h.snapshot_at("a", at(1_000)).unwrap();
+        assert_eq!(
+            (early.sends_in_window, early.covered),
+            (2, Duration::from_millis(9_800))
+        );
+        assert_eq!(h.snapshots_at(at(1_000))[0].1.sends_in_window, 2);
+    }
+
+    #[test]
+    fn covered_is_the_time_from_the_oldest_slice_to_the_end() {
+        let h = HealthObserver::new(Duration::from_secs(60));
+        h.on_event("a", &ev(0, ok(5, StatusCode::OK)));
+        let covered = |ms| h.snapshot_at("a", at(ms)).unwrap().covered;
+        // Younger than the window: all of the runtime's time so far.
+        assert_eq!(covered(0), Duration::ZERO);
+        assert_eq!(covered(30_500), Duration::from_millis(30_500));
+        // Then between the window less one slice (1 s) and the window.
+        assert_eq!(covered(59_999), Duration::from_millis(59_999));
+        assert_eq!(covered(60_000), Duration::from_secs(59));
+        assert_eq!(covered(90_500), Duration::from_millis(59_500));
+        // A zero window covers nothing; `Duration::MAX` everything since the origin.
+        let zero = HealthObserver::new(Duration::ZERO);
+        zero.on_event("a", &ev(5_000, ok(5, StatusCode::OK)));
+        assert_eq!(zero.snapshot("a").unwrap().covered, Duration::ZERO);
+        let max = HealthObserver::new(Duration::MAX);
+        max.on_event("a", &ev(5_000, ok(5, StatusCode::OK)));
+        assert_eq!(max.snapshot("a").unwrap().covered, Duration::from_secs(5));
+        // Cut unevenly: 60 slices of 16,666,667 ns, 59 ns more than the window.
+        let uneven = HealthObserver::new(Duration::from_nanos(1_000_000_007));
+        let end = Instant::from_nanos(2 * 1_000_000_020 - 1);
+        let call = Some(CallId(1));
+        uneven.on_event("a", &TransportEvent::new(end, call, ok(5, StatusCode::OK)));
+        assert_eq!(
+            uneven.snapshot("a").unwrap().covered,
+            Duration::from_nanos(1_000_000_019)
+        );
     }
 
     #[test]
