@@ -147,8 +147,9 @@ impl Slicing {
         }
         // The most slices, from 30 to 60, that cut the window evenly (60 for a
         // minute, 50 for ten seconds or one), so a slice's sends leave exactly one
-        // window after the slice began; otherwise 60 slices a little wider than a
-        // sixtieth. At least 1 ns wide: a window under 60 ns has a slice a nanosecond.
+        // window after the slice began; otherwise slices of a sixtieth rounded up to
+        // whole nanoseconds (at least 1 ns, so fewer than 60 of them for a window of
+        // a few microseconds or less).
         let even = (FEWEST_EVEN_SLICES..=SLICES as u128)
             .rev()
             .find(|&slices| nanos.is_multiple_of(slices));
