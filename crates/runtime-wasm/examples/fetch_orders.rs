@@ -11,6 +11,21 @@
 //! and gets a string or a thrown `Error`. Rust code that is already async calls
 //! `client.execute(...)` directly, or starts it with `wasm_bindgen_futures::spawn_local`.
 
+use vantage_api_pool::{ClientBuilder, Runtime, Transport};
+
+/// The API's settings, in one function over any builder, so that the wasm32 client
+/// below and native tests on virtual time (a `ScriptedTransport` and a
+/// `VirtualRuntime`) use the same ones.
+#[allow(
+    unreachable_pub,
+    reason = "in an application's library, its native tests call it"
+)]
+pub fn orders_settings<T: Transport, R: Runtime>(
+    builder: ClientBuilder<T, R>,
+) -> ClientBuilder<T, R> {
+    builder.max_parallel(4)
+}
+
 #[cfg(target_arch = "wasm32")]
 mod demo {
     use std::time::Duration;
@@ -26,11 +41,10 @@ mod demo {
         // One client per API, kept for the page's (or worker's) life, so the
         // breaker and the rate limit see every call. Its settings are constants, so
         // building it cannot fail.
-        static ORDERS_API: Client = ResilientClient::builder(
+        static ORDERS_API: Client = super::orders_settings(ResilientClient::builder(
             ReqwestTransport::new(reqwest::Client::new()),
             WasmRuntime::new(),
-        )
-        .max_parallel(4)
+        ))
         .build()
         .expect("valid settings");
     }

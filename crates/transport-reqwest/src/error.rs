@@ -7,60 +7,80 @@
 //! - [`body_error`] for a failure while reading a body whose head has arrived: the
 //!   request certainly reached the server, so only `TimedOut` and `Interrupted`.
 //!
-//! [`transport_error`] decides from what reqwest exposes (its `is_*` methods) and from
-//! the errors in its `source()` chain, first match wins:
-//!
-//! | what the error says | kind | why |
-//! |---|---|---|
-//! | `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
-//! | a [`hyper::Error`] in the chain with `is_user()`: above all the caller's request body stream failing | `Interrupted` | the head (and maybe part of the body) may have been written; the errors under it are the caller's own (a relayed upload's source that could not connect, say) and are not read: by the rows below they could say `Connect` or `NotSent` |
-//! | from [`send`](vantage_api_pool::transport::SendTransport::send) only, of a request whose own URL is http or https: `is_builder()` about a URL that is not | `Interrupted` | raised while following a redirect to `ftp://…` or `myapp://…`, so the request was sent and answered (a `Location` that cannot be resolved is not followed: the 3xx is the response). A request whose own URL has another scheme (changed after `prepare`, which refuses one, or made with `ReqwestRequest::new`) stays `Config` |
-//! | a TLS alert from the server refusing the handshake (`handshake_failure`, `access_denied`, `decrypt_error`, or one about a certificate: `certificate_required`, `bad_certificate`, `unknown_ca`, …) | `Tls` | checked before hyper's signals below, which a refusal that reaches a fresh connection before the request does also raises (`NotSent`, and a redial would meet it again); under TLS 1.3 the server checks a client certificate only after the client has finished its side of the handshake and written the request, so the refusal comes on the first read and not as a connect error; the server never let the request through |
-//! | a [`hyper::Error`] in the chain with `is_canceled()` | `NotSent` | hyper hands a request back with this error only when it never started writing it (the connection closed or failed first) |
-//! | a [`hyper::Error`] in the chain with `is_closed()` | `NotSent` | while sending, only the readiness check of a connection raises it, before the request is handed over |
-//! | a hyper-util client error about the request itself (`client error (User...)`: an HTTP version or method it does not support) | `Config` | our side, nothing sent |
-//! | a hyper-util client error that is not a connect error and has no [`connect_info`](hyper_util::client::legacy::Error::connect_info) | `NotSent` | hyper-util attaches the connection's info to every error raised once a connection had the request; without it, the error came while a fresh connection was being set up (for example the server closed it before hyper's first read) |
-//! | an [`h2::Error`] from the server: a `REFUSED_STREAM` reset | `NotSent` | RFC 9113 §8.7: the server did not process the stream (reqwest's default retry would resend it itself; see the crate docs) |
-//! | an [`h2::Error`] from the server: a `GOAWAY` (any error code) | `Interrupted` (below) | h2 gives a `GOAWAY` as the error of the streams above its last stream id (not processed, RFC 9113 §6.8), but hyper can also give it to a request h2 had already sent: see the cases that cannot be told apart |
-//! | a [`hyper::Error`] in the chain with `is_parse_too_large()` | `TooLarge` | the response head was over hyper's limits (more than 100 headers, or a head larger than its read buffer) |
-//! | `is_connect()` with an `io::ErrorKind::InvalidData` in the chain | `Tls` | rustls reports handshake and certificate failures as `InvalidData` through tokio-rustls |
-//! | `is_connect()` otherwise (refused, DNS, connect timeout, unreachable, reset during the TCP or TLS handshake) | `Connect` | no connection, nothing reached the server |
-//! | `is_timeout()` (the request's or client's `timeout`, `read_timeout`) | `TimedOut` | the exchange was cut; the server may have acted |
-//! | an `io::ErrorKind::ConnectionRefused` in the chain | `Connect` | as above |
-//! | an `io::ErrorKind` `ConnectionReset`, `ConnectionAborted`, `BrokenPipe` or `UnexpectedEof` in the chain | `Interrupted` | the connection broke mid-exchange |
-//! | `is_request()` otherwise: hyper's "connection closed before message completed" (the server closed after the request was written), an invalid status line or header | `Interrupted` | the request was (or may have been) written |
-//! | `is_redirect()` (a redirect loop, too many redirects) | `Interrupted` | requests were sent and answered; not our side, so not `Config` |
-//! | anything else | `Interrupted` | the safe kind: retried only for idempotent calls |
-//!
-//! A send during which a [tracked](crate::redirect::tracked) redirect policy (the
-//! default on clients the adapter builds) decided on a redirect is `Interrupted`
-//! where the table says `NotSent`, `Connect`, `Tls` or `Config`: an earlier hop
-//! reached a server. With an untracked policy on a client you supply, such an error
-//! is reported as the last hop alone (see [`redirect`](crate::redirect)).
-//!
-//! Cases that cannot be told apart, mapped to the safe kind:
-//!
-//! - A pooled keep-alive connection that the server closes while our request is being
-//!   written: hyper has written (part of) it, then reads end-of-file. The request may
-//!   have arrived, so this is `Interrupted`, not `NotSent`. (When the close is seen
-//!   before writing, hyper-util resends on a fresh connection by itself and nothing
-//!   reaches the pool; when it is seen on a fresh connection, it is `NotSent`.)
-//! - A server that closes a fresh connection right after accepting it: when hyper
-//!   notices before the request reaches the connection, the request is handed back
-//!   (`NotSent`); when the request was already being written, `Interrupted`. Which
-//!   one is a race on the wire.
-//! - An HTTP/2 `GOAWAY` from the server. h2 fails the streams above its last stream
-//!   id with it, which the server did not process and which could be sent again. But
-//!   hyper 1.x, right after handing a request to h2, asks the connection whether it
-//!   is ready again, and if the `GOAWAY` arrived in between (the connection's task
-//!   runs on another thread of a multi-threaded runtime) it fails that request with
-//!   the `GOAWAY` too, though h2 had sent it and the server may have taken it (a
-//!   test saw this about once in a hundred runs: a POST the server took, then
-//!   resent). The error is the same in both cases, so a `GOAWAY` is `Interrupted`: a
-//!   POST is not resent, and an idempotent call is retried as an attempt. (The
-//!   connection-info row still comes first: an error raised before hyper-util had
-//!   handed the request to a connection is `NotSent`, whatever it carries.)
-//!
+#![cfg_attr(
+    not(target_arch = "wasm32"),
+    doc = r##"
+[`transport_error`] decides from what reqwest exposes (its `is_*` methods) and from
+the errors in its `source()` chain, first match wins:
+
+| what the error says | kind | why |
+|---|---|---|
+| `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
+| a [`hyper::Error`] in the chain with `is_user()`: above all the caller's request body stream failing | `Interrupted` | the head (and maybe part of the body) may have been written; the errors under it are the caller's own (a relayed upload's source that could not connect, say) and are not read: by the rows below they could say `Connect` or `NotSent` |
+| from [`send`](vantage_api_pool::transport::SendTransport::send) only, of a request whose own URL is http or https: `is_builder()` about a URL that is not | `Interrupted` | raised while following a redirect to `ftp://…` or `myapp://…`, so the request was sent and answered (a `Location` that cannot be resolved is not followed: the 3xx is the response). A request whose own URL has another scheme (changed after `prepare`, which refuses one, or made with `ReqwestRequest::new`) stays `Config` |
+| a TLS alert from the server refusing the handshake (`handshake_failure`, `access_denied`, `decrypt_error`, or one about a certificate: `certificate_required`, `bad_certificate`, `unknown_ca`, …) | `Tls` | checked before hyper's signals below, which a refusal that reaches a fresh connection before the request does also raises (`NotSent`, and a redial would meet it again); under TLS 1.3 the server checks a client certificate only after the client has finished its side of the handshake and written the request, so the refusal comes on the first read and not as a connect error; the server never let the request through |
+| a [`hyper::Error`] in the chain with `is_canceled()` | `NotSent` | hyper hands a request back with this error only when it never started writing it (the connection closed or failed first) |
+| a [`hyper::Error`] in the chain with `is_closed()` | `NotSent` | while sending, only the readiness check of a connection raises it, before the request is handed over |
+| a hyper-util client error about the request itself (`client error (User...)`: an HTTP version or method it does not support) | `Config` | our side, nothing sent |
+| a hyper-util client error that is not a connect error and has no [`connect_info`](hyper_util::client::legacy::Error::connect_info) | `NotSent` | hyper-util attaches the connection's info to every error raised once a connection had the request; without it, the error came while a fresh connection was being set up (for example the server closed it before hyper's first read) |
+| an [`h2::Error`] from the server: a `REFUSED_STREAM` reset | `NotSent` | RFC 9113 §8.7: the server did not process the stream (reqwest's default retry would resend it itself; see the crate docs) |
+| an [`h2::Error`] from the server: a `GOAWAY` (any error code) | `Interrupted` (below) | h2 gives a `GOAWAY` as the error of the streams above its last stream id (not processed, RFC 9113 §6.8), but hyper can also give it to a request h2 had already sent: see the cases that cannot be told apart |
+| a [`hyper::Error`] in the chain with `is_parse_too_large()` | `TooLarge` | the response head was over hyper's limits (more than 100 headers, or a head larger than its read buffer) |
+| `is_connect()` with an `io::ErrorKind::InvalidData` in the chain | `Tls` | rustls reports handshake and certificate failures as `InvalidData` through tokio-rustls |
+| `is_connect()` otherwise (refused, DNS, connect timeout, unreachable, reset during the TCP or TLS handshake) | `Connect` | no connection, nothing reached the server |
+| `is_timeout()` (the request's or client's `timeout`, `read_timeout`) | `TimedOut` | the exchange was cut; the server may have acted |
+| an `io::ErrorKind::ConnectionRefused` in the chain | `Connect` | as above |
+| an `io::ErrorKind` `ConnectionReset`, `ConnectionAborted`, `BrokenPipe` or `UnexpectedEof` in the chain | `Interrupted` | the connection broke mid-exchange |
+| `is_request()` otherwise: hyper's "connection closed before message completed" (the server closed after the request was written), an invalid status line or header | `Interrupted` | the request was (or may have been) written |
+| `is_redirect()` (a redirect loop, too many redirects) | `Interrupted` | requests were sent and answered; not our side, so not `Config` |
+| anything else | `Interrupted` | the safe kind: retried only for idempotent calls |
+
+A send during which a [tracked](crate::redirect::tracked) redirect policy (the
+default on clients the adapter builds) decided on a redirect is `Interrupted`
+where the table says `NotSent`, `Connect`, `Tls` or `Config`: an earlier hop
+reached a server. With an untracked policy on a client you supply, such an error
+is reported as the last hop alone (see [`redirect`](crate::redirect)).
+
+Cases that cannot be told apart, mapped to the safe kind:
+
+- A pooled keep-alive connection that the server closes while our request is being
+  written: hyper has written (part of) it, then reads end-of-file. The request may
+  have arrived, so this is `Interrupted`, not `NotSent`. (When the close is seen
+  before writing, hyper-util resends on a fresh connection by itself and nothing
+  reaches the pool; when it is seen on a fresh connection, it is `NotSent`.)
+- A server that closes a fresh connection right after accepting it: when hyper
+  notices before the request reaches the connection, the request is handed back
+  (`NotSent`); when the request was already being written, `Interrupted`. Which
+  one is a race on the wire.
+- An HTTP/2 `GOAWAY` from the server. h2 fails the streams above its last stream
+  id with it, which the server did not process and which could be sent again. But
+  hyper 1.x, right after handing a request to h2, asks the connection whether it
+  is ready again, and if the `GOAWAY` arrived in between (the connection's task
+  runs on another thread of a multi-threaded runtime) it fails that request with
+  the `GOAWAY` too, though h2 had sent it and the server may have taken it (a
+  test saw this about once in a hundred runs: a POST the server took, then
+  resent). The error is the same in both cases, so a `GOAWAY` is `Interrupted`: a
+  POST is not resent, and an idempotent call is retried as an attempt. (The
+  connection-info row still comes first: an error raised before hyper-util had
+  handed the request to a connection is `NotSent`, whatever it carries.)
+"##
+)]
+#![cfg_attr(
+    target_arch = "wasm32",
+    doc = r##"
+[`transport_error`] decides from what reqwest exposes, first match wins:
+
+| what the error says | kind | why |
+|---|---|---|
+| `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
+| `is_timeout()`, or reqwest's timeout abort of the fetch (the request's own `timeout`) | `TimedOut` | the exchange was cut; the server may have acted |
+| anything else: fetch's `TypeError` (refused, DNS, reset, TLS, CORS), an abort | `Interrupted` | fetch does not say how far the request got: the safe kind, retried only for idempotent calls |
+
+The native table (hyper's and h2's signals, `NotSent`, `Connect`, `Tls`,
+`TooLarge`) is in the docs built for a native target.
+
+"##
+)]
 //! On wasm32, fetch reports every network failure (refused, DNS, reset, CORS) as the
 //! same `TypeError`, so there is no `NotSent`, `Connect`, `Tls` or `TooLarge` there:
 //! they are `Interrupted`. A request that fetch cannot carry as it is (a header value

@@ -11,15 +11,15 @@
 //! | [`Transport::Request`](vantage_api_pool::Transport::Request) | [`ReqwestRequest`]: the built [`reqwest::Request`] and the client that will send it |
 //! | [`Transport::Response`](vantage_api_pool::Transport::Response) | [`ReqwestResponse`]: the [`reqwest::Response`] at its head, body still streaming |
 //!
-//! # Quick start (tokio)
-//!
-//! With the default feature `tokio`, one call gives a
-//! [`ClientBuilder`](vantage_api_pool::ClientBuilder) over this transport and
-//! [`TokioRuntime`]:
-//!
 #![cfg_attr(
     all(feature = "tokio", not(target_arch = "wasm32")),
     doc = r##"
+# Quick start (tokio)
+
+With the default feature `tokio`, one call gives a
+[`ClientBuilder`](vantage_api_pool::ClientBuilder) over this transport and
+[`TokioRuntime`]:
+
 ```no_run
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,22 +49,63 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 ```
 "##
 )]
+#![cfg_attr(
+    target_arch = "wasm32",
+    doc = r##"
+# Quick start (wasm32)
+
+Build the client over this transport and `WasmRuntime` (crate
+`vantage-api-pool-wasm`), keep it (a `thread_local!` serves), and give every request
+its own timeout, since fetch has no read timeout:
+
+```ignore
+let client = ResilientClient::builder(
+    ReqwestTransport::new(reqwest::Client::new()),
+    WasmRuntime::new(),
+)
+.max_parallel(4)
+.build()?;
+let response = client
+    .execute_with(&CallPolicy::bounded(RetryPolicy::default()), |http| {
+        http.get(url).timeout(Duration::from_secs(30))
+    })
+    .await?;
+```
+
+The README's "In a browser or Node" section has a whole crate, its manifest and
+the wasm-bindgen steps; [Targets](#targets) below says what differs from native.
+"##
+)]
 //!
 //! # Which client sends
 //!
-//! Two ways to make a transport, which differ in who owns the [`reqwest::Client`]:
+//! Two ways to make a transport natively (one on wasm32), which differ in who owns
+//! the [`reqwest::Client`]:
 //!
 //! - [`ReqwestTransport::new`] takes your client and uses its settings as they are.
 //!   [`Transport::prepare`](vantage_api_pool::Transport::prepare) uses
 //!   [`reqwest::RequestBuilder::build_split`] and the request is sent by the client the
 //!   draft was made from, exactly as [`reqwest::RequestBuilder::send`] would.
-//! - [`ReqwestTransport::with_builder`] (and [`ReqwestTransport::with_defaults`])
-//!   takes a function that makes a [`reqwest::ClientBuilder`], and builds the client
-//!   itself, so it can build a fresh one when
-//!   [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) asks for it.
-//!   The request closure always receives the first client; requests are sent by the newest
-//!   one (made by the same function, so with the same settings), whichever client the draft
-//!   was made from.
+#![cfg_attr(
+    not(target_arch = "wasm32"),
+    doc = r##"
+- [`ReqwestTransport::with_builder`] (and [`ReqwestTransport::with_defaults`])
+  takes a function that makes a [`reqwest::ClientBuilder`], and builds the client
+  itself, so it can build a fresh one when
+  [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) asks for it.
+  The request closure always receives the first client; requests are sent by the newest
+  one (made by the same function, so with the same settings), whichever client the draft
+  was made from.
+"##
+)]
+#![cfg_attr(
+    target_arch = "wasm32",
+    doc = r##"
+- Natively, `ReqwestTransport::with_builder` builds the client from a function, so
+  that it can build a fresh one; on wasm32 there is no such thing to do (fetch
+  gives no handle on its connections), and no `with_builder`.
+"##
+)]
 //!
 //! The client's default headers (`ClientBuilder::default_headers`) are merged by
 //! reqwest when the request is sent, so
@@ -72,72 +113,96 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //! them: an `Idempotency-Key` or `Authorization` set as a default header is
 //! invisible to the attempt loop. Set such headers on the draft instead.
 //!
-//! # `distrust_connection`
-//!
-//! The pool calls it after a time limit cut a send: the connection that carried it
-//! may be stuck. reqwest has no call to drop one pooled connection, so:
-//!
-//! - on a client the adapter built, the whole client is replaced by a fresh one from
-//!   the same builder function: new sends use a new connection pool, and requests
-//!   already in flight finish on their own. Intermediate clients are dropped once no
-//!   request holds them; the first client stays alive (it is the handle the request
-//!   closure receives), so its idle connections last until its `pool_idle_timeout`.
-//!   A rebuild starts from a fresh client state: a cookie jar, TLS session cache and
-//!   DNS cache of the old client do not carry over (share a jar through
-//!   `cookie_provider` in the builder function if sessions matter). At most one rebuild per second
-//!   ([`REBUILD_INTERVAL`]); [`ReqwestTransport::rebuilds`] counts them. Building a
-//!   client loads the root certificates and sets up TLS: blocking work done in the
-//!   calling task, measured here at 2 to 3 ms in a release build and 18 to 40 ms in a
-//!   debug one. The tasks of that worker thread wait for it (on a current-thread
-//!   runtime, every task), and their calls' budgets run on meanwhile, at most once per
-//!   [`REBUILD_INTERVAL`]; if that matters more than a fresh pool, supply your own
-//!   client (no rebuilds).
-//! - on a client you supplied, nothing can be done, and nothing is. What happens
-//!   anyway: the pool drops the cut send's future, and hyper never puts an HTTP/1.1
-//!   connection whose exchange was abandoned back into the pool, so the next send
-//!   dials afresh. On HTTP/2 the stream is reset and the shared connection stays in
-//!   use: if that connection is the stuck part, later sends on it will time out too
-//!   until hyper notices (set `http2_keep_alive_interval` on your client).
-//!
-//! # Hidden retries
-//!
-//! Three layers under this adapter can send a request again without the pool knowing
-//! (no rate token, no permit, no event):
-//!
-//! - reqwest 0.13's own retry policy, which by default resends a request that an
-//!   HTTP/2 server refused (`REFUSED_STREAM`) or cut off with a graceful `GOAWAY`, up
-//!   to twice. A client the adapter builds sets
-//!   [`retry(reqwest::retry::never())`](reqwest::ClientBuilder::retry), so these
-//!   come to the pool: a refused stream as `NotSent`, redialed through its gate (at
-//!   most twice a call, each reported); a `GOAWAY` as `Interrupted`, because hyper
-//!   can fail a request h2 had already sent with the connection's `GOAWAY` (see
-//!   [`error`]), which reqwest's retry would resend too. On a client you supply,
-//!   set it yourself; never give a client used here a retry policy that retries on
-//!   status codes, or retries multiply.
-//! - hyper-util's resend of a request that a reused keep-alive connection handed back
-//!   unwritten (the server had closed it). It cannot be turned off through reqwest;
-//!   it only resends requests that provably never left, on another connection, so
-//!   the pool sees one send that took a little longer.
-//! - redirects: reqwest follows up to 10 by default within one send. A hop to another
-//!   origin (host, port or scheme) drops `Authorization`, `Cookie` and
-//!   `Proxy-Authorization`, but not other headers. A [tracked](redirect::tracked)
-//!   policy follows no hop out of the API's origin for a request that carries the
-//!   token under another name (say `x-api-key`), or any header value marked
-//!   sensitive under a name reqwest keeps on such a hop: the 3xx goes to the
-//!   caller. With an untracked policy, such a token
-//!   source should be used with
-//!   `redirect(reqwest::redirect::Policy::none())`, which hands every 3xx to the
-//!   caller. An error on a later hop (refused, DNS, TLS) would read as "never sent"
-//!   although the first hop reached a server; a [tracked](redirect::tracked) policy,
-//!   the default on clients the adapter builds, lets the adapter report it as
-//!   `Interrupted` instead. reqwest drops those credentials only from a hop that
-//!   changes origin, and puts them back on the next: a tracked policy also stops a
-//!   chain at a second hop inside another origin, handing that 3xx to the caller,
-//!   which keeps the API's token from reaching it. A response to a hop that went
-//!   without the credentials says
-//!   [`credentials_dropped`](vantage_api_pool::TransportResponse::credentials_dropped)
-//!   under a tracked policy, so a 401 there is final: no token is refreshed for it.
-//!
+#![cfg_attr(
+    not(target_arch = "wasm32"),
+    doc = r##"
+# `distrust_connection`
+
+The pool calls it after a time limit cut a send: the connection that carried it
+may be stuck. reqwest has no call to drop one pooled connection, so:
+
+- on a client the adapter built, the whole client is replaced by a fresh one from
+  the same builder function: new sends use a new connection pool, and requests
+  already in flight finish on their own. Intermediate clients are dropped once no
+  request holds them; the first client stays alive (it is the handle the request
+  closure receives), so its idle connections last until its `pool_idle_timeout`.
+  A rebuild starts from a fresh client state: a cookie jar, TLS session cache and
+  DNS cache of the old client do not carry over (share a jar through
+  `cookie_provider` in the builder function if sessions matter). At most one rebuild per second
+  ([`REBUILD_INTERVAL`]); [`ReqwestTransport::rebuilds`] counts them. Building a
+  client loads the root certificates and sets up TLS: blocking work done in the
+  calling task, measured here at 2 to 3 ms in a release build and 18 to 40 ms in a
+  debug one. The tasks of that worker thread wait for it (on a current-thread
+  runtime, every task), and their calls' budgets run on meanwhile, at most once per
+  [`REBUILD_INTERVAL`]; if that matters more than a fresh pool, supply your own
+  client (no rebuilds).
+- on a client you supplied, nothing can be done, and nothing is. What happens
+  anyway: the pool drops the cut send's future, and hyper never puts an HTTP/1.1
+  connection whose exchange was abandoned back into the pool, so the next send
+  dials afresh. On HTTP/2 the stream is reset and the shared connection stays in
+  use: if that connection is the stuck part, later sends on it will time out too
+  until hyper notices (set `http2_keep_alive_interval` on your client).
+
+# Hidden retries
+
+Three layers under this adapter can send a request again without the pool knowing
+(no rate token, no permit, no event):
+
+- reqwest 0.13's own retry policy, which by default resends a request that an
+  HTTP/2 server refused (`REFUSED_STREAM`) or cut off with a graceful `GOAWAY`, up
+  to twice. A client the adapter builds sets
+  [`retry(reqwest::retry::never())`](reqwest::ClientBuilder::retry), so these
+  come to the pool: a refused stream as `NotSent`, redialed through its gate (at
+  most twice a call, each reported); a `GOAWAY` as `Interrupted`, because hyper
+  can fail a request h2 had already sent with the connection's `GOAWAY` (see
+  [`error`]), which reqwest's retry would resend too. On a client you supply,
+  set it yourself; never give a client used here a retry policy that retries on
+  status codes, or retries multiply.
+- hyper-util's resend of a request that a reused keep-alive connection handed back
+  unwritten (the server had closed it). It cannot be turned off through reqwest;
+  it only resends requests that provably never left, on another connection, so
+  the pool sees one send that took a little longer.
+- redirects: reqwest follows up to 10 by default within one send. A hop to another
+  origin (host, port or scheme) drops `Authorization`, `Cookie` and
+  `Proxy-Authorization`, but not other headers. A [tracked](redirect::tracked)
+  policy follows no hop out of the API's origin for a request that carries the
+  token under another name (say `x-api-key`), or any header value marked
+  sensitive under a name reqwest keeps on such a hop: the 3xx goes to the
+  caller. With an untracked policy, such a token
+  source should be used with
+  `redirect(reqwest::redirect::Policy::none())`, which hands every 3xx to the
+  caller. An error on a later hop (refused, DNS, TLS) would read as "never sent"
+  although the first hop reached a server; a [tracked](redirect::tracked) policy,
+  the default on clients the adapter builds, lets the adapter report it as
+  `Interrupted` instead. reqwest drops those credentials only from a hop that
+  changes origin, and puts them back on the next: a tracked policy also stops a
+  chain at a second hop inside another origin, handing that 3xx to the caller,
+  which keeps the API's token from reaching it. A response to a hop that went
+  without the credentials says
+  [`credentials_dropped`](vantage_api_pool::TransportResponse::credentials_dropped)
+  under a tracked policy, so a 401 there is final: no token is refreshed for it.
+"##
+)]
+#![cfg_attr(
+    target_arch = "wasm32",
+    doc = r##"
+# `distrust_connection`
+
+Does nothing on wasm32: fetch gives no handle on its connections. Dropping a send
+(as the pool does when a time limit cuts it) aborts its fetch, which is what the
+browser and Node close the connection on.
+
+# Hidden retries
+
+fetch follows redirects itself, with no policy to set and no hop the adapter can
+see: it drops `Authorization` on a hop to another origin, but a token under another
+header name (`x-api-key`) goes along, so point such a client only at an API whose
+redirects stay in its origin. What the platform's own network stack does under
+fetch (a resend of a request that a kept-alive connection handed back unwritten,
+say) is out of the adapter's sight.
+
+"##
+)]
 //! # Errors
 //!
 //! Every failure is turned into a [`TransportError`] by [`transport_error`] (before
@@ -148,10 +213,17 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //! # Success bodies
 //!
 //! The response is returned at its head; the body belongs to the caller and is read
-//! outside the pool's time limits. A client the adapter builds has a read timeout
-//! ([`DEFAULT_READ_TIMEOUT`], 30 s), so a body that stalls fails
-//! (`reqwest::Error::is_timeout`) instead of hanging its reader; give a client of
-//! your own a `read_timeout` too. On `wasm32` reqwest has no client-wide timeout:
+//! outside the pool's time limits.
+#![cfg_attr(
+    not(target_arch = "wasm32"),
+    doc = r##"
+A client the adapter builds has a read timeout
+([`DEFAULT_READ_TIMEOUT`], 30 s), so a body that stalls fails
+(`reqwest::Error::is_timeout`) instead of hanging its reader; give a client of
+your own a `read_timeout` too.
+"##
+)]
+//! On `wasm32` reqwest has no client-wide timeout:
 //! give each request its own (`RequestBuilder::timeout`, at most
 //! [`MAX_WASM_TIMEOUT`]), or a stalled body keeps its reader waiting.
 //!
@@ -179,7 +251,7 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 //! [`ReqwestResponse`]): there is no `Deref` to [`reqwest::Response`],
 //! [`ReqwestResponse::into_inner`] returns `None` once the body has been read with
 //! [`TransportResponse::chunk`](vantage_api_pool::TransportResponse::chunk), there is
-//! no [`ReqwestTransport::with_builder`] (fetch gives no handle on its connections,
+//! no `ReqwestTransport::with_builder` (fetch gives no handle on its connections,
 //! so there is none to distrust; dropping a send aborts its fetch) and no `tokio`
 //! feature. Fetch reports every network failure alike, so most of them map to
 //! `Interrupted` there. In a browser, a request carrying a credential the browser
@@ -193,9 +265,6 @@ let client = ReqwestTransport::tokio_builder(own).max_parallel(4).build()?;
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(clippy::missing_errors_doc)]
-// The docs are written for native targets and link native-only items (the client
-// rebuild, the tokio helpers, hyper); `cargo doc` with warnings denied checks them there.
-#![cfg_attr(target_arch = "wasm32", allow(rustdoc::broken_intra_doc_links))]
 
 pub mod error;
 #[cfg(not(target_arch = "wasm32"))]
@@ -359,21 +428,33 @@ impl ReqwestTransport {
     /// A transport over your `client`, whose settings (timeouts, TLS, proxies, default
     /// headers, redirects, retries) are used as they are.
     ///
-    /// [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) can do
-    /// nothing with it (see the crate docs). Consider giving the client a `read_timeout`
-    /// (so a stalled success body cannot hang its reader), `retry(reqwest::retry::never())`
-    /// (so reqwest does not resend behind the pool's back), a
-    /// [tracked](redirect::tracked) redirect policy (so an error after a redirect is not
-    /// taken for an unsent request, and the token does not follow a redirect to another
-    /// origin on a later hop or under a custom header name) and `referer(false)` (so a
-    /// redirect does not tell another origin the API's URL), as
-    /// [`default_client_builder`](ReqwestTransport::default_client_builder) does.
-    ///
-    /// Keep the `read_timeout` finite: reqwest adds it to the clock at each body read
-    /// without a check, so `Duration::MAX` (or any timeout that overflows an instant)
-    /// panics at the first read, the loop's read of an error body included. To have
-    /// no read timeout, leave it unset. A request's own `timeout(Duration::MAX)` is
-    /// fine.
+    #[cfg_attr(
+        not(target_arch = "wasm32"),
+        doc = r##"
+[`distrust_connection`](vantage_api_pool::Transport::distrust_connection) can do
+nothing with it (see the crate docs). Consider giving the client a `read_timeout`
+(so a stalled success body cannot hang its reader), `retry(reqwest::retry::never())`
+(so reqwest does not resend behind the pool's back), a
+[tracked](redirect::tracked) redirect policy (so an error after a redirect is not
+taken for an unsent request, and the token does not follow a redirect to another
+origin on a later hop or under a custom header name) and `referer(false)` (so a
+redirect does not tell another origin the API's URL), as
+[`default_client_builder`](ReqwestTransport::default_client_builder) does.
+
+Keep the `read_timeout` finite: reqwest adds it to the clock at each body read
+without a check, so `Duration::MAX` (or any timeout that overflows an instant)
+panics at the first read, the loop's read of an error body included. To have
+no read timeout, leave it unset. A request's own `timeout(Duration::MAX)` is
+fine.
+"##
+    )]
+    #[cfg_attr(
+        target_arch = "wasm32",
+        doc = r##"
+On wasm32 this is the only way to make one: `reqwest::Client::new()` serves. It
+has no read timeout, so give each request its own `timeout` (see the crate docs).
+"##
+    )]
     #[must_use]
     pub fn new(client: reqwest::Client) -> Self {
         ReqwestTransport {
@@ -627,9 +708,17 @@ macro_rules! transport_impl {
                 sending
             }
 
-            /// On a client the adapter built, replaces it with a fresh one (at most once per
-            /// [`REBUILD_INTERVAL`]); on a client you supplied, does nothing. See the crate
-            /// docs.
+            #[cfg_attr(
+                not(target_arch = "wasm32"),
+                doc = "On a client the adapter built, replaces it with a fresh one (at most \
+                       once per [`REBUILD_INTERVAL`]); on a client you supplied, does nothing. \
+                       See the crate docs."
+            )]
+            #[cfg_attr(
+                target_arch = "wasm32",
+                doc = "Does nothing: fetch gives no handle on its connections. See the \
+                       crate docs."
+            )]
             fn distrust_connection(&self) {
                 #[cfg(not(target_arch = "wasm32"))]
                 if let Some(rebuild) = &self.rebuild {
