@@ -3,10 +3,13 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 
 use http::HeaderName;
+use pin_project_lite::pin_project;
 
 use crate::attempt::Call;
 use crate::auth::{AuthState, NoAuth, TokenSource};
@@ -115,6 +118,75 @@ impl Events {
     }
 }
 
+pin_project! {
+    /// The future of one call ([`execute`](ResilientClient::execute),
+    /// [`execute_with`](ResilientClient::execute_with),
+    /// [`execute_with_owned`](ResilientClient::execute_with_owned)): it resolves to
+    /// the response or the call's [`ClientError`], and knows the call's
+    /// [`id`](CallFuture::id) from the start.
+    ///
+    /// Dropping it cancels the call. It is `Send` when the call's work is (the
+    /// transport's and runtime's futures, the request closure).
+    ///
+    /// ```
+    /// use vantage_api_pool::{EventKind, ResilientClient};
+    /// use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// transport.push(Reply::status(503)).push(Reply::ok());
+    /// let events = RecordingObserver::new();
+    /// let client = ResilientClient::builder(transport, rt.clone())
+    ///     .observer("orders-api", std::sync::Arc::new(events.clone()))
+    ///     .build()?;
+    ///
+    /// let call = client.execute(|http| http.get("/orders"));
+    /// let id = call.id();
+    /// assert_eq!(rt.block_on(call)??.status(), 200);
+    /// // How many attempts this call made: its events carry its id.
+    /// let attempts = events
+    ///     .for_call(id)
+    ///     .iter()
+    ///     .filter(|event| matches!(event.kind, EventKind::Started { .. }))
+    ///     .count();
+    /// assert_eq!(attempts, 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use = "a call does nothing unless it is awaited"]
+    pub struct CallFuture<F> {
+        id: CallId,
+        #[pin]
+        call: F,
+    }
+}
+
+impl<F> CallFuture<F> {
+    /// The id every event of this call carries ([`TransportEvent::call`]), known
+    /// before the call starts: the observer's events of this call are the ones with
+    /// it (the testkit's `RecordingObserver::for_call` picks them out).
+    #[must_use]
+    pub fn id(&self) -> CallId {
+        self.id
+    }
+}
+
+impl<F: Future> Future for CallFuture<F> {
+    type Output = F::Output;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.project().call.poll(cx)
+    }
+}
+
+impl<F> fmt::Debug for CallFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallFuture")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What a caller can report through [`ResilientClient::report`] once it knows.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +228,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         &'a self,
         policy: &'a CallPolicy,
         build: F,
-    ) -> impl Future<Output = Result<T::Response, ClientError>> + 'a
+    ) -> CallFuture<impl Future<Output = Result<T::Response, ClientError>> + 'a>
     where
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
@@ -189,7 +261,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         &'a self,
         policy: CallPolicy,
         build: F,
-    ) -> impl Future<Output = Result<T::Response, ClientError>> + 'a
+    ) -> CallFuture<impl Future<Output = Result<T::Response, ClientError>> + 'a>
     where
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
@@ -201,13 +273,16 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         &'a self,
         policy: P,
         build: F,
-    ) -> impl Future<Output = Result<T::Response, ClientError>> + 'a
+    ) -> CallFuture<impl Future<Output = Result<T::Response, ClientError>> + 'a>
     where
         P: Borrow<CallPolicy> + 'a,
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
         let id = CallId(self.shared.next_call.fetch_add(1, Ordering::Relaxed) + 1);
-        Call::new(&self.shared, policy, id).run(build)
+        CallFuture {
+            id,
+            call: Call::new(&self.shared, policy, id).run(build),
+        }
     }
 
     /// Runs one call under the client's [default policy](Self::default_policy).
@@ -225,7 +300,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     pub fn execute<'a, F>(
         &'a self,
         build: F,
-    ) -> impl Future<Output = Result<T::Response, ClientError>> + 'a
+    ) -> CallFuture<impl Future<Output = Result<T::Response, ClientError>> + 'a>
     where
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {

@@ -725,3 +725,43 @@ fn settings_states_and_their_errors_can_be_map_keys() {
     assert_eq!(keys([TimeLimit::Budget, TimeLimit::Budget]), 1);
     assert_eq!(keys([RetryPolicy::default(), RetryPolicy::default()]), 1);
 }
+
+#[test]
+fn a_calls_future_knows_the_id_its_events_carry() {
+    let w = World::new();
+    // The first call is answered 503 and opens the breaker, the second is refused
+    // unsent while it is open, the third (a clone's) waits out the cooldown and
+    // closes it.
+    w.transport.push(Reply::status(503)).push(Reply::ok());
+    let client = w
+        .builder()
+        .breaker(1, Duration::from_secs(1), Duration::from_secs(1))
+        .default_policy(CallPolicy::essential())
+        .build()
+        .unwrap();
+    let policy = CallPolicy::background();
+    let first = client.execute_with(&policy, |http| http.get("/a"));
+    let second = client.execute_with_owned(CallPolicy::background(), |http| http.get("/b"));
+    let other = client.clone();
+    let third = other.execute(|http| http.get("/c"));
+    let ids = [first.id(), second.id(), third.id()];
+    // Numbered in the order the futures were made, across the client's clones.
+    assert_eq!(ids.map(|id| id.0), [1, 2, 3]);
+    assert_eq!(format!("{first:?}"), "CallFuture { id: CallId(1), .. }");
+
+    assert!(w.rt.block_on(first).unwrap().is_err());
+    assert!(w.rt.block_on(second).unwrap().unwrap_err().nothing_sent());
+    assert_eq!(w.rt.block_on(third).unwrap().unwrap().status(), 200);
+
+    let kinds_of = |id| {
+        w.observer
+            .for_call(id)
+            .iter()
+            .map(|event| event.kind.name())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kinds_of(ids[0]), ["started", "failed", "breaker_opened"]);
+    assert_eq!(kinds_of(ids[1]), ["started", "failed"]);
+    assert_eq!(kinds_of(ids[2]), ["started", "succeeded", "breaker_closed"]);
+    w.assert_contract();
+}
