@@ -206,7 +206,8 @@ impl RecordingObserver {
         self.state().events.clone()
     }
 
-    /// The recorded events of call `call` (of any api name), in order.
+    /// The recorded events of call `call` (of any api name), in order. A call's id is
+    /// its future's [`CallFuture::id`](vantage_api_pool::CallFuture::id).
     ///
     /// ```
     /// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
