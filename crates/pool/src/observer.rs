@@ -105,7 +105,10 @@ impl TransportEvent {
 ///
 /// `send` numbers every trip through the transport of a call (1, 2, …, redials and
 /// 401 replays included); `attempt` numbers attempts (a redial repeats the number of
-/// the attempt it redials).
+/// the attempt it redials; a 401 replay is an attempt of its own, which spends no
+/// retry, so after one `attempt` runs one ahead of the retries a
+/// [retry-count header](crate::ClientBuilder::retry_count_header) counts). A
+/// synthetic pair numbers the attempt the refused send would have been.
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub enum EventKind {
@@ -146,7 +149,11 @@ pub enum EventKind {
         /// ending at the gate or before the send, in its permit or rate wait, a
         /// request that could not be built), and for a send the transport refused
         /// with [`Config`](crate::TransportErrorKind::Config) before anything left
-        /// (its `ms` is 0 too): filter these out of request-rate figures.
+        /// (its `ms` is 0 too): filter these out of request-rate figures. `true` for
+        /// every send the transport tried, even one that reached nothing, such as a
+        /// refused connection (the error's
+        /// [`nothing_sent`](ClientError::nothing_sent) tells whether any send of the
+        /// call so far can have reached the API).
         sent: bool,
     },
     /// The caller dropped the call's future while this send was in flight.

@@ -24,6 +24,113 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 /// No method has a `Send` bound; see [`Runtime`](crate::Runtime) for why. A transport
 /// whose futures are `Send` should implement [`SendTransport`] instead (it gets this
 /// trait from a blanket impl), so that code generic over it can spawn its calls.
+///
+/// A transport of your own implements this trait, [`PreparedRequest`] for its
+/// request and [`TransportResponse`] for its response head, and maps its failures to
+/// [`TransportErrorKind`]s (its table says how). Here one over an in-process service
+/// that keeps its state in an `Rc` (so its futures are not `Send`, and it
+/// implements `Transport`, not `SendTransport`):
+///
+/// ```
+/// use std::cell::Cell;
+/// use std::rc::Rc;
+/// use vantage_api_pool::bytes::Bytes;
+/// use vantage_api_pool::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+/// use vantage_api_pool::{
+///     PreparedRequest, ResilientClient, Transport, TransportError, TransportErrorKind,
+///     TransportResponse,
+/// };
+///
+/// /// The caller's closure gets a `Service` and returns a `Draft`.
+/// struct Service {
+///     answered: Rc<Cell<u32>>,
+/// }
+///
+/// struct Draft {
+///     path: String,
+/// }
+///
+/// struct Request {
+///     method: Method,
+///     path: String,
+///     headers: HeaderMap,
+/// }
+///
+/// impl PreparedRequest for Request {
+///     fn method(&self) -> Option<&Method> {
+///         Some(&self.method)
+///     }
+///     fn header(&self, name: &HeaderName) -> Option<&HeaderValue> {
+///         self.headers.get(name)
+///     }
+///     fn set_header(&mut self, name: HeaderName, value: HeaderValue) {
+///         self.headers.insert(name, value);
+///     }
+/// }
+///
+/// struct Response {
+///     status: StatusCode,
+///     headers: HeaderMap,
+///     body: Option<Bytes>,
+/// }
+///
+/// impl TransportResponse for Response {
+///     fn status(&self) -> StatusCode {
+///         self.status
+///     }
+///     fn headers(&self) -> &HeaderMap {
+///         &self.headers
+///     }
+///     // The loop reads an error response's body (its first 2048 bytes) through this.
+///     async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
+///         Ok(self.body.take())
+///     }
+/// }
+///
+/// struct InProcess {
+///     service: Service,
+/// }
+///
+/// impl Transport for InProcess {
+///     type Handle = Service;
+///     type Draft = Draft;
+///     type Request = Request;
+///     type Response = Response;
+///
+///     fn handle(&self) -> &Service {
+///         &self.service
+///     }
+///
+///     fn prepare(&self, draft: Draft) -> Result<Request, TransportError> {
+///         if !draft.path.starts_with('/') {
+///             // Our side, nothing sent: the call ends at once.
+///             return Err(TransportError::new(TransportErrorKind::Config, "a path starts with /"));
+///         }
+///         Ok(Request { method: Method::GET, path: draft.path, headers: HeaderMap::new() })
+///     }
+///
+///     async fn send(&self, request: Request) -> Result<Response, TransportError> {
+///         // A real transport writes the request here and maps what goes wrong: see
+///         // `TransportErrorKind` (when unsure, `Interrupted`).
+///         let answered = self.service.answered.get() + 1;
+///         self.service.answered.set(answered);
+///         let status = if answered == 1 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+///         let body = format!("{} {}", request.method, request.path);
+///         Ok(Response { status, headers: HeaderMap::new(), body: Some(Bytes::from(body)) })
+///     }
+/// }
+///
+/// # use vantage_api_pool_testkit::VirtualRuntime;
+/// let rt = VirtualRuntime::new(); // or the runtime you run on
+/// let answered = Rc::new(Cell::new(0));
+/// let transport = InProcess { service: Service { answered: answered.clone() } };
+/// let client = ResilientClient::builder(transport, rt.clone()).build()?;
+/// let call = client.execute(|_service| Draft { path: "/orders".into() });
+/// let mut response = rt.block_on(call)??; // the 503 is retried
+/// assert_eq!((response.status(), answered.get()), (StatusCode::OK, 2));
+/// assert_eq!(rt.block_on(response.chunk())??.unwrap(), "GET /orders");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait Transport {
     /// What the caller's request closure receives, for example `reqwest::Client`.
     type Handle: ?Sized;
@@ -428,17 +535,29 @@ fn content_length_header(headers: &HeaderMap) -> Option<u64> {
 /// | `Tls` | no | no | failure |
 /// | `TooLarge` | maybe | no | untouched |
 /// | `Config` | no | no | untouched |
+///
+/// For a transport of your own: the kinds that say "no" promise that not one byte
+/// of the request reached the server, and are sent again without asking whether
+/// the call is idempotent. When in doubt, `Interrupted` is the safe kind. A write
+/// that failed once it had started (on a fresh connection too), a malformed
+/// answer (a status line or header that does not parse, an encoding you do not
+/// support) and an end of stream before the status line are `Interrupted`: the
+/// server may have read the request. `NotSent` is for a request you know you never
+/// started to write (a connection found closed before the first byte); a failure to
+/// open the connection is `Connect`.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TransportErrorKind {
-    /// The request never left: for example a pooled connection the server had
-    /// already closed. Safe to send again on a fresh connection.
+    /// The request never left: not one byte of it was written, for example to a
+    /// pooled connection the server had already closed. Safe to send again on a
+    /// fresh connection.
     NotSent,
     /// No connection could be made (refused, DNS, connect timeout). Nothing reached
     /// the server.
     Connect,
     /// The exchange broke after the request may have been written: a reset, an
-    /// early close, or a body that broke mid-way. The server may have acted on it.
+    /// early close, a body that broke mid-way, or an answer that does not parse.
+    /// The server may have acted on it.
     Interrupted,
     /// The transport's own time limit cut the exchange. The server may have acted on it.
     TimedOut,
@@ -448,7 +567,10 @@ pub enum TransportErrorKind {
     TooLarge,
     /// The request could not be built (bad URL, bad header). Our side; nothing sent.
     /// Returned by `send`, its `Failed` is reported unsent (`sent: false`, `ms: 0`),
-    /// as one from `prepare` is; the attempt still counts.
+    /// as one from `prepare` is, and the attempt counts in
+    /// [`ClientError::attempts`](crate::ClientError::attempts). One from `prepare`
+    /// ends the call before its attempt began, so `attempts()` leaves it out (its
+    /// synthetic pair numbers the attempt it would have been).
     Config,
 }
 
