@@ -106,9 +106,9 @@ impl TransportEvent {
 /// `send` numbers every trip through the transport of a call (1, 2, …, redials and
 /// 401 replays included); `attempt` numbers attempts (a redial repeats the number of
 /// the attempt it redials; a 401 replay is an attempt of its own, which spends no
-/// retry, so after one `attempt` runs one ahead of the retries a
-/// [retry-count header](crate::ClientBuilder::retry_count_header) counts). A
-/// synthetic pair numbers the attempt the refused send would have been.
+/// retry: after one, a retry's `attempt` is two more than the number its
+/// [retry-count header](crate::ClientBuilder::retry_count_header) carries, not
+/// one). A synthetic pair numbers the attempt the refused send would have been.
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub enum EventKind {
