@@ -205,6 +205,50 @@ fn a_token_under_the_retry_count_headers_name_goes_out_on_the_retry() {
 }
 
 #[test]
+fn a_401_replay_is_an_attempt_of_its_own_that_repeats_the_retry_count() {
+    // 401 (replayed with a new token), 503 (retried), 200: three attempts, one retry.
+    let w = World::new();
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&fetches);
+    let client = w
+        .builder()
+        .retry_count_header(HeaderName::from_static("x-retry-count"))
+        .auth(send_token_fn(move || {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                let token = HeaderValue::from_str(&format!("Bearer t{n}")).unwrap();
+                Ok::<_, AuthError>((AUTHORIZATION, token))
+            }
+        }))
+        .build()
+        .unwrap();
+    w.transport
+        .push_many([Reply::status(401), Reply::status(503), Reply::ok()]);
+    w.rt.block_on(client.execute_with(&bounded(3, ms(10)), |h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let requests = w.transport.requests();
+    let sent: Vec<_> = requests
+        .iter()
+        .map(|r| {
+            let count = r.headers.get("x-retry-count");
+            (r.headers[&AUTHORIZATION].clone(), count.cloned())
+        })
+        .collect();
+    let value = HeaderValue::from_static;
+    assert_eq!(
+        sent,
+        [
+            (value("Bearer t1"), None),
+            (value("Bearer t2"), None),
+            (value("Bearer t2"), Some(value("1"))),
+        ]
+    );
+    assert_eq!(w.started(), [(1, 1), (2, 2), (3, 3)]);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+}
+
+#[test]
 fn auth_keeps_the_settings_made_before_it() {
     let w = World::new();
     let p = RetryPolicy {
