@@ -31,7 +31,14 @@ use crate::error::ConfigError;
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, PoisonError};
 use crate::time::Instant;
 
-/// How long a caller that finds the probe slot taken waits before asking again.
+/// How long a caller that finds the probe slot taken waits before asking again:
+/// 5 ms. Callers that wait for the probe ([`BreakerMode::WaitForProbe`]) are not woken
+/// when it ends: they ask again every `PROBE_RECHECK`, so once a probe's answer has
+/// closed the breaker they go at their first recheck at or after that moment (up to
+/// 5 ms later), and when it failed they find the breaker open again and sleep out
+/// the new cooldown. Which waiter sends the next probe is not specified.
+///
+/// [`BreakerMode::WaitForProbe`]: crate::BreakerMode::WaitForProbe
 pub const PROBE_RECHECK: Duration = Duration::from_millis(5);
 
 /// The breaker's settings.

@@ -163,7 +163,9 @@ pin_project! {
 impl<F> CallFuture<F> {
     /// The id every event of this call carries ([`TransportEvent::call`]), known
     /// before the call starts: the observer's events of this call are the ones with
-    /// it (the testkit's `RecordingObserver::for_call` picks them out).
+    /// it (the testkit's `RecordingObserver::for_call` picks them out). A spawned
+    /// call, made inside its task, can hand its id back with its result: `async move
+    /// { let call = client.execute(build); (call.id(), call.await) }`.
     #[must_use]
     pub fn id(&self) -> CallId {
         self.id

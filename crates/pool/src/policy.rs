@@ -176,7 +176,9 @@ pub enum BreakerMode {
     /// whose own failure opened the breaker still sleeps the back-off it scheduled,
     /// and is refused when its retry reaches the gate.
     FailFast,
-    /// Sleep until the breaker lets a probe through, and ask again.
+    /// Sleep until the breaker lets a probe through, and ask again. While another
+    /// call's probe is out, ask again every [`PROBE_RECHECK`](crate::breaker::PROBE_RECHECK)
+    /// (5 ms): a probe's answer wakes no waiter.
     WaitForProbe,
 }
 

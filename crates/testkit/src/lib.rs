@@ -27,7 +27,9 @@
 //! Only this driver moves the clock. A future that waits on a `VirtualRuntime` (a
 //! call, a sleep, a scripted delay) must run inside [`VirtualRuntime::block_on`] or a
 //! task [`spawn`](VirtualRuntime::spawn)ed on it: awaited under `#[tokio::test]` or
-//! another executor, nothing advances the clock and it waits forever. The first sleep
+//! another executor, nothing advances the clock and it waits forever as soon as it
+//! sleeps (a call with nothing to wait for still ends there, so such a test can pass
+//! until a scripted reply gets a delay). The first sleep
 //! left waiting that way prints [`UNDRIVEN_HINT`] on stderr (captured by the test
 //! harness: shown with a failing test's output or under `--nocapture`, so a test that
 //! hangs shows it only under `--nocapture`; not after a [`VirtualRuntime::advance`],

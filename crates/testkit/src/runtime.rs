@@ -829,7 +829,9 @@ impl VirtualRuntime {
     }
 
     /// How many of this runtime's sleeps were left waiting when polled while none of
-    /// its drivers ran (each sleep counted once): polled by another executor, such as
+    /// its drivers ran (each sleep counted once; one call can leave several, such as
+    /// a scripted reply's delay and its send's time limit): polled by another
+    /// executor, such as
     /// `#[tokio::test]`'s, where only [`advance`](VirtualRuntime::advance) can end
     /// them. The first one also prints [`UNDRIVEN_HINT`] on stderr (captured by the
     /// test harness: shown when the test fails, or under `--nocapture`), unless
