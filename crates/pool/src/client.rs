@@ -126,7 +126,7 @@ pin_project! {
     /// [`id`](CallFuture::id) from the start.
     ///
     /// Dropping it cancels the call. It is `Send` when the call's work is (the
-    /// transport's and runtime's futures, the request closure).
+    /// transport's, runtime's and token source's futures, and the request closure).
     ///
     /// ```
     /// use vantage_api_pool::{EventKind, ResilientClient};
@@ -143,13 +143,17 @@ pin_project! {
     /// let call = client.execute(|http| http.get("/orders"));
     /// let id = call.id();
     /// assert_eq!(rt.block_on(call)??.status(), 200);
-    /// // How many attempts this call made: its events carry its id.
+    /// // How many attempts this call made: its events carry its id. (Counting its
+    /// // `Started` events would count sends: a redial repeats its attempt's number.)
     /// let attempts = events
     ///     .for_call(id)
     ///     .iter()
-    ///     .filter(|event| matches!(event.kind, EventKind::Started { .. }))
-    ///     .count();
-    /// assert_eq!(attempts, 2);
+    ///     .filter_map(|event| match event.kind {
+    ///         EventKind::Started { attempt, .. } => Some(attempt),
+    ///         _ => None,
+    ///     })
+    ///     .max();
+    /// assert_eq!(attempts, Some(2));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[must_use = "a call does nothing unless it is awaited"]

@@ -150,8 +150,8 @@ pub enum EventKind {
         /// request that could not be built), and for a send the transport refused
         /// with [`Config`](crate::TransportErrorKind::Config) before anything left
         /// (its `ms` is 0 too): filter these out of request-rate figures. `true` for
-        /// every send the transport tried, even one that reached nothing, such as a
-        /// refused connection (the error's
+        /// every other send the transport was given, even one that reached nothing,
+        /// such as a refused connection (the error's
         /// [`nothing_sent`](ClientError::nothing_sent) tells whether any send of the
         /// call so far can have reached the API).
         sent: bool,

@@ -537,8 +537,9 @@ fn content_length_header(headers: &HeaderMap) -> Option<u64> {
 /// | `Config` | no | no | untouched |
 ///
 /// For a transport of your own: the kinds that say "no" promise that not one byte
-/// of the request reached the server, and are sent again without asking whether
-/// the call is idempotent. When in doubt, `Interrupted` is the safe kind. A write
+/// of the request reached the server. `Connect` is retried and `NotSent` redialed
+/// (twice a call) whatever the method; `Tls` and `Config` end the call. When in
+/// doubt, `Interrupted` is the safe kind. A write
 /// that failed once it had started (on a fresh connection too), a malformed
 /// answer (a status line or header that does not parse, an encoding you do not
 /// support) and an end of stream before the status line are `Interrupted`: the

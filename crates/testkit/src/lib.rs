@@ -29,7 +29,7 @@
 //! task [`spawn`](VirtualRuntime::spawn)ed on it: awaited under `#[tokio::test]` or
 //! another executor, nothing advances the clock and it waits forever as soon as it
 //! sleeps (a call with nothing to wait for still ends there, so such a test can pass
-//! until a scripted reply gets a delay). The first sleep
+//! until a scripted reply gets a delay or the call has to retry). The first sleep
 //! left waiting that way prints [`UNDRIVEN_HINT`] on stderr (captured by the test
 //! harness: shown with a failing test's output or under `--nocapture`, so a test that
 //! hangs shows it only under `--nocapture`; not after a [`VirtualRuntime::advance`],

@@ -72,8 +72,9 @@ Cases that cannot be told apart, mapped to the safe kind:
 
 | what the error says | kind | why |
 |---|---|---|
-| `is_builder()` (bad URL, header or body; a scheme other than http/https) | `Config` | our side, nothing sent |
+| `is_builder()` (bad URL, header or body; a URL with no host) | `Config` | our side, nothing sent (a scheme other than http/https is refused by `prepare`, `Config` too) |
 | `is_timeout()`, or reqwest's timeout abort of the fetch (the request's own `timeout`) | `TimedOut` | the exchange was cut; the server may have acted |
+| an `io::ErrorKind` in the chain, as natively (`ConnectionRefused`: `Connect`; `ConnectionReset`, `ConnectionAborted`, `BrokenPipe`, `UnexpectedEof`: `Interrupted`) | as said | reqwest's fetch path puts no `io::Error` there, so this row is for errors built by hand |
 | anything else: fetch's `TypeError` (refused, DNS, reset, TLS, CORS), an abort | `Interrupted` | fetch does not say how far the request got: the safe kind, retried only for idempotent calls |
 
 The native table (hyper's and h2's signals, `NotSent`, `Connect`, `Tls`,
