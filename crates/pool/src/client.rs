@@ -167,7 +167,10 @@ pin_project! {
 impl<F> CallFuture<F> {
     /// The id every event of this call carries ([`TransportEvent::call`]), known
     /// before the call starts: the observer's events of this call are the ones with
-    /// it (the testkit's `RecordingObserver::for_call` picks them out). A spawned
+    /// it (the testkit's `RecordingObserver::for_call` picks them out). Ids are
+    /// numbered per client (a client's clones share its numbering): an observer that
+    /// hears several clients tells their calls apart by the API name too
+    /// (`RecordingObserver::for_api_call`). A spawned
     /// call, made inside its task, can hand its id back with its result: `async move
     /// { let call = client.execute(build); (call.id(), call.await) }`.
     #[must_use]

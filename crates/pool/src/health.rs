@@ -9,9 +9,9 @@
 //! Events of different calls can reach an observer out of order (two tasks on a
 //! multi-thread runtime report at nearly the same moment), so the figures go by each
 //! event's `at`, not by when it arrived: a send counts in the slice of the window
-//! its `at` falls in (see [`HealthObserver::new`]), and the breaker view, the last
-//! status and the last error are those of the latest `at` (on a tie, the one heard
-//! last). A send's `at` is read just before the breaker hears of it, so two sends
+//! its end's `at` falls in (see [`HealthObserver::new`]), and the breaker view, the
+//! last status and the last errors are those of the latest `at` (on a tie, the one
+//! heard last). A send's `at` is read just before the breaker hears of it, so two sends
 //! told apart by less than that gap, on two threads, can still show their breaker
 //! changes in the wrong order until the next answer (a `Succeeded` shows the breaker
 //! closed: an answer closes it) or breaker change;
@@ -45,7 +45,7 @@ pub enum BreakerView {
     },
 }
 
-/// The last error an API returned.
+/// A failure reported for an API, and when.
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct LastError {
@@ -88,8 +88,13 @@ pub struct ApiHealth {
     pub max_latency_ms: Option<u64>,
     /// The status of the last answered send.
     pub last_status: Option<StatusCode>,
-    /// The last failure reported, real or synthetic.
+    /// The last failure reported, real or synthetic: after an outage whose calls
+    /// the breaker refused, the refusal (`breaker_open`), not the API's own error
+    /// ([`last_send_error`](ApiHealth::last_send_error) keeps that).
     pub last_error: Option<LastError>,
+    /// The last failure of a send that went out (`Failed { sent: true }`): the API's
+    /// own error or the transport's, which refusals after it do not hide.
+    pub last_send_error: Option<LastError>,
     /// Retries scheduled, all time.
     pub retries: u64,
     /// Redials, all time.
@@ -195,6 +200,7 @@ struct ApiState {
     /// The status and the `at` of the event that carried it.
     last_status: Option<(StatusCode, Instant)>,
     last_error: Option<LastError>,
+    last_send_error: Option<LastError>,
     retries: u64,
     redials: u64,
     cancelled: u64,
@@ -210,6 +216,7 @@ impl ApiState {
             slices: Box::new([Slice::default(); SLICES]),
             last_status: None,
             last_error: None,
+            last_send_error: None,
             retries: 0,
             redials: 0,
             cancelled: 0,
@@ -306,7 +313,9 @@ impl HealthObserver {
     /// `snapshot_at` names).
     ///
     /// The window is counted in slices (resilience4j's and Hystrix's rolling windows
-    /// work the same way): a send counts in the slice its `at` falls in, and a window
+    /// work the same way): a send counts in the slice its end falls in (the `at` of
+    /// its `Succeeded` or `Failed`: a send in flight is not counted yet, and a
+    /// refusal counts at its synthetic `Failed`), and a window
     /// holds the slice its end falls in and the ones before it that make up its
     /// length. A window is cut into the most slices, from 30 to 60, that divide it
     /// into whole nanoseconds (60 for a minute, 50 for ten seconds), so a send counts
@@ -403,6 +412,17 @@ impl HealthObserver {
     }
 }
 
+/// Makes `error` at `at` the one `last` holds, unless it holds a later one (on a tie,
+/// the one heard last wins).
+fn keep_if_latest(last: &mut Option<LastError>, at: Instant, error: &ClientError) {
+    if last.as_ref().is_none_or(|last| last.at <= at) {
+        *last = Some(LastError {
+            at,
+            error: error.clone(),
+        });
+    }
+}
+
 /// The figures of `state` over the window that ends at `end`.
 fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealth {
     let mut sum = Slice::default();
@@ -433,6 +453,7 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
         max_latency_ms: sum.max_ms,
         last_status: state.last_status.map(|(status, _)| status),
         last_error: state.last_error.clone(),
+        last_send_error: state.last_send_error.clone(),
         retries: state.retries,
         redials: state.redials,
         cancelled: state.cancelled,
@@ -471,19 +492,11 @@ impl TransportObserver for HealthObserver {
                     if let Some(status) = error.status() {
                         state.saw_status(status, event.at);
                     }
+                    keep_if_latest(&mut state.last_send_error, event.at, error);
                 } else {
                     state.saw_refusal(self.slicing, event.at);
                 }
-                if state
-                    .last_error
-                    .as_ref()
-                    .is_none_or(|last| last.at <= event.at)
-                {
-                    state.last_error = Some(LastError {
-                        at: event.at,
-                        error: error.clone(),
-                    });
-                }
+                keep_if_latest(&mut state.last_error, event.at, error);
             }
             EventKind::Cancelled { .. } => {
                 state.in_flight -= 1;
@@ -616,6 +629,39 @@ mod tests {
             (1, 0, Some(0.0))
         );
         assert_eq!((a.mean_latency_ms, a.max_latency_ms), (Some(1.0), Some(1)));
+    }
+
+    #[test]
+    fn refusals_after_an_outage_do_not_hide_the_apis_own_last_error() {
+        let h = HealthObserver::new(Duration::from_secs(60));
+        let unavailable = ClientError::new(ErrorKind::Status(StatusCode::SERVICE_UNAVAILABLE), 1);
+        let refused = ClientError::new(ErrorKind::BreakerOpen, 0);
+        h.on_event("a", &ev(100, failed(20, true, unavailable)));
+        h.on_event("a", &ev(200, failed(0, false, refused.clone())));
+        h.on_event("a", &ev(300, failed(0, false, refused)));
+        let a = h.snapshot("a").unwrap();
+        let last = a.last_error.unwrap();
+        assert_eq!((last.at, last.error.kind_name()), (at(300), "breaker_open"));
+        let api = a.last_send_error.unwrap();
+        assert_eq!(
+            (api.at, api.error.status()),
+            (at(100), Some(StatusCode::SERVICE_UNAVAILABLE))
+        );
+        // Heard late, an earlier send's error does not replace it.
+        let bad_gateway = ClientError::new(ErrorKind::Status(StatusCode::BAD_GATEWAY), 1);
+        h.on_event("a", &ev(50, failed(20, true, bad_gateway)));
+        let api = h.snapshot("a").unwrap().last_send_error.unwrap();
+        assert_eq!(api.error.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+        // Only refusals: none.
+        let h = HealthObserver::new(Duration::from_secs(60));
+        h.on_event(
+            "a",
+            &ev(
+                0,
+                failed(0, false, ClientError::new(ErrorKind::BreakerOpen, 0)),
+            ),
+        );
+        assert!(h.snapshot("a").unwrap().last_send_error.is_none());
     }
 
     #[test]

@@ -70,7 +70,9 @@ pub trait TransportObserver: MaybeSendSync {
     fn on_event(&self, api: &str, event: &TransportEvent);
 }
 
-/// Identifies one call of one client (`execute` / `execute_with`), numbered from 1.
+/// Identifies one call of one client (`execute` / `execute_with`), numbered from 1
+/// per client (its clones share the numbering): two clients' calls can have the same
+/// id, so an observer that hears several tells them apart by the API name as well.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CallId(pub u64);
 

@@ -1,12 +1,34 @@
 //! `TracingObserver`: every event as a `tracing` event carrying the API name.
 //!
-//! Enabled by the `tracing` cargo feature. Levels: a real failure, a breaker opening
-//! and a refused call are `WARN`; a success, a retry, a redial, a cancellation and a
-//! breaker closing are `DEBUG`; a send starting is `TRACE`; reported rows and writes
-//! are `DEBUG`. Every event has the fields `api`, `event` (its snake_case name) and,
-//! for a call, `call`; per-send events add `send` and `attempt`. No URL, body or
-//! header value is ever logged: errors are logged through their `Display`.
+//! Enabled by the `tracing` cargo feature. Levels, so that a `WARN` filter shows an
+//! outage begin and an `INFO` one its end too:
+//!
+//! | level | events |
+//! |---|---|
+//! | `WARN` | a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built) |
+//! | `INFO` | a breaker closing (`breaker_closed`): the API answers again |
+//! | `DEBUG` | a call refused because the breaker is open (`failed`, `sent=false`, `kind="breaker_open"`: its opening was a `WARN`, and during an outage there is one such refusal per call), a success, a retry, a redial, a cancellation, reported rows and writes |
+//! | `TRACE` | a send starting (`started`) |
+//!
+//! Fields (all events have `api`, `event`, its snake_case name, and `at_ms`; an
+//! event of a call has `call`):
+//!
+//! | event | fields |
+//! |---|---|
+//! | `started`, `cancelled`, `redialing` | `send`, `attempt` |
+//! | `succeeded` | `send`, `attempt`, `status`, `ms`, `bytes` (when known) |
+//! | `failed` | `send`, `attempt`, `ms`, `sent`, `kind` (the error's `kind_name()`), `status` (for an HTTP status), and the error's `Display` as the message |
+//! | `retry_scheduled` | `attempt` (the retry's), `after_ms` |
+//! | `breaker_opened` | `cooldown_ms` |
+//! | `rows_pulled` | `n` |
+//!
+//! `at_ms` is the event's time in milliseconds since the client's runtime began (its
+//! [`Instant`](crate::Instant) origin), not wall-clock time; it, `after_ms` and
+//! `cooldown_ms` are floats and keep fractions of a millisecond, `ms` (a send's
+//! latency) is a whole number. No URL, body or header value is ever logged: errors
+//! are logged through their `Display`.
 
+use crate::error::ErrorKind;
 use crate::observer::{EventKind, TransportEvent, TransportObserver};
 
 /// Emits every event as a `tracing` event (target `vantage_api_pool`).
@@ -61,11 +83,23 @@ impl TransportObserver for TracingObserver {
                 error,
                 ms,
                 sent,
-            } => tracing::warn!(
-                target: "vantage_api_pool",
-                api, event = name, call, send, attempt, ms, sent, kind = error.kind_name(),
-                status = error.status().map(|s| s.as_u16()), at_ms, "{error}"
-            ),
+            } => {
+                let status = error.status().map(|s| s.as_u16());
+                let kind = error.kind_name();
+                if !*sent && matches!(error.kind(), ErrorKind::BreakerOpen) {
+                    tracing::debug!(
+                        target: "vantage_api_pool",
+                        api, event = name, call, send, attempt, ms, sent, kind, status, at_ms,
+                        "{error}"
+                    );
+                } else {
+                    tracing::warn!(
+                        target: "vantage_api_pool",
+                        api, event = name, call, send, attempt, ms, sent, kind, status, at_ms,
+                        "{error}"
+                    );
+                }
+            }
             EventKind::Cancelled { send, attempt } | EventKind::Redialing { send, attempt } => {
                 tracing::debug!(target: "vantage_api_pool", api, event = name, call, send, attempt, at_ms);
             }
@@ -75,9 +109,14 @@ impl TransportObserver for TracingObserver {
             ),
             EventKind::BreakerOpened { cooldown } => tracing::warn!(
                 target: "vantage_api_pool",
-                api, event = name, call, cooldown_ms = cooldown.as_secs_f64() * 1000.0, at_ms
+                api, event = name, call, cooldown_ms = cooldown.as_secs_f64() * 1000.0, at_ms,
+                "circuit breaker opened"
             ),
-            EventKind::BreakerClosed | EventKind::WritePushed => {
+            EventKind::BreakerClosed => tracing::info!(
+                target: "vantage_api_pool",
+                api, event = name, call, at_ms, "circuit breaker closed"
+            ),
+            EventKind::WritePushed => {
                 tracing::debug!(target: "vantage_api_pool", api, event = name, call, at_ms);
             }
             EventKind::RowsPulled { n } => {

@@ -158,10 +158,10 @@ fn every_kind_of_event_has_its_level_and_fields() {
             "WARN failed",
             "WARN breaker_opened",
             "TRACE started",
-            "WARN failed",
+            "DEBUG failed",
             "TRACE started",
             "DEBUG succeeded",
-            "DEBUG breaker_closed",
+            "INFO breaker_closed",
             "TRACE started",
             "DEBUG cancelled",
             "DEBUG rows_pulled",
@@ -183,6 +183,15 @@ fn every_kind_of_event_has_its_level_and_fields() {
     assert_eq!(field(7, "ms").as_deref(), Some("0"));
     assert_eq!(field(7, "kind").as_deref(), Some("\"breaker_open\""));
     assert_eq!(field(12, "send").as_deref(), Some("1"));
+    // The breaker's changes say so in their message too.
+    assert_eq!(
+        field(5, "message").as_deref(),
+        Some("circuit breaker opened")
+    );
+    assert_eq!(
+        field(10, "message").as_deref(),
+        Some("circuit breaker closed")
+    );
     assert_eq!(field(13, "n").as_deref(), Some("7"));
     assert_eq!(field(13, "call"), None, "a report belongs to no call");
     assert_eq!(field(14, "call"), None, "a report belongs to no call");
@@ -248,4 +257,35 @@ fn times_keep_their_fraction_of_a_millisecond() {
     let lines = one_traced_call(&w, bounded(0, ms(10)));
     let succeeded = &lines.last().expect("a line per event").1;
     assert_eq!(succeeded["at_ms"], "2.5");
+}
+
+#[test]
+fn a_call_refused_for_a_reason_of_its_own_is_a_warning() {
+    // Only a refusal by an open breaker is DEBUG (its opening was the WARN); an
+    // auth failure refuses the call for a reason of its own.
+    let w = World::new();
+    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("orders-api", Arc::new(TracingObserver::new()))
+        .auth(vantage_api_pool::auth::send_token_fn(|| async {
+            let down = vantage_api_pool::auth::AuthError::from("token endpoint down");
+            Err::<(http::HeaderName, http::HeaderValue), _>(down)
+        }))
+        .build()
+        .unwrap();
+    let capture = Capture::default();
+    tracing::subscriber::with_default(capture.clone(), || {
+        let call =
+            client.execute_with_owned(vantage_api_pool::CallPolicy::background(), |h| h.get("/x"));
+        assert!(w.rt.block_on(call).unwrap().is_err());
+    });
+    let lines = capture.0.lock().unwrap().clone();
+    let failed: Vec<_> = lines
+        .iter()
+        .filter(|(_, f)| f["event"] == "\"failed\"")
+        .map(|(level, f)| (level.to_string(), f["sent"].clone(), f["kind"].clone()))
+        .collect();
+    assert_eq!(
+        failed,
+        [("WARN".to_owned(), "false".to_owned(), "\"auth\"".to_owned())]
+    );
 }

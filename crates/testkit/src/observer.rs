@@ -207,7 +207,9 @@ impl RecordingObserver {
     }
 
     /// The recorded events of call `call` (of any api name), in order. A call's id is
-    /// its future's [`CallFuture::id`](vantage_api_pool::CallFuture::id).
+    /// its future's [`CallFuture::id`](vantage_api_pool::CallFuture::id). Ids are
+    /// numbered per client: with one observer over several clients, two clients'
+    /// calls can share one, so ask [`for_api_call`](RecordingObserver::for_api_call).
     ///
     /// ```
     /// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
@@ -224,6 +226,30 @@ impl RecordingObserver {
             .events
             .iter()
             .filter(|e| e.event.call == Some(call))
+            .map(|e| e.event.clone())
+            .collect()
+    }
+
+    /// The recorded events of call `call` of the client keyed `api` (the name its
+    /// builder's `observer` was given), in order: one call's events when one
+    /// observer hears several clients, whose call ids repeat.
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// let observer = RecordingObserver::new();
+    /// for api in ["orders-api", "search-api", "orders-api"] {
+    ///     observer.on_event(api, &TransportEvent::new(Instant::ORIGIN, Some(CallId(1)), EventKind::BreakerClosed));
+    /// }
+    /// assert_eq!(observer.for_call(CallId(1)).len(), 3);
+    /// assert_eq!(observer.for_api_call("orders-api", CallId(1)).len(), 2);
+    /// ```
+    #[must_use]
+    pub fn for_api_call(&self, api: &str, call: CallId) -> Vec<TransportEvent> {
+        self.state()
+            .events
+            .iter()
+            .filter(|e| e.event.call == Some(call) && &*e.api == api)
             .map(|e| e.event.clone())
             .collect()
     }
