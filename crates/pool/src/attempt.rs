@@ -519,9 +519,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// send it turns back after its permit wait takes no rate token and does not
     /// wait for one. If a refresh brought a newer token meanwhile, and every token
     /// since the request's own came under its header name, the request goes out with
-    /// it (a token rejected while its refresh runs is not handed out; the request
-    /// then keeps its own). Returns the permit, the request, the generation of the
-    /// token it now carries and the clock, or `None` if the breaker turned it back.
+    /// it. If a 401 rejected the request's own token meanwhile and the refresh is
+    /// still running, the send waits for it, holding the permit (a token rejected
+    /// while its refresh runs is handed to nobody; a refresh that fails lets the
+    /// request keep its own). Returns the permit, the request, the generation of the
+    /// token it now carries and the clock, or `None` if the breaker turned it back
+    /// or the new token cannot replace the request's (turned back through the gate).
     async fn wait_to_send(
         &self,
         held: Option<Permit<'c>>,
@@ -547,6 +550,20 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 permit
             }
         };
+        // Another call's 401 may have rejected the request's token while it waited
+        // for the permit. If the refresh has not brought a newer one yet, wait for it
+        // here, holding the permit (whoever gets it next needs the new token too),
+        // rather than send a token the API refused and spend the call's one replay
+        // on it; and before the rate token, which stays the last wait. A refresh
+        // that fails lowers the rejection, and the request keeps its own token, as
+        // the gate would hand it out.
+        if self.rejected(self.newer_token(&mut request)) {
+            Box::pin(self.fetch_token(None)).await?;
+            now = self.now();
+            if !self.still_allowed(probe, now) {
+                return Ok(None);
+            }
+        }
         if let Some(bucket) = &client.bucket
             && let Err(wait) = bucket.try_take(now)
         {
@@ -555,8 +572,22 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 return Ok(None);
             }
         }
+        // Still rejected: the new token came under another header name (a request
+        // cannot drop its old one), or a 401 rejected the token during the rate
+        // wait. Through the gate again, with a fresh request; the rate token is not
+        // refunded, as for a send the breaker turns back.
         let generation = self.newer_token(&mut request);
+        if self.rejected(generation) {
+            return Ok(None);
+        }
         Ok(Some((permit, request, generation, now)))
+    }
+
+    /// Whether the token of `generation` (a request's, after
+    /// [`newer_token`](Self::newer_token)) is one a 401 rejected, with the refresh it
+    /// asked for running or done.
+    fn rejected(&self, generation: Option<u64>) -> bool {
+        generation.is_some_and(|generation| self.client.auth_state.rejected(generation))
     }
 
     /// Asks the breaker again after a wait, since it may have changed meanwhile. A

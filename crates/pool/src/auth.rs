@@ -6,13 +6,17 @@
 //!
 //! The token is fetched lazily on first use and applied to every send as a sensitive
 //! header. A 401 on a client with a configured source, the first in its call, fetches
-//! a newer token and replays at once. Fetches are single-flight by token generation:
+//! a newer token and replays with no back-off and no retry spent (through the gate
+//! and the permit queue like any send, so behind the calls already queued; a call
+//! gets one replay). Fetches are single-flight by token generation:
 //! concurrent first callers cause one fetch; concurrent 401s answered with generation
 //! `g` cause one fetch of `g + 1`; a 401 for a generation already replaced replays with
 //! the current token without another fetch, unless a 401 for the current token has
 //! started a refresh that is still running: then it waits for that refresh, as does
 //! a call that just needs a token (if the refresh fails, such a call sends the
-//! cached token).
+//! cached token). A send whose token a 401 rejected while it waited for a permit or
+//! a rate token does not go out with it either: it waits for the refresh, or goes
+//! back through the gate.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -389,6 +393,13 @@ impl AuthState {
             return None;
         }
         inner.usable(Some(held)).cloned()
+    }
+
+    /// Whether a 401 rejected generation `held` (or a newer one) and the refresh it
+    /// asked for has not failed: the gate hands a token of `held` or older to nobody
+    /// now, so a request that carries one must not go out with it either.
+    pub(crate) fn rejected(&self, held: u64) -> bool {
+        self.lock().rejected >= held
     }
 
     /// The current token, fetching it first if there is none, or a newer one than

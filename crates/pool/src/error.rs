@@ -439,6 +439,11 @@ impl ClientError {
     /// statuses, `NotSent`, `Connect` and `Interrupted` transport failures, time limits
     /// (`TimedOut`) and an open breaker. Other 4xx, `Tls`, `TooLarge`, `Config`,
     /// auth failures and a closed client are not.
+    ///
+    /// It says nothing of whether trying again is safe: the call's idempotency is
+    /// not considered. After an `Interrupted` or `TimedOut` POST the server may have
+    /// acted on the request (a payment made, say), and only
+    /// [`nothing_sent`](Self::nothing_sent) says that no attempt can have reached it.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         match self.kind {

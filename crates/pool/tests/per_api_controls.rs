@@ -1024,8 +1024,9 @@ fn a_send_that_waited_for_a_rate_token_goes_out_with_the_newest_token() {
 #[test]
 fn a_send_that_waited_for_a_permit_goes_out_with_the_newest_token() {
     // One permit. P's t1 gets a 401 at 60 ms (refresh: t2 at 110 ms); X1 and X2,
-    // built with t1 at 50 ms, queue for the permit. X1 gets it at 60 ms (t2 is not
-    // there yet) and holds it 200 ms; X2 gets it at 260 ms and must send t2.
+    // built with t1 at 50 ms, queue for the permit. X1 gets it at 60 ms, while the
+    // refresh runs: t1 was rejected, so X1 waits for t2 (holding the permit) and
+    // sends it at 110 ms; X2 gets the permit at 310 ms and sends t2 too.
     let w = World::new();
     w.transport.respond_with(|req, _| {
         let token = bearer(req);
@@ -1041,9 +1042,51 @@ fn a_send_that_waited_for_a_permit_goes_out_with_the_newest_token() {
         .map(|path| w.spawn_call(&client, CallPolicy::background(), path))
         .collect();
     all_succeed(&w, calls);
-    assert_eq!(tokens_sent(&w, Some("/x")), ["Bearer t1", "Bearer t2"]);
+    assert_eq!(tokens_sent(&w, Some("/x")), ["Bearer t2", "Bearer t2"]);
     assert_eq!(tokens_sent(&w, Some("/p")), ["Bearer t1", "Bearer t2"]);
+    let sent_at: Vec<_> = w
+        .transport
+        .requests()
+        .iter()
+        .map(|r| r.at.since_origin())
+        .collect();
+    assert_eq!(sent_at, [ms(50), ms(110), ms(310), ms(510)]);
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    w.assert_contract();
+}
+
+#[test]
+fn a_queued_send_whose_token_was_rejected_waits_for_the_refresh() {
+    // One permit, four calls, each answer after 100 ms; t1 and t2 are refused, t3
+    // taken. Every call picks t1 at the gate (50 ms) and queues for the permit.
+    // A's t1 is refused at 150 ms (refresh: t2 at 200 ms); B gets the permit then,
+    // and its t1 was rejected: it waits for t2 instead of sending t1. B's t2 is
+    // refused at 300 ms (t3 at 350 ms); C gets the permit and waits for t3. No
+    // request carries a token after a 401 refused it, so every call succeeds, with
+    // at most its one replay.
+    let w = World::new();
+    w.transport.respond_with(|req, _| match bearer(req) {
+        Some("Bearer t3") => Reply::ok().after(ms(100)),
+        _ => Reply::status(401).after(ms(100)),
+    });
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b.max_parallel(1));
+    let calls = ["/a", "/b", "/c", "/d"]
+        .into_iter()
+        .map(|path| w.spawn_call(&client, CallPolicy::background(), path))
+        .collect();
+    all_succeed(&w, calls);
+    assert_eq!(
+        tokens_sent(&w, None),
+        [
+            "Bearer t1",
+            "Bearer t2",
+            "Bearer t3",
+            "Bearer t3",
+            "Bearer t3",
+            "Bearer t3"
+        ]
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
     w.assert_contract();
 }
 
@@ -1180,11 +1223,12 @@ fn callers_that_waited_on_a_failed_refresh_fall_back_to_the_cached_token() {
 
 #[test]
 fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
-    // As in the permit test above, but the refresh comes under another header: X2's
-    // request keeps its own token only (it cannot drop a header, so it adds none),
-    // and a header of the new token's name that the caller set itself is left as
-    // the caller set it. The same for requests that wait for a rate token (1/s)
-    // instead of the permit: prepared before the wait, they keep their token too.
+    // As in the permit test above, but the refresh comes under another header. A
+    // waiting request cannot drop its t1, which the 401 rejected, nor carry the new
+    // token beside it: it goes back through the gate and is built afresh, with the
+    // new token under its name (replacing a header of that name the caller set), so
+    // nothing goes out with t1 after its 401. The same for requests that wait for a
+    // rate token (1/s) instead of the permit.
     for (own_key, rate) in [(None, false), (Some("app"), false), (None, true)] {
         let w = World::new();
         let api_key = http::HeaderName::from_static("x-api-key");
@@ -1242,13 +1286,8 @@ fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
             assert!(x.iter().all(|r| r.at.since_origin() >= secs(1)), "{x:?}");
         }
         for request in x {
-            assert_eq!(request.headers[AUTHORIZATION], "Bearer t1");
-            assert_eq!(
-                request.headers.get(&api_key).map(|v| v.to_str().unwrap()),
-                own_key,
-                "the request at {:?}",
-                request.at
-            );
+            assert_eq!(request.headers.get(AUTHORIZATION), None, "{request:?}");
+            assert_eq!(request.headers[&api_key], "k2", "{request:?}");
         }
         w.assert_contract();
     }
