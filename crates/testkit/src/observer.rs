@@ -222,12 +222,7 @@ impl RecordingObserver {
     /// ```
     #[must_use]
     pub fn for_call(&self, call: CallId) -> Vec<TransportEvent> {
-        self.state()
-            .events
-            .iter()
-            .filter(|e| e.event.call == Some(call))
-            .map(|e| e.event.clone())
-            .collect()
+        self.events_where(|e| e.event.call == Some(call))
     }
 
     /// The recorded events of call `call` of the client keyed `api` (the name its
@@ -246,10 +241,15 @@ impl RecordingObserver {
     /// ```
     #[must_use]
     pub fn for_api_call(&self, api: &str, call: CallId) -> Vec<TransportEvent> {
+        self.events_where(|e| e.event.call == Some(call) && &*e.api == api)
+    }
+
+    /// The recorded events that `keep` picks, in order.
+    fn events_where(&self, keep: impl Fn(&RecordedEvent) -> bool) -> Vec<TransportEvent> {
         self.state()
             .events
             .iter()
-            .filter(|e| e.event.call == Some(call) && &*e.api == api)
+            .filter(|e| keep(e))
             .map(|e| e.event.clone())
             .collect()
     }
