@@ -121,7 +121,9 @@ impl Events {
 pin_project! {
     /// The future of one call ([`execute`](ResilientClient::execute),
     /// [`execute_with`](ResilientClient::execute_with),
-    /// [`execute_with_owned`](ResilientClient::execute_with_owned)): it resolves to
+    /// [`execute_with_owned`](ResilientClient::execute_with_owned),
+    /// [`into_call`](ResilientClient::into_call),
+    /// [`into_call_with`](ResilientClient::into_call_with)): it resolves to
     /// the response or the call's [`ClientError`], and knows the call's
     /// [`id`](CallFuture::id) from the start.
     ///
@@ -172,7 +174,9 @@ impl<F> CallFuture<F> {
     /// hears several clients tells their calls apart by the API name too
     /// (`RecordingObserver::for_api_call`). A spawned
     /// call, made inside its task, can hand its id back with its result: `async move
-    /// { let call = client.execute(build); (call.id(), call.await) }`.
+    /// { let call = client.execute(build); (call.id(), call.await) }`; one made
+    /// outside it with [`into_call`](ResilientClient::into_call) gives its id before
+    /// it is spawned, which also serves when the task is aborted.
     #[must_use]
     pub fn id(&self) -> CallId {
         self.id
@@ -232,7 +236,10 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     ///
     /// Dropping the returned future cancels the call: the in-flight request, any
     /// pending back-off and everything the call holds go with it, and the observer
-    /// hears `Cancelled` for a send in flight.
+    /// hears `Cancelled` for a send in flight. A send dropped so counts toward
+    /// nothing, the breaker included: a time limit meant to count a stalled API as
+    /// failing belongs in the policy ([`CallPolicy::with_attempt_timeout`],
+    /// [`CallPolicy::with_budget`]), not in a timeout around the call.
     pub fn execute_with<'a, F>(
         &'a self,
         policy: &'a CallPolicy,
@@ -277,6 +284,75 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         self.call(policy, build)
     }
 
+    /// [`execute`](ResilientClient::execute) as a future that owns its client
+    /// handle: it borrows nothing, so it can be made outside the task that runs it
+    /// and handed to `tokio::spawn` (or kept) as it is, as reqwest's own request
+    /// futures can. Call it on a clone (clones are cheap and share everything):
+    /// `tokio::spawn(client.clone().into_call(move |http| http.get(&url)))`.
+    ///
+    /// It is `'static` when the transport, the runtime, the token source and `build`
+    /// are, and `Send` when `execute`'s would be. Its [`id`](CallFuture::id) is known
+    /// before it is spawned, so the events of a call whose task was aborted (which
+    /// returns nothing) can still be found. Dropping it cancels the call, as for
+    /// [`execute_with`](ResilientClient::execute_with).
+    ///
+    /// ```
+    /// use vantage_api_pool::{EventKind, ResilientClient};
+    /// use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// transport.default_reply(Reply::stall());
+    /// let events = RecordingObserver::new();
+    /// let client = ResilientClient::builder(transport, rt.clone())
+    ///     .observer("orders-api", std::sync::Arc::new(events.clone()))
+    ///     .build()?;
+    ///
+    /// let call = client.clone().into_call(|http| http.get("/orders"));
+    /// let id = call.id();
+    /// let task = rt.spawn(call);
+    /// rt.run_until_idle()?;
+    /// task.abort(); // an aborted task returns nothing, but its call's events are there
+    /// rt.run_until_idle()?;
+    /// let kinds: Vec<_> = events.for_call(id).iter().map(|e| e.kind.name()).collect();
+    /// assert_eq!(kinds, ["started", "cancelled"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn into_call<F>(
+        self,
+        build: F,
+    ) -> CallFuture<impl Future<Output = Result<T::Response, ClientError>>>
+    where
+        F: FnMut(&T::Handle) -> T::Draft,
+    {
+        let policy = self.shared.default_policy.clone();
+        self.into_call_with(policy, build)
+    }
+
+    /// [`into_call`](ResilientClient::into_call) under `policy`: a future that owns
+    /// its client handle and its policy
+    /// ([`execute_with_owned`](ResilientClient::execute_with_owned) with the client
+    /// owned too).
+    pub fn into_call_with<F>(
+        self,
+        policy: CallPolicy,
+        build: F,
+    ) -> CallFuture<impl Future<Output = Result<T::Response, ClientError>>>
+    where
+        F: FnMut(&T::Handle) -> T::Draft,
+    {
+        let id = self.next_call_id();
+        CallFuture {
+            id,
+            call: async move { Call::new(&self.shared, policy, id).run(build).await },
+        }
+    }
+
+    /// The id of the next call this client (or a clone) makes.
+    fn next_call_id(&self) -> CallId {
+        CallId(self.shared.next_call.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
     /// One call under a policy the future borrows or keeps.
     fn call<'a, P, F>(
         &'a self,
@@ -287,7 +363,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         P: Borrow<CallPolicy> + 'a,
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
-        let id = CallId(self.shared.next_call.fetch_add(1, Ordering::Relaxed) + 1);
+        let id = self.next_call_id();
         CallFuture {
             id,
             call: Call::new(&self.shared, policy, id).run(build),
@@ -358,8 +434,12 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         }
     }
 
-    /// Permits held right now: sends in flight, and sends about to leave that wait
-    /// for their rate token (a send holds its permit through that wait).
+    /// Permits held right now: sends in flight up to their response head, and sends
+    /// about to leave that wait for their rate token (a send holds its permit
+    /// through that wait). A send reading an error body has given its permit back,
+    /// and calls in a back-off, a cooldown or a wait for a token or an admission
+    /// hold none, so this is not a count of live calls: the client keeps none (to
+    /// drain at shutdown, keep the calls' tasks and await or abort them).
     #[must_use]
     pub fn in_flight(&self) -> usize {
         self.shared.limiter.in_flight()

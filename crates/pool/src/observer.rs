@@ -2,7 +2,10 @@
 //!
 //! A [`TransportObserver`] is a synchronous callback that receives every
 //! [`TransportEvent`] of a client, keyed by the API name the builder was given. The
-//! contract it may rely on is in ARCHITECTURE.md ("Observer contract"); in short:
+//! contract it may rely on is in ARCHITECTURE.md ("Observer contract"), and rule by
+//! rule in the docs of the testkit's `observer` module
+//! (`vantage_api_pool_testkit::observer`: what its `RecordingObserver::check_contract`
+//! checks); in short:
 //! every `Started` is followed by exactly one `Succeeded`, `Failed` or `Cancelled`
 //! for the same (call, send), the last `Failed` of a call carries the error the call
 //! returns, and no lock is held while the callback runs.

@@ -298,7 +298,7 @@ fn a_send_that_waits_for_nothing_and_succeeds_allocates_nothing_and_reads_the_cl
 }
 
 #[test]
-fn a_call_under_the_default_policy_or_an_owned_one_allocates_nothing_either() {
+fn a_call_under_the_default_policy_or_an_owned_one_or_owning_its_client_allocates_nothing_either() {
     let tally = Arc::new(Tally::default());
     let client = client(&tally);
     let post = Method::POST;
@@ -308,10 +308,11 @@ fn a_call_under_the_default_policy_or_an_owned_one_allocates_nothing_either() {
         (0..CALLS)
             .filter(|i| {
                 let call = |_: &()| post.clone();
-                if i % 2 == 0 {
-                    run(client.execute(call)).is_ok()
-                } else {
-                    run(client.execute_with_owned(CallPolicy::background(), call)).is_ok()
+                match i % 3 {
+                    0 => run(client.execute(call)).is_ok(),
+                    1 => run(client.execute_with_owned(CallPolicy::background(), call)).is_ok(),
+                    // A future that owns a clone of the client allocates nothing either.
+                    _ => run(client.clone().into_call(|_: &()| Method::POST)).is_ok(),
                 }
             })
             .count()

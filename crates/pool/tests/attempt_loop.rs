@@ -1192,6 +1192,47 @@ fn a_cancelled_send_leaves_nothing_in_flight_in_the_health_figures() {
 }
 
 #[test]
+fn sends_dropped_mid_flight_count_toward_nothing_but_a_policy_limit_counts() {
+    // README: "A dropped send counts for nothing: not toward the breaker, not against
+    // its connection, not in a `HealthObserver`'s rates."
+    let w = World::new();
+    w.transport.default_reply(Reply::stall());
+    let health = Arc::new(HealthObserver::new(secs(60)));
+    let observers = Fanout::new([])
+        .with(Arc::new(w.observer.clone()))
+        .with(health.clone());
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .breaker(2, secs(5), secs(60))
+        .observer("api", Arc::new(observers))
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        let call = w.spawn_call(&client, CallPolicy::background(), "/x");
+        w.rt.run_for(secs(1)).unwrap();
+        call.abort();
+        w.rt.run_until_idle().unwrap();
+    }
+    assert_eq!(w.transport.request_count(), 5);
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    assert_eq!(w.transport.distrusted(), 0);
+    let api = health.snapshot("api").unwrap();
+    assert_eq!((api.sends_in_window, api.cancelled), (0, 5));
+
+    // The same stalls under the policy's own attempt timeout open the breaker.
+    let policy = CallPolicy::background()
+        .with_attempt_timeout(secs(1))
+        .unwrap();
+    for _ in 0..2 {
+        let call = w.spawn_call(&client, policy.clone(), "/x");
+        w.rt.run_for(secs(1)).unwrap();
+        assert!(call.is_finished());
+    }
+    assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+    assert_eq!(health.snapshot("api").unwrap().sends_in_window, 2);
+    w.assert_contract();
+}
+
+#[test]
 fn an_error_body_that_stalls_is_cut_by_the_time_limit_and_keeps_the_status() {
     let w = World::new();
     w.transport.push(

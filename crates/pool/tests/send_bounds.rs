@@ -80,6 +80,42 @@ where
     }
 }
 
+/// The same, with the future a client handle makes of itself: no `async` block, the
+/// future is handed on as it is.
+#[cfg(not(target_arch = "wasm32"))]
+fn spawnable_owned<T, R, A>(
+    client: ResilientClient<T, R, A>,
+    build: fn(&T::Handle) -> T::Draft,
+) -> impl Future<Output = Result<T::Response, vantage_api_pool::ClientError>> + Send + 'static
+where
+    T: vantage_api_pool::transport::SendTransport + 'static,
+    R: vantage_api_pool::runtime::SendRuntime + 'static,
+    A: vantage_api_pool::auth::SendTokenSource + 'static,
+{
+    client.into_call_with(bounded(2, ms(100)), build)
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn a_call_that_owns_its_client_is_send_and_static_and_runs() {
+    fn assert_send_static<T: Send + 'static>(_: &T) {}
+    let w = World::new();
+    w.transport
+        .push_many([Reply::status(503), Reply::ok(), Reply::ok()]);
+    let client = w.client();
+    let call = spawnable_owned(client.clone(), |h| h.get("/x"));
+    assert!(w.rt.block_on(call).unwrap().is_ok());
+    assert_eq!(w.sent_at(), [ms(0), ms(100)]);
+
+    let plain = client.clone().into_call(|h| h.get("/y"));
+    assert_send_static(&plain);
+    let id = plain.id();
+    drop(client); // the future keeps the client alive
+    assert!(w.rt.block_on(plain).unwrap().is_ok());
+    assert_eq!(w.transport.requests()[2].path, "/y");
+    assert_eq!(w.observer.for_call(id).len(), 2, "its id is the call's");
+}
+
 /// The testkit implements the Send variants, so service code generic over them runs
 /// on virtual time in tests, with or without a token source.
 #[cfg(not(target_arch = "wasm32"))]
@@ -177,6 +213,13 @@ fn an_rc_transport_and_an_rc_token_source_run_on_the_driver() {
     assert_eq!(sends.get(), 2);
     assert_eq!(fetches.get(), 1, "the token is fetched once and reused");
     assert_eq!(w.sent_at(), [ms(0), ms(100)]);
+    // A call that owns its client: `'static` though not `Send`, so the driver (a
+    // single-threaded executor) takes it as it is.
+    w.transport.push(Reply::ok());
+    let task = w.rt.spawn(client.into_call(|h| h.get("/z")));
+    w.rt.run().unwrap();
+    assert!(task.is_finished());
+    assert_eq!(sends.get(), 3);
     assert!(
         w.transport
             .requests()

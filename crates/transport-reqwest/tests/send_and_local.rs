@@ -117,6 +117,28 @@ async fn a_call_over_reqwest_and_tokio_can_be_spawned() {
     assert_eq!(server.requests().len(), 3);
 }
 
+/// A call that owns its client handle goes to `tokio::spawn` as it is, made outside
+/// the task, and its id finds its events.
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_owns_its_client_is_spawned_as_it_is() {
+    let server = FaultServer::start(|_, _| Act::Respond(ok("owned"))).await;
+    let observer = RecordingObserver::new();
+    let client = ReqwestTransport::tokio_builder(reqwest_client())
+        .observer("orders-api", Arc::new(observer.clone()))
+        .build()
+        .unwrap();
+    let url = server.url("/orders");
+    let call = client
+        .clone()
+        .into_call_with(policy(1), move |http| http.get(&url));
+    let id = call.id();
+    let response = tokio::spawn(call).await.unwrap().unwrap();
+    assert_eq!(response.into_inner().text().await.unwrap(), "owned");
+    assert_eq!(observer.for_call(id).len(), 2);
+    assert_eq!(server.requests().len(), 1);
+}
+
 /// Client code generic over the Send variants of the ports spawns its own calls: the
 /// compiler proves the call's future `Send` inside the generic function, with no
 /// concrete transport in sight.
