@@ -11,7 +11,7 @@ use std::future::{Future, poll_fn};
 use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -1080,7 +1080,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 /// Reads up to [`MAX_ERROR_BODY`] bytes of an error response's body, giving up at
 /// `deadline`, at the body's end, or at a read error; whatever was read is kept,
 /// less a character the cut left unfinished. A read cut by the deadline tells the
-/// transport to distrust the connection.
+/// transport to distrust the connection. Once the limit is reached nothing more is
+/// waited for: a next chunk already there is looked at (its first byte tells a
+/// character split at the limit from binary, and an end already there lets the
+/// connection be reused), one that is not ends the read.
 async fn read_error_body<T: Transport, R: Runtime>(
     transport: &T,
     runtime: &R,
@@ -1088,33 +1091,38 @@ async fn read_error_body<T: Transport, R: Runtime>(
     mut response: T::Response,
 ) -> Bytes {
     let mut body = BytesMut::new();
-    // A stall or a read error cut the body short.
-    let mut cut = false;
-    while body.len() <= MAX_ERROR_BODY {
+    while body.len() < MAX_ERROR_BODY {
         match timeout_at(runtime, deadline, response.chunk()).await {
             // An empty chunk makes no progress: take it as the end rather than spin.
-            Ok(Ok(Some(chunk))) if chunk.is_empty() => break,
+            Ok(Ok(Some(chunk))) if chunk.is_empty() => return body.freeze(),
             Ok(Ok(Some(chunk))) => {
+                // One byte past the limit, if the chunk has it, tells truncation
+                // there was more (it cuts to the limit).
                 let room = MAX_ERROR_BODY + 1 - body.len();
                 body.extend_from_slice(&chunk[..chunk.len().min(room)]);
             }
-            Ok(Ok(None)) => break,
-            Ok(Err(_)) => {
-                cut = true;
-                break;
-            }
+            Ok(Ok(None)) => return body.freeze(),
+            // A stall or a read error cut the body short.
+            Ok(Err(_)) => return trim_unfinished_char(body.freeze()),
             Err(_elapsed) => {
                 transport.distrust_connection();
-                cut = true;
-                break;
+                return trim_unfinished_char(body.freeze());
             }
         }
     }
-    // Otherwise the end of the body, or one byte past the limit, which tells
-    // truncation there was more (it cuts to 2048).
-    if cut {
-        trim_unfinished_char(body.freeze())
-    } else {
-        body.freeze()
+    if body.len() > MAX_ERROR_BODY {
+        return body.freeze();
+    }
+    // Exactly the limit: look at what is already there, without waiting.
+    let next = pin!(response.chunk()).poll(&mut Context::from_waker(Waker::noop()));
+    match next {
+        Poll::Ready(Ok(None)) => body.freeze(),
+        Poll::Ready(Ok(Some(chunk))) if chunk.is_empty() => body.freeze(),
+        Poll::Ready(Ok(Some(chunk))) => {
+            body.extend_from_slice(&chunk[..1]);
+            body.freeze()
+        }
+        // More may follow (or the read failed): cut at the limit.
+        Poll::Ready(Err(_)) | Poll::Pending => trim_unfinished_char(body.freeze()),
     }
 }

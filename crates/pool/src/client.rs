@@ -436,10 +436,11 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
 
     /// Permits held right now: sends in flight up to their response head, and sends
     /// about to leave that wait for their rate token (a send holds its permit
-    /// through that wait). A send reading an error body has given its permit back,
-    /// and calls in a back-off, a cooldown or a wait for a token or an admission
-    /// hold none, so this is not a count of live calls: the client keeps none (to
-    /// drain at shutdown, keep the calls' tasks and await or abort them).
+    /// through that wait, and through a wait for a token refresh a 401 started
+    /// meanwhile). A send reading an error body has given its permit back, and
+    /// calls in a back-off, a cooldown, an admission or a wait for a token at the
+    /// gate hold none, so this is not a count of live calls: the client keeps none
+    /// (to drain at shutdown, keep the calls' tasks and await or abort them).
     #[must_use]
     pub fn in_flight(&self) -> usize {
         self.shared.limiter.in_flight()

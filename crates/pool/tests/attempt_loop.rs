@@ -280,8 +280,8 @@ fn a_404_is_final_after_one_attempt_under_every_policy_with_its_body_cut() {
 #[test]
 fn an_error_body_is_read_only_to_its_limit_not_to_its_end() {
     // A 404 whose 1 MB body comes 100 bytes a second, under an hour's time limit:
-    // the loop reads 21 chunks (2,048 bytes and one past the limit) and stops, so
-    // the call ends after 21 s, not when the body or the time limit ends.
+    // the loop reads 21 chunks (the 21st crosses the 2,048-byte limit) and stops,
+    // so the call ends after 21 s, not when the body or the time limit ends.
     let w = World::new();
     w.transport.default_reply(
         Reply::status(404)
@@ -301,6 +301,95 @@ fn an_error_body_is_read_only_to_its_limit_not_to_its_end() {
     assert_eq!(err.body().map(<[u8]>::len), Some(2048));
     assert_eq!(w.now(), secs(21));
     w.assert_contract();
+}
+
+#[test]
+fn an_error_body_that_reaches_its_limit_waits_for_nothing_more() {
+    // 2,048 bytes at once, then a stall: the error keeps them at once; the read
+    // does not wait for a byte past the limit (until the time limit, which would
+    // also distrust the connection).
+    let w = World::new();
+    w.transport.default_reply(
+        Reply::status(500)
+            .body(vec![b'e'; 4096])
+            .chunk_size(2048)
+            .body_stalls_after(2048),
+    );
+    let client = w.client();
+    let err = w.background_error(&client);
+    assert_eq!(err.body().map(<[u8]>::len), Some(2048));
+    assert_eq!((w.now(), w.transport.distrusted()), (ms(0), 0));
+
+    // A slow body, 1 KiB a second: the limit is reached at 2 s, and the call ends
+    // then, not a chunk later.
+    let w = World::new();
+    w.transport.default_reply(
+        Reply::status(404)
+            .body(vec![b'e'; 8192])
+            .chunk_size(1024)
+            .chunk_delay(secs(1)),
+    );
+    let client = w.client();
+    assert_eq!(
+        w.background_error(&client).body().map(<[u8]>::len),
+        Some(2048)
+    );
+    assert_eq!(w.now(), secs(2));
+}
+
+#[test]
+fn at_its_limit_an_error_body_looks_at_a_next_chunk_already_there_without_waiting() {
+    let split = || {
+        let mut text = "a".repeat(2047).into_bytes();
+        text.extend_from_slice("é".as_bytes());
+        text
+    };
+    // The end already there: a body of exactly 2,048 bytes is kept whole, though
+    // it ends inside a character (as a body read to its end is).
+    let w = World::new();
+    w.transport.default_reply(
+        Reply::status(404)
+            .body(split()[..2048].to_vec())
+            .chunk_size(1024),
+    );
+    let client = w.client();
+    assert_eq!(
+        w.background_error(&client).body().map(<[u8]>::len),
+        Some(2048)
+    );
+
+    // The next byte already there finishes the character the limit splits: it is
+    // dropped whole. Binary, where the next byte finishes nothing, is cut at the
+    // limit.
+    for (tail, kept) in [(&b"\xA9 tail"[..], 2047), (&b"\x00\x00"[..], 2048)] {
+        let mut body = split()[..2048].to_vec();
+        body.extend_from_slice(tail);
+        let w = World::new();
+        w.transport
+            .default_reply(Reply::status(404).body(body).chunk_size(1024));
+        let client = w.client();
+        assert_eq!(
+            w.background_error(&client).body().map(<[u8]>::len),
+            Some(kept)
+        );
+    }
+
+    // Nothing there yet: the read ends at the limit, less the unfinished character,
+    // when the 2,048th byte comes, not when the next does.
+    let mut body = split();
+    body.extend_from_slice(b"tail");
+    let w = World::new();
+    w.transport.default_reply(
+        Reply::status(404)
+            .body(body)
+            .chunk_size(1024)
+            .chunk_delay(secs(1)),
+    );
+    let client = w.client();
+    let err = w.background_error(&client);
+    assert_eq!(err.body().map(<[u8]>::len), Some(2047));
+    assert!(err.body_text().is_some());
+    assert_eq!(w.now(), secs(2));
 }
 
 #[test]
