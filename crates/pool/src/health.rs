@@ -62,7 +62,11 @@ pub struct ApiHealth {
     /// The breaker, from `BreakerOpened` / `BreakerClosed` (and closed by any later
     /// `Succeeded`: an answer for the caller means the breaker let a send through).
     pub breaker: BreakerView,
-    /// Sends started and not yet ended.
+    /// Sends started and not yet ended (from their `Started` to their terminal
+    /// event, an error body's read included). Not the client's
+    /// [`ResilientClient::in_flight`](crate::ResilientClient::in_flight), which
+    /// counts permits: those are held from before the rate wait to the response
+    /// head.
     pub in_flight: u32,
     /// Sends that got an answer or failed in the window's slices (synthetic failures
     /// excluded): they cover [`covered`](ApiHealth::covered), a little less than the
