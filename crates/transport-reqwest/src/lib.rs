@@ -380,6 +380,17 @@ use vantage_api_pool::{TransportError, TransportErrorKind};
 #[cfg(not(target_arch = "wasm32"))]
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The connect timeout of a client the adapter builds: a connection not set up
+/// (TCP, and TLS for `https`) in this long fails as
+/// [`Connect`](TransportErrorKind::Connect), so the call knows nothing was sent and
+/// retries it even for a POST, and it counts toward the breaker. Without it a
+/// connect that hangs (a host that drops the packets, a full accept queue) runs
+/// into the attempt timeout (10 s by default) and fails as `TimedOut`, which may
+/// have reached the server: a POST is then not retried. Keep a connect timeout of
+/// your own below your attempt timeouts.
+#[cfg(not(target_arch = "wasm32"))]
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The shortest time between two rebuilds of a client the adapter built: the
 /// timeouts of many concurrent sends on one stuck connection cause one rebuild.
 #[cfg(not(target_arch = "wasm32"))]
@@ -433,7 +444,9 @@ impl ReqwestTransport {
         doc = r##"
 [`distrust_connection`](vantage_api_pool::Transport::distrust_connection) can do
 nothing with it (see the crate docs). Consider giving the client a `read_timeout`
-(so a stalled success body cannot hang its reader), `retry(reqwest::retry::never())`
+(so a stalled success body cannot hang its reader), a `connect_timeout` below your
+attempt timeouts (so a connect that hangs fails as `Connect`, which a POST retries,
+and not as a `TimedOut` that may have reached the server), `retry(reqwest::retry::never())`
 (so reqwest does not resend behind the pool's back), a
 [tracked](redirect::tracked) redirect policy (so an error after a redirect is not
 taken for an unsent request, and the token does not follow a redirect to another
@@ -477,7 +490,9 @@ impl ReqwestTransport {
     /// makes: reqwest's defaults (rustls, HTTP/1.1 and HTTP/2, up to 10 redirects,
     /// [tracked](redirect::tracked) so an error after a redirect is not taken for an
     /// unsent request), plus a [`read_timeout`](reqwest::ClientBuilder::read_timeout)
-    /// of [`DEFAULT_READ_TIMEOUT`], [`reqwest::retry::never`] and no `Referer` header
+    /// of [`DEFAULT_READ_TIMEOUT`], a
+    /// [`connect_timeout`](reqwest::ClientBuilder::connect_timeout) of
+    /// [`DEFAULT_CONNECT_TIMEOUT`], [`reqwest::retry::never`] and no `Referer` header
     /// (reqwest would send the URL a redirect came from, path and query included, to
     /// the origin it leads to).
     ///
@@ -500,6 +515,7 @@ impl ReqwestTransport {
     pub fn default_client_builder() -> reqwest::ClientBuilder {
         reqwest::Client::builder()
             .read_timeout(DEFAULT_READ_TIMEOUT)
+            .connect_timeout(DEFAULT_CONNECT_TIMEOUT)
             .retry(reqwest::retry::never())
             .redirect(redirect::tracked(reqwest::redirect::Policy::default()))
             // reqwest would tell the origin a redirect leads to the URL it came

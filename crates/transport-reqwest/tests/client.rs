@@ -340,12 +340,14 @@ async fn a_stalled_success_body_is_ended_by_the_read_timeout_of_the_adapters_cli
     let error = response.text().await.unwrap_err();
     assert_eq!(error.kind(), TransportErrorKind::TimedOut, "{error}");
 
-    // The convenience client has the 30 s read timeout (reqwest shows it in Debug).
+    // The convenience client has the 30 s read timeout and the 5 s connect timeout
+    // (reqwest shows them in Debug).
     #[cfg(feature = "tokio")]
     {
         let client = ReqwestTransport::tokio_default().unwrap().build().unwrap();
         let debug = format!("{:?}", client.transport().client());
         assert!(debug.contains("read_timeout: 30s"), "{debug}");
+        assert!(debug.contains("connect_timeout: 5s"), "{debug}");
         assert!(client.transport().owns_client());
     }
 }
@@ -388,6 +390,41 @@ async fn a_refused_connection_is_connect_retried_for_a_post_and_counts_for_the_b
             "started s3 a3",
             "failed s3 a3 transport:connect",
             "breaker_opened",
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_that_hangs_is_connect_under_a_connect_timeout_so_a_post_is_retried() {
+    // The adapter's client builder, its connect timeout cut to 300 ms for the test.
+    let unanswering = Unanswering::start().await;
+    let transport = ReqwestTransport::with_builder(|| {
+        ReqwestTransport::default_client_builder().connect_timeout(Duration::from_millis(300))
+    })
+    .unwrap();
+    let observer = RecordingObserver::new();
+    let client = client(transport, &observer);
+    let url = format!("http://{}{PATH}", unanswering.addr);
+    let error = client
+        .execute_with(&policy_with_timeout(1, Duration::from_secs(5)), |http| {
+            http.post(&url).body("order")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Connect)
+    );
+    assert!(error.nothing_sent());
+    assert_eq!(error.attempts(), 2, "the POST was retried");
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:connect",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "failed s2 a2 transport:connect",
         ]
     );
 }

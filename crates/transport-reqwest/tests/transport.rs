@@ -1,9 +1,12 @@
 //! `ReqwestTransport` against a raw HTTP/1.1 server on 127.0.0.1.
 #![cfg(not(target_arch = "wasm32"))]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::Unanswering;
 use futures::StreamExt;
 use futures::channel::{mpsc, oneshot};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -384,17 +387,8 @@ async fn a_connect_timeout_is_connect() {
     // A listener that never accepts, its accept queue filled: further connection
     // attempts get no answer until the client's connect timeout. Nothing was sent,
     // so Connect (reqwest also calls it a timeout).
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let listener = socket.listen(0).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut fillers = Vec::new();
-    for _ in 0..4 {
-        let connect = TcpStream::connect(addr);
-        if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_millis(200), connect).await {
-            fillers.push(stream);
-        }
-    }
+    let unanswering = Unanswering::start().await;
+    let addr = unanswering.addr;
     let transport = tracking_transport(|b| b.connect_timeout(Duration::from_millis(200)));
     let draft = transport
         .handle()
@@ -413,7 +407,7 @@ async fn a_connect_timeout_is_connect() {
         waited >= Duration::from_millis(150),
         "not a timeout: {waited:?}, {err}"
     );
-    drop((fillers, listener));
+    drop(unanswering);
 }
 
 #[tokio::test]

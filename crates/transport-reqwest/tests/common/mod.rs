@@ -498,3 +498,34 @@ where
         })
     }
 }
+
+/// A listener on 127.0.0.1 that never accepts, its accept queue filled: a further
+/// connection attempt gets no answer (the kernel drops its SYN) until the client's
+/// connect timeout. Keep it (and its filling connections) alive for the test.
+pub(crate) struct Unanswering {
+    pub(crate) addr: SocketAddr,
+    _listener: TcpListener,
+    _fillers: Vec<TcpStream>,
+}
+
+impl Unanswering {
+    pub(crate) async fn start() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut fillers = Vec::new();
+        for _ in 0..4 {
+            let connect = TcpStream::connect(addr);
+            if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_millis(200), connect).await
+            {
+                fillers.push(stream);
+            }
+        }
+        Unanswering {
+            addr,
+            _listener: listener,
+            _fillers: fillers,
+        }
+    }
+}
