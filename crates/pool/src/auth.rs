@@ -17,6 +17,10 @@
 //! cached token). A send whose token a 401 rejected while it waited for a permit or
 //! a rate token does not go out with it either: it waits for the refresh, or goes
 //! back through the gate.
+//!
+//! Nothing refreshes a token before the API rejects it unless you ask:
+//! [`ResilientClient::refresh_token`](crate::ResilientClient::refresh_token), called
+//! ahead of a token's expiry, fetches a new one while the one in use stays in use.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -470,6 +474,56 @@ impl AuthState {
                     // As for a waiter: a call that only needs a token falls back to
                     // the cached one (decided under the lock that ends the fetch).
                     return guard.complete(result, stale.is_none());
+                }
+            }
+        }
+    }
+
+    /// Fetches a newer token now, whatever the cached one, or joins the fetch that
+    /// is running: the cached token stays in use meanwhile (nothing is rejected).
+    /// The outcome is the fetch's: on failure the cached token stays, as after a
+    /// refresh a 401 asked for.
+    pub(crate) async fn refresh<S: TokenSource>(&self, source: &S) -> Result<(), Arc<AuthError>> {
+        let mut waited_for: Option<u64> = None;
+        loop {
+            // The fetch to wait for (by the number of fetches done when it ran), or
+            // `None`: this caller fetches.
+            let wait = {
+                let mut inner = self.lock();
+                match waited_for {
+                    // The fetch waited for ended: its outcome is the refresh's.
+                    Some(seen) if inner.fetches_done > seen => {
+                        return match &inner.last_error {
+                            Some((n, e)) if *n == inner.fetches_done => Err(Arc::clone(e)),
+                            _ => Ok(()),
+                        };
+                    }
+                    _ if inner.fetching => Some(inner.fetches_done),
+                    // None runs, or the one waited for was abandoned: start one.
+                    _ => {
+                        inner.fetching = true;
+                        inner.fetches_started += 1;
+                        None
+                    }
+                }
+            };
+            match wait {
+                Some(seen) => {
+                    waited_for = Some(seen);
+                    WaitForFetch {
+                        state: self,
+                        seen,
+                        key: None,
+                    }
+                    .await;
+                }
+                None => {
+                    let guard = FetchGuard {
+                        state: self,
+                        armed: true,
+                    };
+                    let result = source.fetch().await;
+                    return guard.complete(result, false).map(|_| ());
                 }
             }
         }

@@ -184,7 +184,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
 
     /// At most `n` sends in flight at once (default 8). A permit is held from just
     /// before a send (through the wait for its rate token, if the bucket has none) to
-    /// its response head. `build()` refuses 0 and anything
+    /// its response head: the success body the caller then streams holds none, so
+    /// this does not cap concurrent downloads (hold a semaphore of your own across
+    /// the body's read for that). `build()` refuses 0 and anything
     /// above [`MAX_PERMITS`](crate::concurrency::MAX_PERMITS).
     pub fn max_parallel(mut self, n: usize) -> Self {
         self.max_parallel = n;
@@ -257,7 +259,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     }
 
     /// Fetches a token from `source` on first use, applies it to every send, and
-    /// refreshes it once per call on a 401 (single-flight across the client).
+    /// refreshes it once per call on a 401 (single-flight across the client), or
+    /// when asked ([`ResilientClient::refresh_token`](crate::ResilientClient::refresh_token),
+    /// to refresh ahead of an expiry).
     ///
     /// A call's wait for a token counts toward its budget and ends with it
     /// (`TimedOut`); the attempt timeout does not apply (a fetch that one caller

@@ -12,7 +12,7 @@ use http::HeaderName;
 use pin_project_lite::pin_project;
 
 use crate::attempt::Call;
-use crate::auth::{AuthState, NoAuth, TokenSource};
+use crate::auth::{AuthState, NoAuth, SharedAuthError, TokenSource};
 use crate::breaker::{BreakerState, CircuitBreaker};
 use crate::builder::ClientBuilder;
 use crate::concurrency::Limiter;
@@ -459,6 +459,65 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     #[must_use]
     pub fn peak_in_flight(&self) -> usize {
         self.shared.limiter.peak_in_flight()
+    }
+
+    /// Fetches a new token from the client's token source now, before the API
+    /// rejects the one in use: call it ahead of a token's expiry (from a timer task,
+    /// say) so that no call meets the 401 and its replay.
+    ///
+    /// The token in use stays in use while the fetch runs: no call waits for it.
+    /// Calls that start after it get the new token, and so do sends already built
+    /// and waiting for a permit or a rate token, when the new token comes under the
+    /// same header name. A fetch already running (the first, or a refresh a 401
+    /// asked for) is joined instead of doubled; either way the outcome is that
+    /// fetch's. Dropping the future abandons the fetch, as a dropped call would.
+    /// No observer event reports it; [`token_fetches`](Self::token_fetches) counts
+    /// it. A client without a token source has nothing to refresh: `Ok(())` at once.
+    ///
+    /// # Errors
+    ///
+    /// The token source's error. The token in use, if there is one, stays in use.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use vantage_api_pool::auth::{AuthError, send_token_fn};
+    /// use vantage_api_pool::http::{HeaderValue, header::AUTHORIZATION};
+    /// use vantage_api_pool::ResilientClient;
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// transport.default_reply(Reply::ok());
+    /// let issued = Arc::new(AtomicU32::new(0));
+    /// let counter = Arc::clone(&issued);
+    /// let client = ResilientClient::builder(transport.clone(), rt.clone())
+    ///     .auth(send_token_fn(move || {
+    ///         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+    ///         async move {
+    ///             Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_str(&format!("Bearer t{n}"))?))
+    ///         }
+    ///     }))
+    ///     .build()?;
+    ///
+    /// rt.block_on(client.execute(|http| http.get("/orders")))??;
+    /// rt.block_on(client.refresh_token())??;
+    /// rt.block_on(client.execute(|http| http.get("/orders")))??;
+    /// let sent: Vec<_> = transport.requests().iter().map(|r| r.headers["authorization"].clone()).collect();
+    /// assert_eq!(sent, ["Bearer t1", "Bearer t2"]);
+    /// assert_eq!(client.token_fetches(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn refresh_token(&self) -> Result<(), SharedAuthError> {
+        let shared = &self.shared;
+        if !shared.auth.is_configured() {
+            return Ok(());
+        }
+        shared
+            .auth_state
+            .refresh(&shared.auth)
+            .await
+            .map_err(SharedAuthError)
     }
 
     /// Token fetches started so far by the client's token source: the first fetch,

@@ -179,6 +179,14 @@ pub enum EventKind {
         attempt: u32,
     },
     /// The call will sleep `after` and then make attempt `attempt`.
+    ///
+    /// Its reason is the call's `Failed` just before it among that call's events
+    /// (the same [`call`](TransportEvent::call); a breaker transition that failure
+    /// caused may sit between): to log a retry with its reason, keep each call's
+    /// latest `Failed`. No event marks a call's end: a `Failed` that no
+    /// `RetryScheduled` or `Redialing` follows was the call's last, and a call
+    /// dropped in its back-off reports nothing more, so a per-call record is best
+    /// closed where the call's future is awaited or dropped.
     RetryScheduled {
         /// The attempt number the retry will have.
         attempt: u32,

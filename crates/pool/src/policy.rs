@@ -333,7 +333,10 @@ impl CallPolicy {
 
     /// Sets the whole call's time budget (`None`: no budget), checked against the
     /// attempt timeout already set (see [`with_time_limits`](Self::with_time_limits)
-    /// to set both at once).
+    /// to set both at once). The call ends at a success's response head, so the
+    /// budget does not cover the success body the caller then reads: limit that read
+    /// yourself (reqwest: the request's own `timeout`, which covers the body too, or
+    /// the client's `read_timeout`).
     ///
     /// # Errors
     ///

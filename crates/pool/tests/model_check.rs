@@ -929,17 +929,19 @@ impl TokenSource for ModelSource {
 /// not aborted succeeded; nothing in flight at the end; the client's fetch count is
 /// the source's completed count.
 fn run_callers(callers: usize, reject_first: bool, abort_one: bool) -> Arc<FetchStats> {
-    run_callers_with(callers, reject_first, abort_one, false)
+    run_callers_with(callers, reject_first, abort_one, false, false)
 }
 
 /// [`run_callers`]; with `fail_refreshes`, every fetch after the first fails, and a
 /// call may then end with an auth error (or the 401 it could not replay) instead of
-/// succeeding.
+/// succeeding; with `refresh`, one more task asks `refresh_token()` meanwhile (its
+/// fetch succeeds unless `fail_refreshes`).
 fn run_callers_with(
     callers: usize,
     reject_first: bool,
     abort_one: bool,
     fail_refreshes: bool,
+    refresh: bool,
 ) -> Arc<FetchStats> {
     let stats = Arc::new(FetchStats::default());
     let source = ModelSource(stats.clone(), fail_refreshes);
@@ -967,6 +969,10 @@ fn run_callers_with(
                 })
             })
             .collect();
+        let refresher = refresh.then(|| {
+            let client = client.clone();
+            spawn(async move { client.refresh_token().await.map_err(|e| e.to_string()) })
+        });
         let aborted = abort_one.then(|| pick(callers as u64) as usize);
         if let Some(i) = aborted {
             for _ in 0..pick(8) {
@@ -988,6 +994,12 @@ fn run_callers_with(
                 Ok(result) => assert_eq!(result, Ok(200), "call {i}"),
                 Err(_cancelled) => assert_eq!(Some(i), aborted, "call {i} was cancelled"),
             }
+        }
+        if let Some(refresher) = refresher {
+            let result = refresher.await.expect("the refresh is not aborted");
+            // Its own fetch fails only as a refresh after the first; one that
+            // joined or made the first fetch succeeds.
+            assert!(result.is_ok() || fail_refreshes, "refresh: {result:?}");
         }
     });
     assert_eq!(stats.running.load(SeqCst), 0);
@@ -1033,10 +1045,26 @@ fn concurrent_401s_refresh_once_per_generation() {
 #[test]
 fn failing_refreshes_end_every_call_without_overlapping_fetches() {
     explore("failing refreshes", 0xB4EA_0009, || {
-        let stats = run_callers_with(3, true, false, true);
+        let stats = run_callers_with(3, true, false, true, false);
         assert!(stats.started.load(SeqCst) <= 1 + 3, "fetches");
-        let stats = run_callers_with(3, true, true, true);
+        let stats = run_callers_with(3, true, true, true, false);
         assert!(stats.started.load(SeqCst) <= 1 + 3, "fetches");
+    });
+}
+
+/// `refresh_token()` among callers whose first token the server refuses, one of
+/// them maybe dropped, its refreshes succeeding or failing: never two fetches at
+/// once, every call not dropped ends (and succeeds when refreshes succeed), nothing
+/// leaks, and the refresh adds at most one fetch.
+#[test]
+fn refresh_token_among_401s_never_overlaps_a_fetch() {
+    explore("refresh_token", 0xB4EA_000A, || {
+        let stats = run_callers_with(2, true, false, false, true);
+        assert!(stats.completed.load(SeqCst) <= 3, "fetches");
+        let stats = run_callers_with(2, true, true, false, true);
+        assert!(stats.started.load(SeqCst) <= 4, "fetches");
+        let stats = run_callers_with(2, true, true, true, true);
+        assert!(stats.started.load(SeqCst) <= 1 + 2 + 1 + 1, "fetches");
     });
 }
 

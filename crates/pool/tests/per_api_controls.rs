@@ -953,7 +953,6 @@ fn bearer(req: &vantage_api_pool_testkit::ScriptedRequest) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
-/// Runs every spawned call to its end and checks that each succeeded.
 /// `n` background GETs of `/x` on `client`, run to the end; every one succeeds.
 fn background_gets(w: &World, client: &Client, n: usize) {
     let calls = (0..n)
@@ -962,6 +961,7 @@ fn background_gets(w: &World, client: &Client, n: usize) {
     all_succeed(w, calls);
 }
 
+/// Runs every spawned call to its end and checks that each succeeded.
 fn all_succeed<E: std::fmt::Debug>(
     w: &World,
     calls: Vec<vantage_api_pool_testkit::JoinHandle<Result<(), E>>>,
@@ -1166,6 +1166,129 @@ fn when_the_refresh_after_a_401_fails_other_calls_still_use_the_cached_token() {
         ["Bearer t1", "Bearer t1", "Bearer t1"]
     );
     w.assert_contract();
+}
+
+#[test]
+fn refresh_token_fetches_a_new_token_while_the_one_in_use_stays_in_use() {
+    // Fetches take 1 s. The first call fetches t1 and sends at 1 s. A refresh asked
+    // at 1 s runs until 2 s; a call made meanwhile sends t1 at once, one made after
+    // it sends t2, and nobody met a 401.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(counting_tokens_after(&w.rt, &fetches, secs(1)))
+        .build()
+        .unwrap();
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let refresh = {
+        let client = client.clone();
+        w.rt.spawn(async move { client.refresh_token().await })
+    };
+    let during = w.spawn_call(&client, CallPolicy::background(), "/x");
+    w.rt.run_for(ms(500)).unwrap();
+    assert!(during.is_finished() && !refresh.is_finished());
+    w.rt.run().unwrap();
+    assert!(w.rt.block_on(refresh).unwrap().is_ok());
+    assert_eq!(w.now(), secs(2));
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        tokens_sent(&w, None),
+        ["Bearer t1", "Bearer t1", "Bearer t2"]
+    );
+    assert_eq!(w.sent_at(), [secs(1), secs(1), secs(2)]);
+    assert_eq!(
+        (fetches.load(Ordering::SeqCst), client.token_fetches()),
+        (2, 2)
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn refresh_token_joins_a_running_fetch_and_a_401_joins_a_refresh() {
+    // A refresh asked while the first fetch runs joins it: one fetch, both end at
+    // 50 ms.
+    let w = World::new();
+    require_token(&w, "Bearer t2");
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b);
+    let call = w.spawn_call(&client, CallPolicy::background(), "/x");
+    let refresh = {
+        let client = client.clone();
+        w.rt.spawn(async move { client.refresh_token().await })
+    };
+    w.rt.run_for(ms(50)).unwrap();
+    assert!(refresh.is_finished());
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    // The call sent t1 at 50 ms and meets a 401 at 60 ms; a refresh asked at 50 ms
+    // (fetching t2 until 100 ms) serves its replay: still two fetches in all.
+    let refresh = {
+        let client = client.clone();
+        w.rt.spawn(async move { client.refresh_token().await })
+    };
+    all_succeed(&w, vec![call]);
+    assert!(w.rt.block_on(refresh).unwrap().is_ok());
+    assert_eq!(tokens_sent(&w, None), ["Bearer t1", "Bearer t2"]);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    assert_eq!(w.sent_at(), [ms(50), ms(100)]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_failed_refresh_token_returns_the_error_and_the_token_in_use_stays() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(t1_then_failing_tokens(&fetches))
+        .build()
+        .unwrap();
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let err = w.rt.block_on(client.refresh_token()).unwrap().unwrap_err();
+    assert_eq!(err.to_string(), "identity provider down");
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(tokens_sent(&w, None), ["Bearer t1", "Bearer t1"]);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+
+    // Without a token source there is nothing to refresh.
+    let plain = w.client();
+    assert!(w.rt.block_on(plain.refresh_token()).unwrap().is_ok());
+}
+
+#[test]
+fn a_dropped_refresh_token_abandons_its_fetch_and_the_next_one_fetches_again() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let client = w
+        .builder()
+        .auth(counting_tokens_after(&w.rt, &fetches, secs(1)))
+        .build()
+        .unwrap();
+    let refresh = {
+        let client = client.clone();
+        w.rt.spawn(async move { client.refresh_token().await })
+    };
+    w.rt.run_for(ms(500)).unwrap();
+    refresh.abort();
+    w.rt.run_until_idle().unwrap();
+    // A call now starts a fetch of its own (t2) rather than waiting for nothing.
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(tokens_sent(&w, None), ["Bearer t2"]);
+    assert!(w.rt.block_on(client.refresh_token()).unwrap().is_ok());
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    assert_eq!(w.rt.pending_timers(), 0);
 }
 
 #[test]

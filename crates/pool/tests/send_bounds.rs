@@ -58,6 +58,10 @@ fn the_call_future_is_send_over_send_ports() {
     let call = authed.execute_with(&policy, |h| h.get("/x"));
     assert_send(&call);
     assert!(w.rt.block_on(call).unwrap().is_ok());
+    // So is a refresh, which a timer task spawns ahead of a token's expiry.
+    let refresh = authed.refresh_token();
+    assert_send(&refresh);
+    assert!(w.rt.block_on(refresh).unwrap().is_ok());
 }
 
 /// Client code generic over the Send variants of the ports: the compiler proves the
