@@ -92,7 +92,7 @@ pub(crate) struct Call<'c, T, R, A, P> {
 }
 
 /// Whether a response with this status goes to the caller (1xx, 2xx, 3xx); any
-/// other status is an error response. Only the status is read, so the call's state
+/// other status is an error response, unless the policy takes it as an answer. Only the status is read, so the call's state
 /// never holds a borrowed head and the response is not moved to be sorted.
 fn for_caller(status: http::StatusCode) -> bool {
     status.is_success() || status.is_informational() || status.is_redirection()
@@ -765,7 +765,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             let head_at = self.now();
             let ms = millis(head_at.saturating_duration_since(started));
             let sent = match head {
-                Ok(Ok(response)) if for_caller(response.status()) => {
+                Ok(Ok(response))
+                    if for_caller(response.status())
+                        || self.policy().is_answer_status(response.status()) =>
+                {
                     // ---- record a response for the caller: tell the breaker, free
                     // the probe slot, report Succeeded and any transition.
                     self.reached = true;

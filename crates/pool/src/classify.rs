@@ -13,6 +13,7 @@
 //! | 401, refresher present, first 401 of the call, answering a request that carried the credentials | replay after refreshing the token | reachable |
 //! | 408 | retry if idempotent, else final | untouched |
 //! | 429 | retry, any method | untouched |
+//! | a 4xx the call's policy takes as an answer ([`CallPolicy::with_answer_statuses`](crate::CallPolicy::with_answer_statuses): never 401, 408, 429; the attempt loop checks it before this table) | success: returned to the caller | reachable |
 //! | other 4xx (a second 401, or one answering a hop a redirect sent without the credentials, included) | final | reachable |
 //! | 503 with a valid server delay | retry, any method | failure |
 //! | other 5xx | retry if idempotent, else final | failure |

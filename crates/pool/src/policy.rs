@@ -1,7 +1,10 @@
 //! Per-call policies: how a call is retried, what it does while the breaker is open,
 //! how its delays are jittered and how long it may take.
 
+use std::fmt;
 use std::time::Duration;
+
+use http::StatusCode;
 
 use crate::error::ConfigError;
 
@@ -218,6 +221,46 @@ pub struct CallPolicy {
     attempt_timeout: Duration,
     budget: Option<Duration>,
     idempotent: bool,
+    answers: AnswerStatuses,
+}
+
+/// The 4xx statuses a policy takes as answers
+/// ([`CallPolicy::with_answer_statuses`]): bit `i % 64` of word `i / 64` stands for
+/// status `400 + i` (two words rather than a `u128`, whose 16-byte alignment would
+/// pad every policy).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+struct AnswerStatuses([u64; 2]);
+
+impl AnswerStatuses {
+    /// The word and bit of a 4xx `code`.
+    fn place(code: u16) -> (usize, u16) {
+        let i = code - 400;
+        (usize::from(i / 64), i % 64)
+    }
+
+    fn insert(&mut self, code: u16) {
+        let (word, bit) = Self::place(code);
+        self.0[word] |= 1 << bit;
+    }
+
+    fn contains(self, status: StatusCode) -> bool {
+        self.contains_code(status.as_u16())
+    }
+
+    fn contains_code(self, code: u16) -> bool {
+        (400..500).contains(&code) && {
+            let (word, bit) = Self::place(code);
+            (self.0[word] >> bit) & 1 == 1
+        }
+    }
+}
+
+impl fmt::Debug for AnswerStatuses {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set()
+            .entries((400..500u16).filter(|&code| self.contains_code(code)))
+            .finish()
+    }
 }
 
 /// [`CallPolicy::bounded`] with [`RetryPolicy::default`]: what
@@ -239,6 +282,7 @@ impl CallPolicy {
             attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
             budget,
             idempotent: false,
+            answers: AnswerStatuses::default(),
         }
     }
 
@@ -393,6 +437,67 @@ impl CallPolicy {
     pub fn idempotent(mut self, idempotent: bool) -> Self {
         self.idempotent = idempotent;
         self
+    }
+
+    /// Statuses the call takes as answers: a response with one of them is returned
+    /// to the caller as `Ok`, its body unread, as a 2xx is, instead of ending the
+    /// call as a [`Status`](crate::ErrorKind::Status) error whose body is cut at
+    /// 2048 bytes. For a 404 that means "no such order", or a 409 whose body the
+    /// caller reads in full. Replaces the statuses set before (none by default; an
+    /// empty list sets none again).
+    ///
+    /// Such an answer is not retried, and the breaker counts it as any other 4xx:
+    /// the API answered (an open breaker closes, a run of failures is kept). The
+    /// observer hears `Succeeded` with its status, so a
+    /// [`HealthObserver`](crate::health::HealthObserver) counts it as a success.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `answer_statuses` for a status outside 400 to 499,
+    /// or for 401 (its token refresh and replay), 408 or 429 (their retries), which
+    /// keep their own handling.
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallPolicy, RetryPolicy};
+    /// use vantage_api_pool::http::StatusCode;
+    ///
+    /// let policy = CallPolicy::bounded(RetryPolicy::default())
+    ///     .with_answer_statuses([StatusCode::NOT_FOUND, StatusCode::CONFLICT])?;
+    /// assert!(policy.is_answer_status(StatusCode::CONFLICT));
+    /// assert!(!policy.is_answer_status(StatusCode::BAD_REQUEST));
+    /// assert!(CallPolicy::background().with_answer_statuses([StatusCode::TOO_MANY_REQUESTS]).is_err());
+    /// # Ok::<(), vantage_api_pool::ConfigError>(())
+    /// ```
+    pub fn with_answer_statuses(
+        mut self,
+        statuses: impl IntoIterator<Item = StatusCode>,
+    ) -> Result<Self, ConfigError> {
+        let mut answers = AnswerStatuses::default();
+        for status in statuses {
+            let code = status.as_u16();
+            if !(400..500).contains(&code) {
+                return Err(ConfigError::new(
+                    "answer_statuses",
+                    "must be 4xx statuses (400 to 499)",
+                ));
+            }
+            if matches!(code, 401 | 408 | 429) {
+                return Err(ConfigError::new(
+                    "answer_statuses",
+                    "must not be 401, 408 or 429, which keep their own handling",
+                ));
+            }
+            answers.insert(code);
+        }
+        self.answers = answers;
+        Ok(self)
+    }
+
+    /// Whether the call takes `status` as an answer
+    /// ([`with_answer_statuses`](Self::with_answer_statuses)).
+    #[must_use]
+    pub fn is_answer_status(&self, status: StatusCode) -> bool {
+        self.answers.contains(status)
     }
 
     /// The retry mode.
@@ -583,6 +688,47 @@ mod tests {
             .unwrap();
         assert_eq!(ok.attempt_timeout(), Duration::from_secs(600));
         assert_eq!(ok.jitter(), Jitter::Full);
+    }
+
+    #[test]
+    fn answer_statuses_are_4xx_without_401_408_429_and_replace_the_set_before() {
+        let b = CallPolicy::background();
+        let name = |r: Result<CallPolicy, ConfigError>| r.unwrap_err().setting();
+        for refused in [100, 200, 204, 302, 399, 401, 408, 429, 500, 503, 599, 999] {
+            let status = StatusCode::from_u16(refused).unwrap();
+            assert_eq!(
+                name(
+                    b.clone()
+                        .with_answer_statuses([StatusCode::CONFLICT, status])
+                ),
+                "answer_statuses",
+                "{refused}"
+            );
+        }
+        assert!(
+            !b.is_answer_status(StatusCode::NOT_FOUND),
+            "none by default"
+        );
+        let edges =
+            [400, 402, 404, 409, 422, 463, 464, 499].map(|c| StatusCode::from_u16(c).unwrap());
+        let p = b.clone().with_answer_statuses(edges).unwrap();
+        for code in 100..1000 {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert_eq!(
+                p.is_answer_status(status),
+                edges.contains(&status),
+                "{code}"
+            );
+        }
+        assert_eq!(
+            format!("{p:?}").split("answers: ").nth(1).unwrap(),
+            "{400, 402, 404, 409, 422, 463, 464, 499} }"
+        );
+        let replaced = p.with_answer_statuses([StatusCode::GONE]).unwrap();
+        assert!(replaced.is_answer_status(StatusCode::GONE));
+        assert!(!replaced.is_answer_status(StatusCode::NOT_FOUND));
+        let none = replaced.with_answer_statuses([]).unwrap();
+        assert_eq!(none, b);
     }
 
     #[test]

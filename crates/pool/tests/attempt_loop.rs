@@ -393,6 +393,89 @@ fn at_its_limit_an_error_body_looks_at_a_next_chunk_already_there_without_waitin
 }
 
 #[test]
+fn a_status_the_policy_takes_as_an_answer_is_returned_whole_and_not_retried() {
+    // A 409 with a 5,000-byte body: an error (body cut at 2,048) by default, the
+    // response itself, body unread, under `with_answer_statuses`. A POST, sent once.
+    let body = "v".repeat(5000);
+    let w = World::new();
+    w.transport
+        .default_reply(Reply::status(409).body(body.clone()).after(ms(30)));
+    let client = w.client();
+    let plain = bounded(3, ms(10));
+    let err =
+        w.rt.block_on(client.execute_with(&plain, |h| h.post("/orders")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.status(), Some(StatusCode::CONFLICT));
+    assert_eq!(err.body().map(<[u8]>::len), Some(2048));
+
+    let answers = plain
+        .clone()
+        .with_answer_statuses([StatusCode::CONFLICT])
+        .unwrap();
+    let mut response =
+        w.rt.block_on(client.execute_with(&answers, |h| h.post("/orders")))
+            .unwrap()
+            .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let read =
+        w.rt.block_on(vantage_api_pool::transport::read_body(
+            &mut response,
+            10_000,
+        ))
+        .unwrap()
+        .unwrap();
+    assert_eq!(read, body.as_bytes());
+    assert_eq!(w.transport.request_count(), 2);
+    let last: Vec<_> = w
+        .events()
+        .iter()
+        .rev()
+        .take(2)
+        .map(|e| e.kind.clone())
+        .collect();
+    assert!(
+        matches!(
+            last[..],
+            [
+                EventKind::Succeeded {
+                    status: StatusCode::CONFLICT,
+                    ms: 30,
+                    ..
+                },
+                EventKind::Started { .. }
+            ]
+        ),
+        "{last:?}"
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn the_breaker_counts_an_answer_status_as_the_api_answering() {
+    // Threshold 2: 503, then a 404 taken as an answer, then 503. The answer keeps the
+    // failure run (as any 4xx), so the second 503 opens the breaker.
+    let w = World::new();
+    w.transport
+        .push_many([Reply::status(503), Reply::status(404), Reply::status(503)]);
+    let client = w.builder().breaker(2, secs(5), secs(60)).build().unwrap();
+    let policy = CallPolicy::background()
+        .with_answer_statuses([StatusCode::NOT_FOUND])
+        .unwrap();
+    let outcomes: Vec<_> = (0..3)
+        .map(|_| {
+            w.rt.block_on(client.execute_with(&policy, |h| h.get("/orders/7")))
+                .unwrap()
+                .map(|r| r.status().as_u16())
+                .map_err(|e| e.kind_name())
+        })
+        .collect();
+    assert_eq!(outcomes, [Err("status"), Ok(404), Err("status")]);
+    assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+    w.assert_contract();
+}
+
+#[test]
 fn a_post_is_not_retried_after_a_500_unless_it_carries_an_idempotency_key() {
     let w = World::new();
     w.transport.default_reply(Reply::status(500));

@@ -140,7 +140,14 @@ fn policy(rng: &mut Rng) -> CallPolicy {
             })
             .unwrap(),
     };
-    base.idempotent(rng.chance(20))
+    let base = base.idempotent(rng.chance(20));
+    if rng.chance(15) {
+        // The script's 404 ("gone") is then an answer: returned, not an error.
+        base.with_answer_statuses([http::StatusCode::NOT_FOUND])
+            .unwrap()
+    } else {
+        base
+    }
 }
 
 /// Notes, at every `Started`, how many sends the transport has in flight, so that
