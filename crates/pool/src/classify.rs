@@ -10,12 +10,12 @@
 //! |---|---|---|
 //! | 2xx | success | success |
 //! | 1xx, 3xx (not followed by the transport) | success: returned to the caller | reachable |
-//! | 401, refresher present, first 401 of the call, answering a request that carried the credentials | replay after refreshing the token | reachable |
+//! | 401, refresher present, first 401 of the call, answering a request that carried the credentials (and, when it answers a hop a redirect led to, an idempotent call) | replay after refreshing the token | reachable |
 //! | 408 | retry if idempotent, else final | untouched |
-//! | 429 | retry, any method | untouched |
+//! | 429 | retry, any method (if idempotent, else final, when it answers a hop a redirect led to: the request itself was answered with the redirect) | untouched |
 //! | a 4xx the call's policy takes as an answer ([`CallPolicy::with_answer_statuses`](crate::CallPolicy::with_answer_statuses): never 401, 408, 429; the attempt loop checks it before this table) | success: returned to the caller | reachable |
 //! | other 4xx (a second 401, or one answering a hop a redirect sent without the credentials, included) | final | reachable |
-//! | 503 with a valid server delay | retry, any method | failure |
+//! | 503 with a valid server delay | retry, any method (if idempotent, else final, after a redirect, as for 429) | failure |
 //! | other 5xx | retry if idempotent, else final | failure |
 //! | `NotSent`, fewer than 2 redials so far | redial: no back-off, no retry budget (it still passes the gate) | untouched |
 //! | `NotSent` after 2 redials | as `Interrupted` | failure |
@@ -120,6 +120,11 @@ pub struct CallFacts {
     /// attempt timeout, less a few milliseconds of waiting at the gate, must not
     /// hide an API that never answers.)
     pub cut_by_budget: bool,
+    /// The response answers a hop a redirect led to, not the request sent
+    /// ([`TransportResponse::followed_redirect`](crate::TransportResponse::followed_redirect)):
+    /// the request may have been processed, so a 429, a 503 with a server delay and
+    /// a 401 are retried or replayed only when it is idempotent.
+    pub followed_redirect: bool,
 }
 
 /// What the attempt loop does next.
@@ -238,18 +243,27 @@ pub fn classify(outcome: Outcome, facts: &CallFacts) -> Verdict {
     use Action::*;
     use BreakerEffect as B;
     let maybe_processed = if facts.idempotent { Retry } else { Final };
+    // A status that says the request was not processed, unless it answers a hop a
+    // redirect led to: the request itself was answered with that redirect.
+    let not_processed = if facts.followed_redirect {
+        maybe_processed
+    } else {
+        Retry
+    };
     match outcome.judged(facts.redials_used) {
         Outcome::Status(s) if s.is_success() => verdict(Success, B::Success),
         Outcome::Status(s) if s.is_informational() || s.is_redirection() => {
             verdict(Success, B::Reachable)
         }
-        Outcome::Status(StatusCode::UNAUTHORIZED) if facts.can_replay_401 => {
+        Outcome::Status(StatusCode::UNAUTHORIZED)
+            if facts.can_replay_401 && (facts.idempotent || !facts.followed_redirect) =>
+        {
             verdict(Replay, B::Reachable)
         }
         Outcome::Status(StatusCode::REQUEST_TIMEOUT) => verdict(maybe_processed, B::Untouched),
-        Outcome::Status(StatusCode::TOO_MANY_REQUESTS) => verdict(Retry, B::Untouched),
+        Outcome::Status(StatusCode::TOO_MANY_REQUESTS) => verdict(not_processed, B::Untouched),
         Outcome::Status(StatusCode::SERVICE_UNAVAILABLE) if facts.has_server_delay => {
-            verdict(Retry, B::Failure)
+            verdict(not_processed, B::Failure)
         }
         Outcome::Status(s) if s.is_server_error() => verdict(maybe_processed, B::Failure),
         // Every other status: 4xx, and codes outside 100..=599 that `http` accepts.
@@ -290,6 +304,7 @@ mod tests {
             redials_used,
             has_server_delay,
             cut_by_budget: false,
+            followed_redirect: false,
         }
     }
 
@@ -374,6 +389,35 @@ mod tests {
             // The fact concerns time limits only.
             let v = classify(Outcome::Transport(T::Interrupted), &cut);
             assert_eq!(v.breaker, B::Failure);
+        }
+    }
+
+    #[test]
+    fn a_status_of_a_hop_a_redirect_led_to_is_retried_only_when_idempotent() {
+        // (status, server delay, refresher) -> verdict without / with idempotency.
+        let rows: &[(u16, bool, bool, Action, Action, BreakerEffect)] = &[
+            (429, false, false, Final, Retry, B::Untouched),
+            (503, true, false, Final, Retry, B::Failure),
+            (401, false, true, Final, Replay, B::Reachable),
+            // Unchanged: already judged as maybe processed, or final.
+            (503, false, false, Final, Retry, B::Failure),
+            (500, false, false, Final, Retry, B::Failure),
+            (408, false, false, Final, Retry, B::Untouched),
+            (404, false, false, Final, Final, B::Reachable),
+            (200, false, false, Success, Success, B::Success),
+        ];
+        for &(code, delay, refresh, plain, idem, breaker) in rows {
+            for (idempotent, action) in [(false, plain), (true, idem)] {
+                let redirected = CallFacts {
+                    followed_redirect: true,
+                    ..facts(idempotent, refresh, 0, delay)
+                };
+                assert_eq!(
+                    classify(st(code), &redirected),
+                    verdict(action, breaker),
+                    "{code} idempotent={idempotent}"
+                );
+            }
         }
     }
 

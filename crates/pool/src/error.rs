@@ -180,6 +180,8 @@ pub struct ClientError {
     reached: bool,
     // The last response answered a hop sent without the client's credentials.
     credentials_dropped: bool,
+    // The last response answered a hop a redirect led to.
+    followed_redirect: bool,
     // Set for `TimedOut` only.
     time_limit: Option<TimeLimit>,
     source: Option<Arc<dyn StdError + Send + Sync + 'static>>,
@@ -196,6 +198,7 @@ impl ClientError {
             retry_after: None,
             reached: false,
             credentials_dropped: false,
+            followed_redirect: false,
             time_limit: None,
             source: None,
         }
@@ -255,6 +258,12 @@ impl ClientError {
     /// credentials.
     pub(crate) fn with_credentials_dropped(mut self, dropped: bool) -> Self {
         self.credentials_dropped = dropped;
+        self
+    }
+
+    /// Records that the response answered a hop a redirect led to.
+    pub(crate) fn with_followed_redirect(mut self, followed: bool) -> Self {
+        self.followed_redirect = followed;
         self
     }
 
@@ -435,6 +444,18 @@ impl ClientError {
         self.credentials_dropped
     }
 
+    /// True when the last response answered a hop a redirect led to, not the request
+    /// sent, as the transport tells through
+    /// [`TransportResponse::followed_redirect`](crate::TransportResponse::followed_redirect):
+    /// the request was answered with the redirect, so it may have been processed,
+    /// and a 429, a 503 with a server delay or a 401 of that hop was retried or
+    /// replayed only if the call is idempotent. Always `false` for an error that is
+    /// not [`ErrorKind::Status`], and for a response the transport cannot track.
+    #[must_use]
+    pub fn followed_redirect(&self) -> bool {
+        self.followed_redirect
+    }
+
     /// Whether the same call, tried again later, might succeed: 408, 429 and 5xx
     /// statuses, `NotSent`, `Connect` and `Interrupted` transport failures, time limits
     /// (`TimedOut`) and an open breaker. Other 4xx, `Tls`, `TooLarge`, `Config`,
@@ -498,6 +519,7 @@ impl fmt::Debug for ClientError {
             .field("time_limit", &self.time_limit)
             .field("nothing_sent", &!self.reached)
             .field("credentials_dropped", &self.credentials_dropped)
+            .field("followed_redirect", &self.followed_redirect)
             .finish()
     }
 }

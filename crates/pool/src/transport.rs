@@ -358,6 +358,17 @@ pub trait TransportResponse {
         false
     }
 
+    /// Whether this response answers a request the transport made by following a
+    /// redirect inside the send, not the request it was given. That request then
+    /// reached the server, which answered it with the redirect, so it may have been
+    /// processed (a POST answered `303 See Other` by a server that took the order):
+    /// a 429, a 503 with a server delay or a 401 of the hop it led to says nothing
+    /// of it, and the call is retried or replayed only when it is idempotent.
+    /// `false` by default, for a transport that follows no redirect or cannot tell.
+    fn followed_redirect(&self) -> bool {
+        false
+    }
+
     /// The next chunk of the body, `Ok(None)` at its end. An empty chunk carries
     /// nothing: the loop's error-body read takes it as the end, and
     /// [`read_body`] skips it, giving way once.
@@ -475,6 +486,11 @@ pub trait SendTransportResponse: Send {
         false
     }
 
+    /// As [`TransportResponse::followed_redirect`]; `false` by default.
+    fn followed_redirect(&self) -> bool {
+        false
+    }
+
     /// As [`TransportResponse::chunk`], with a `Send` future.
     fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>> + Send;
 }
@@ -498,6 +514,11 @@ impl<T: SendTransportResponse> TransportResponse for T {
     #[inline]
     fn credentials_dropped(&self) -> bool {
         SendTransportResponse::credentials_dropped(self)
+    }
+
+    #[inline]
+    fn followed_redirect(&self) -> bool {
+        SendTransportResponse::followed_redirect(self)
     }
 
     #[inline]
@@ -550,8 +571,11 @@ fn content_length_header(headers: &HeaderMap) -> Option<u64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TransportErrorKind {
     /// The request never left: not one byte of it was written, for example to a
-    /// pooled connection the server had already closed. Safe to send again on a
-    /// fresh connection.
+    /// pooled connection the server had already closed. Safe to send again: the
+    /// loop redials it through the same transport, which picks the connection
+    /// (hyper has dropped a pooled connection the server closed; an HTTP/2 stream
+    /// the server refused goes out again on a connection hyper chooses, maybe the
+    /// same).
     NotSent,
     /// No connection could be made (refused, DNS, connect timeout). Nothing reached
     /// the server.

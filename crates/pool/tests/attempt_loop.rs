@@ -476,6 +476,43 @@ fn the_breaker_counts_an_answer_status_as_the_api_answering() {
 }
 
 #[test]
+fn a_post_answered_with_a_redirect_is_not_sent_again_for_the_next_hops_429_or_503() {
+    // POST /orders → 303 → GET /receipt answered 429 (or 503 with a delay): the
+    // POST itself was answered, so the call ends; a GET (idempotent) is retried.
+    for reply in [
+        Reply::status(429).header("retry-after-ms", "5"),
+        Reply::status(503).header("retry-after-ms", "5"),
+    ] {
+        let w = World::new();
+        w.transport.default_reply(reply.followed_redirect());
+        let client = w.client();
+        let err =
+            w.rt.block_on(client.execute_with(&bounded(2, ms(10)), |h| h.post("/orders")))
+                .unwrap()
+                .unwrap_err();
+        assert!(err.followed_redirect() && !err.credentials_dropped());
+        assert_eq!((w.transport.request_count(), err.attempts()), (1, 1));
+        assert!(!err.nothing_sent());
+        let err =
+            w.rt.block_on(client.execute_with(&bounded(2, ms(10)), |h| h.get("/orders")))
+                .unwrap()
+                .unwrap_err();
+        assert_eq!((w.transport.request_count(), err.attempts()), (4, 3));
+        w.assert_contract();
+    }
+    // Without the mark the same POST is retried: a 429 says it was not processed.
+    let w = World::new();
+    w.transport.default_reply(Reply::status(429));
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(2, ms(10)), |h| h.post("/orders")))
+            .unwrap()
+            .unwrap_err();
+    assert!(!err.followed_redirect());
+    assert_eq!(w.transport.request_count(), 3);
+}
+
+#[test]
 fn a_post_is_not_retried_after_a_500_unless_it_carries_an_idempotency_key() {
     let w = World::new();
     w.transport.default_reply(Reply::status(500));

@@ -912,6 +912,38 @@ fn a_401_to_a_hop_without_the_credentials_is_final_and_refreshes_nothing() {
 }
 
 #[test]
+fn a_401_to_a_hop_a_redirect_led_to_replays_only_an_idempotent_call() {
+    // The same origin, credentials kept: a GET replays with a new token; a POST,
+    // answered with the redirect before the 401, is not sent again and fetches
+    // nothing.
+    let w = World::new();
+    w.transport
+        .respond_with(|req, _| match (req.method().as_str(), bearer(req)) {
+            (_, Some("Bearer t1")) => Reply::status(401).followed_redirect(),
+            _ => Reply::ok(),
+        });
+    let (client, fetches) = client_with_counted_tokens(&w, |b| b);
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.post("/orders")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED));
+    assert!(err.followed_redirect());
+    assert_eq!(
+        (w.transport.request_count(), fetches.load(Ordering::SeqCst)),
+        (1, 1)
+    );
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/orders")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        tokens_sent(&w, None),
+        ["Bearer t1", "Bearer t1", "Bearer t2"]
+    );
+    w.assert_contract();
+}
+
+#[test]
 fn sixteen_concurrent_401s_share_one_refresh_and_one_first_fetch() {
     let w = World::new();
     require_token(&w, "Bearer t2");

@@ -132,6 +132,8 @@ struct ResponseSpec {
     shape: Option<Box<BodyShape>>,
     /// As if a redirect had dropped the request's credentials.
     credentials_dropped: bool,
+    /// As if the response answered a hop a redirect led to.
+    followed_redirect: bool,
 }
 
 /// How a body is delivered, when not all at once.
@@ -198,6 +200,7 @@ impl Reply {
                 body: Bytes::new(),
                 shape: None,
                 credentials_dropped: false,
+                followed_redirect: false,
             }),
             delay: Duration::ZERO,
         }
@@ -396,7 +399,9 @@ impl Reply {
     /// credentials, as if a redirect the transport followed had crossed origins and
     /// dropped them
     /// ([`TransportResponse::credentials_dropped`](vantage_api_pool::TransportResponse::credentials_dropped)):
-    /// a 401 then is final, no token refreshed.
+    /// a 401 then is final, no token refreshed. It also marks the response as one to
+    /// a hop a redirect led to ([`followed_redirect`](Reply::followed_redirect)), as
+    /// it is.
     ///
     /// # Panics
     ///
@@ -416,7 +421,38 @@ impl Reply {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn credentials_dropped(mut self) -> Reply {
-        self.spec("credentials_dropped").credentials_dropped = true;
+        let spec = self.spec("credentials_dropped");
+        spec.credentials_dropped = true;
+        spec.followed_redirect = true;
+        self
+    }
+
+    /// Makes the response one to a hop a redirect led to, as if the transport had
+    /// followed a redirect inside the send
+    /// ([`TransportResponse::followed_redirect`](vantage_api_pool::TransportResponse::followed_redirect)):
+    /// the request itself was answered with that redirect, so a 429, a 503 with a
+    /// server delay or a 401 of the hop is retried or replayed only for an idempotent
+    /// call.
+    ///
+    /// # Panics
+    ///
+    /// On a failure or a stall: only responses answer a request.
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallPolicy, ResilientClient};
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// // A POST answered 303; the GET it led to meets a 429.
+    /// transport.push(Reply::status(429).followed_redirect());
+    /// let client = ResilientClient::builder(transport.clone(), rt.clone()).build()?;
+    /// let error = rt.block_on(client.execute(|http| http.post("/orders")))?.unwrap_err();
+    /// assert!(error.followed_redirect());
+    /// assert_eq!(transport.request_count(), 1, "the POST is not sent again");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn followed_redirect(mut self) -> Reply {
+        self.spec("followed_redirect").followed_redirect = true;
         self
     }
 
@@ -822,6 +858,7 @@ pub struct ScriptedResponse {
     /// Only for a body with a chunk delay.
     runtime: Option<VirtualRuntime>,
     credentials_dropped: bool,
+    followed_redirect: bool,
 }
 
 impl fmt::Debug for ScriptedResponse {
@@ -849,6 +886,7 @@ impl ScriptedResponse {
             pos: 0,
             shape: spec.shape,
             credentials_dropped: spec.credentials_dropped,
+            followed_redirect: spec.followed_redirect,
         }
     }
 
@@ -947,6 +985,11 @@ impl SendTransportResponse for ScriptedResponse {
     /// As [`Reply::credentials_dropped`] said.
     fn credentials_dropped(&self) -> bool {
         self.credentials_dropped
+    }
+
+    /// As [`Reply::followed_redirect`] (or [`Reply::credentials_dropped`]) said.
+    fn followed_redirect(&self) -> bool {
+        self.followed_redirect
     }
 
     /// The next chunk: the whole body at once unless the reply set a chunk size;

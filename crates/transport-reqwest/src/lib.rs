@@ -197,7 +197,11 @@ browser and Node close the connection on.
 fetch follows redirects itself, with no policy to set and no hop the adapter can
 see: it drops `Authorization` on a hop to another origin, but a token under another
 header name (`x-api-key`) goes along, so point such a client only at an API whose
-redirects stay in its origin. What the platform's own network stack does under
+redirects stay in its origin. Nor can it tell a response to a hop a redirect led
+to (`followed_redirect` is always `false` there): a POST answered `303 See Other`
+whose GET then meets a 429 or a 503 with a delay is sent again, as the status is
+taken for the POST's own. Give such a POST an `Idempotency-Key` the server honours,
+or a policy without retries. What the platform's own network stack does under
 fetch (a resend of a request that a kept-alive connection handed back unwritten,
 say) is out of the adapter's sight.
 
@@ -716,6 +720,7 @@ macro_rules! transport_impl {
                     pending: client.execute(request),
                     guarded,
                     redirected: false,
+                    followed: false,
                     credentials_dropped: false,
                     http_url,
                 };
@@ -877,6 +882,9 @@ pin_project_lite::pin_project! {
         guarded: bool,
         // A tracked redirect policy decided on a redirect during this send.
         redirected: bool,
+        // A tracked redirect policy followed a redirect during this send: the
+        // response answers a hop it led to.
+        followed: bool,
         // The latest redirect a tracked policy followed went to another origin than
         // the hop before, so reqwest sent it without the request's credentials.
         credentials_dropped: bool,
@@ -910,6 +918,7 @@ where
                 // up the next request and wakes the task); when it stops or fails,
                 // the poll is ready with that 3xx or error.
                 if poll.is_pending() {
+                    *this.followed = true;
                     *this.credentials_dropped = drops;
                 }
             }
@@ -920,17 +929,22 @@ where
             } else {
                 error::send_error
             };
-            let dropped = *this.credentials_dropped;
+            let (followed, dropped) = (*this.followed, *this.credentials_dropped);
             poll.map(|result| {
                 result
-                    .map(|response| ReqwestResponse::answered(response, dropped))
+                    .map(|response| ReqwestResponse::answered(response, followed, dropped))
                     .map_err(map_error)
             })
         }
         // The browser follows redirects itself, and every failure is `Interrupted`.
         #[cfg(target_arch = "wasm32")]
         {
-            let _ = (this.guarded, this.redirected, this.credentials_dropped);
+            let _ = (
+                this.guarded,
+                this.redirected,
+                this.followed,
+                this.credentials_dropped,
+            );
             let map_error = if *this.http_url {
                 error::send_error
             } else {

@@ -68,12 +68,14 @@ mod imp {
         inner: reqwest::Response,
     }
 
-    /// In a response's extensions: it answers a hop a tracked policy followed to
-    /// another origin than the hop before, which reqwest sent without the request's
-    /// credentials. (A mark in the extensions, set only then, keeps the response the
-    /// size of reqwest's.)
+    /// In a response's extensions: it answers a hop a tracked policy followed;
+    /// `credentials_dropped` when that hop went to another origin than the hop
+    /// before, so reqwest sent it without the request's credentials. (A mark in the
+    /// extensions, set only then, keeps the response the size of reqwest's.)
     #[derive(Clone, Copy)]
-    struct CredentialsDropped;
+    struct Followed {
+        credentials_dropped: bool,
+    }
 
     impl ReqwestResponse {
         /// Wraps a response.
@@ -82,12 +84,18 @@ mod imp {
             ReqwestResponse { inner }
         }
 
-        /// The response a send got; `dropped` when it answers a hop that went without
-        /// the request's credentials.
+        /// The response a send got; `followed` when it answers a hop a redirect led
+        /// to, `dropped` when that hop went without the request's credentials.
         #[inline(always)]
-        pub(crate) fn answered(mut inner: reqwest::Response, dropped: bool) -> Self {
-            if dropped {
-                inner.extensions_mut().insert(CredentialsDropped);
+        pub(crate) fn answered(
+            mut inner: reqwest::Response,
+            followed: bool,
+            dropped: bool,
+        ) -> Self {
+            if followed || dropped {
+                inner.extensions_mut().insert(Followed {
+                    credentials_dropped: dropped,
+                });
             }
             ReqwestResponse { inner }
         }
@@ -177,8 +185,18 @@ mod imp {
         fn credentials_dropped(&self) -> bool {
             self.inner
                 .extensions()
-                .get::<CredentialsDropped>()
-                .is_some()
+                .get::<Followed>()
+                .is_some_and(|followed| followed.credentials_dropped)
+        }
+
+        /// The response answers a hop that a [tracked](crate::redirect::tracked)
+        /// policy followed: the request itself was answered with a redirect (a POST
+        /// answered `303 See Other`, say), so a 429, a 503 with a server delay or a
+        /// 401 of this hop is retried or replayed only for an idempotent call.
+        /// Always `false` under an untracked policy, which the adapter cannot see, and
+        /// on wasm32, where the browser follows redirects.
+        fn followed_redirect(&self) -> bool {
+            self.inner.extensions().get::<Followed>().is_some()
         }
 
         /// [`reqwest::Response::chunk`]: the next piece of the body as hyper read it
