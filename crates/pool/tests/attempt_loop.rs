@@ -1401,6 +1401,7 @@ fn a_cancelled_send_leaves_nothing_in_flight_in_the_health_figures() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 fn sends_dropped_mid_flight_count_toward_nothing_but_a_policy_limit_counts() {
     // README: "A dropped send counts for nothing: not toward the breaker, not against
     // its connection, not in a `HealthObserver`'s rates."
