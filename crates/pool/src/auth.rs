@@ -458,23 +458,11 @@ impl AuthState {
                 Step::Failed(e) => return Err(e),
                 Step::Wait(seen) => {
                     waited_for = Some(seen);
-                    WaitForFetch {
-                        state: self,
-                        seen,
-                        key: None,
-                    }
-                    .await;
+                    self.wait_for_fetch(seen).await;
                 }
-                Step::Fetch => {
-                    let guard = FetchGuard {
-                        state: self,
-                        armed: true,
-                    };
-                    let result = source.fetch().await;
-                    // As for a waiter: a call that only needs a token falls back to
-                    // the cached one (decided under the lock that ends the fetch).
-                    return guard.complete(result, stale.is_none());
-                }
+                // As for a waiter: a call that only needs a token falls back to the
+                // cached one (decided under the lock that ends the fetch).
+                Step::Fetch => return self.run_fetch(source, stale.is_none()).await,
             }
         }
     }
@@ -510,23 +498,37 @@ impl AuthState {
             match wait {
                 Some(seen) => {
                     waited_for = Some(seen);
-                    WaitForFetch {
-                        state: self,
-                        seen,
-                        key: None,
-                    }
-                    .await;
+                    self.wait_for_fetch(seen).await;
                 }
-                None => {
-                    let guard = FetchGuard {
-                        state: self,
-                        armed: true,
-                    };
-                    let result = source.fetch().await;
-                    return guard.complete(result, false).map(|_| ());
-                }
+                None => return self.run_fetch(source, false).await.map(|_| ()),
             }
         }
+    }
+
+    /// Waits until the fetch that runs while `seen` fetches are done ends, or is
+    /// abandoned.
+    fn wait_for_fetch(&self, seen: u64) -> WaitForFetch<'_> {
+        WaitForFetch {
+            state: self,
+            seen,
+            key: None,
+        }
+    }
+
+    /// Runs the fetch whose `fetching` flag this caller set, under a guard that
+    /// hands it over if the caller is dropped; on failure, `fall_back` hands out
+    /// the cached token instead of the error, if there is one.
+    async fn run_fetch<S: TokenSource>(
+        &self,
+        source: &S,
+        fall_back: bool,
+    ) -> Result<Token, Arc<AuthError>> {
+        let guard = FetchGuard {
+            state: self,
+            armed: true,
+        };
+        let result = source.fetch().await;
+        guard.complete(result, fall_back)
     }
 }
 

@@ -1200,26 +1200,26 @@ fn when_the_refresh_after_a_401_fails_other_calls_still_use_the_cached_token() {
     w.assert_contract();
 }
 
+/// Spawns `client.refresh_token()` on the driver.
+fn spawn_refresh<A: vantage_api_pool::TokenSource + 'static>(
+    w: &World,
+    client: &Client<A>,
+) -> vantage_api_pool_testkit::JoinHandle<Result<(), vantage_api_pool::auth::SharedAuthError>> {
+    let client = client.clone();
+    w.rt.spawn(async move { client.refresh_token().await })
+}
+
 #[test]
 fn refresh_token_fetches_a_new_token_while_the_one_in_use_stays_in_use() {
     // Fetches take 1 s. The first call fetches t1 and sends at 1 s. A refresh asked
     // at 1 s runs until 2 s; a call made meanwhile sends t1 at once, one made after
     // it sends t2, and nobody met a 401.
     let w = World::new();
-    w.transport.default_reply(Reply::ok());
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(counting_tokens_after(&w.rt, &fetches, secs(1)))
-        .build()
-        .unwrap();
+    let (client, fetches) = client_with_slow_tokens(&w, secs(1));
     w.rt.block_on(client.execute(|h| h.get("/x")))
         .unwrap()
         .unwrap();
-    let refresh = {
-        let client = client.clone();
-        w.rt.spawn(async move { client.refresh_token().await })
-    };
+    let refresh = spawn_refresh(&w, &client);
     let during = w.spawn_call(&client, CallPolicy::background(), "/x");
     w.rt.run_for(ms(500)).unwrap();
     assert!(during.is_finished() && !refresh.is_finished());
@@ -1249,19 +1249,13 @@ fn refresh_token_joins_a_running_fetch_and_a_401_joins_a_refresh() {
     require_token(&w, "Bearer t2");
     let (client, fetches) = client_with_counted_tokens(&w, |b| b);
     let call = w.spawn_call(&client, CallPolicy::background(), "/x");
-    let refresh = {
-        let client = client.clone();
-        w.rt.spawn(async move { client.refresh_token().await })
-    };
+    let refresh = spawn_refresh(&w, &client);
     w.rt.run_for(ms(50)).unwrap();
     assert!(refresh.is_finished());
     assert_eq!(fetches.load(Ordering::SeqCst), 1);
     // The call sent t1 at 50 ms and meets a 401 at 60 ms; a refresh asked at 50 ms
     // (fetching t2 until 100 ms) serves its replay: still two fetches in all.
-    let refresh = {
-        let client = client.clone();
-        w.rt.spawn(async move { client.refresh_token().await })
-    };
+    let refresh = spawn_refresh(&w, &client);
     all_succeed(&w, vec![call]);
     assert!(w.rt.block_on(refresh).unwrap().is_ok());
     assert_eq!(tokens_sent(&w, None), ["Bearer t1", "Bearer t2"]);
@@ -1299,17 +1293,8 @@ fn a_failed_refresh_token_returns_the_error_and_the_token_in_use_stays() {
 #[test]
 fn a_dropped_refresh_token_abandons_its_fetch_and_the_next_one_fetches_again() {
     let w = World::new();
-    w.transport.default_reply(Reply::ok());
-    let fetches = Arc::new(AtomicU32::new(0));
-    let client = w
-        .builder()
-        .auth(counting_tokens_after(&w.rt, &fetches, secs(1)))
-        .build()
-        .unwrap();
-    let refresh = {
-        let client = client.clone();
-        w.rt.spawn(async move { client.refresh_token().await })
-    };
+    let (client, fetches) = client_with_slow_tokens(&w, secs(1));
+    let refresh = spawn_refresh(&w, &client);
     w.rt.run_for(ms(500)).unwrap();
     refresh.abort();
     w.rt.run_until_idle().unwrap();
