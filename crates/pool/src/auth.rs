@@ -469,20 +469,26 @@ impl AuthState {
 
     /// Fetches a newer token now, whatever the cached one, or joins the fetch that
     /// is running: the cached token stays in use meanwhile (nothing is rejected).
-    /// The outcome is the fetch's: on failure the cached token stays, as after a
-    /// refresh a 401 asked for.
+    /// `Ok` once a token newer than the one in use when it was asked for has landed;
+    /// otherwise the error of the fetch it ran or waited for (the cached token
+    /// stays, as after a failed refresh a 401 asked for).
     pub(crate) async fn refresh<S: TokenSource>(&self, source: &S) -> Result<(), Arc<AuthError>> {
         let mut waited_for: Option<u64> = None;
+        // The generation of the token in use when the refresh was asked for.
+        let mut asked_at: Option<u64> = None;
         loop {
             // The fetch to wait for (by the number of fetches done when it ran), or
             // `None`: this caller fetches.
             let wait = {
                 let mut inner = self.lock();
+                let asked_at = *asked_at.get_or_insert(inner.generation);
                 match waited_for {
-                    // The fetch waited for ended: its outcome is the refresh's.
+                    // The fetch waited for ended (others may have ended too before
+                    // this caller looked): done if a newer token than the one in use
+                    // at the start has landed, else that fetch failed.
                     Some(seen) if inner.fetches_done > seen => {
                         return match &inner.last_error {
-                            Some((n, e)) if *n == inner.fetches_done => Err(Arc::clone(e)),
+                            Some((_, e)) if inner.generation == asked_at => Err(Arc::clone(e)),
                             _ => Ok(()),
                         };
                     }

@@ -12,7 +12,7 @@ use http::HeaderName;
 use pin_project_lite::pin_project;
 
 use crate::attempt::Call;
-use crate::auth::{AuthState, NoAuth, SharedAuthError, TokenSource};
+use crate::auth::{AuthError, AuthState, NoAuth, SharedAuthError, TokenSource};
 use crate::breaker::{BreakerState, CircuitBreaker};
 use crate::builder::ClientBuilder;
 use crate::concurrency::Limiter;
@@ -469,14 +469,21 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// Calls that start after it get the new token, and so do sends already built
     /// and waiting for a permit or a rate token, when the new token comes under the
     /// same header name. A fetch already running (the first, or a refresh a 401
-    /// asked for) is joined instead of doubled; either way the outcome is that
-    /// fetch's. Dropping the future abandons the fetch, as a dropped call would.
-    /// No observer event reports it; [`token_fetches`](Self::token_fetches) counts
-    /// it. A client without a token source has nothing to refresh: `Ok(())` at once.
+    /// asked for) is joined instead of doubled. It resolves to `Ok` once a token
+    /// newer than the one in use when it was called has landed. No observer event
+    /// reports it; [`token_fetches`](Self::token_fetches) counts it.
+    ///
+    /// It has no time limit of its own: while its fetch runs, a call that needs a
+    /// new token (its 401's replay) waits for that fetch, so a source that never
+    /// answers holds those calls until their budgets end. Give the source a timeout,
+    /// or put one around this future: dropping it abandons the fetch, and the next
+    /// caller that needs a token starts another.
     ///
     /// # Errors
     ///
-    /// The token source's error. The token in use, if there is one, stays in use.
+    /// The token source's error, when the fetch it ran or joined failed and no newer
+    /// token landed meanwhile; the token in use, if there is one, stays in use. On a
+    /// client without a token source, an error that says so (nothing is fetched).
     ///
     /// ```
     /// use std::sync::Arc;
@@ -511,7 +518,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     pub async fn refresh_token(&self) -> Result<(), SharedAuthError> {
         let shared = &self.shared;
         if !shared.auth.is_configured() {
-            return Ok(());
+            return Err(SharedAuthError(Arc::new(AuthError::from(
+                "no token source to refresh: the client was built without `auth`",
+            ))));
         }
         shared
             .auth_state

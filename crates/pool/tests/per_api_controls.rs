@@ -1285,9 +1285,68 @@ fn a_failed_refresh_token_returns_the_error_and_the_token_in_use_stays() {
     assert_eq!(tokens_sent(&w, None), ["Bearer t1", "Bearer t1"]);
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
 
-    // Without a token source there is nothing to refresh.
+    // Without a token source there is nothing to refresh, and it says so.
     let plain = w.client();
-    assert!(w.rt.block_on(plain.refresh_token()).unwrap().is_ok());
+    let err = w.rt.block_on(plain.refresh_token()).unwrap().unwrap_err();
+    assert!(err.to_string().contains("no token source"), "{err}");
+    assert_eq!(plain.token_fetches(), 0);
+}
+
+#[test]
+fn a_refresh_that_joined_a_fetch_reports_the_token_that_landed_not_a_later_failure() {
+    // t1 at once, t2 after 1 s, later fetches fail. R0 starts the t2 fetch, R joins
+    // it; at 1 s, as t2 lands, D asks for a refresh of its own, which fails before R
+    // looks again. R waited for t2, which landed: Ok (an outside review found R
+    // reporting D's failure).
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let (rt, counter) = (w.rt.clone(), Arc::clone(&fetches));
+    let client = w
+        .builder()
+        .auth(token_fn(move || {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            let rt = rt.clone();
+            async move {
+                match n {
+                    1 => {}
+                    2 => rt.sleep(secs(1)).await,
+                    _ => return Err(AuthError::from("identity provider down")),
+                }
+                Ok::<_, AuthError>((
+                    AUTHORIZATION,
+                    HeaderValue::from_str(&format!("Bearer t{n}")).unwrap(),
+                ))
+            }
+        }))
+        .build()
+        .unwrap();
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    let r0 = spawn_refresh(&w, &client);
+    w.rt.run_until_idle().unwrap();
+    let r = spawn_refresh(&w, &client);
+    w.rt.run_until_idle().unwrap();
+    let d = {
+        let (client, rt) = (client.clone(), w.rt.clone());
+        w.rt.spawn(async move {
+            rt.sleep(secs(1)).await;
+            client.refresh_token().await
+        })
+    };
+    w.rt.run().unwrap();
+    let outcome = |handle: vantage_api_pool_testkit::JoinHandle<Result<(), SharedAuthError>>| {
+        w.rt.block_on(handle).unwrap().map_err(|e| e.to_string())
+    };
+    assert_eq!(outcome(r0), Ok(()));
+    assert_eq!(outcome(d), Err("identity provider down".to_owned()));
+    assert_eq!(outcome(r), Ok(()), "R waited for t2, which landed");
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(tokens_sent(&w, None), ["Bearer t1", "Bearer t2"]);
 }
 
 #[test]
