@@ -120,8 +120,9 @@ struct ErrorHead {
     /// It answers a hop that went out without the client's credentials (a redirect
     /// crossed origins).
     credentials_dropped: bool,
-    /// It answers a hop a redirect led to, not the request sent.
-    followed_redirect: bool,
+    /// The request was answered with a redirect the transport followed with another
+    /// request, which this answers.
+    answered_by_redirect: bool,
 }
 
 /// How a failed send ended, before classification (a 1xx, 2xx or 3xx head is
@@ -928,7 +929,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 .and_then(|v| v.to_str().ok())
                 .map(Arc::<str>::from),
             credentials_dropped: response.credentials_dropped(),
-            followed_redirect: response.followed_redirect(),
+            answered_by_redirect: response.answered_by_redirect(),
         };
         (response, head)
     }
@@ -955,7 +956,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                         wait,
                         request_id,
                         credentials_dropped,
-                        followed_redirect,
+                        answered_by_redirect,
                     },
                 body,
             } => {
@@ -965,7 +966,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     .with_request_id(request_id)
                     .with_retry_after(wait)
                     .with_credentials_dropped(credentials_dropped)
-                    .with_followed_redirect(followed_redirect)
+                    .with_answered_by_redirect(answered_by_redirect)
                     .with_reached(true);
                 (Outcome::Status(status), wait, error, false)
             }
@@ -1004,7 +1005,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 redials_used: self.redials,
                 has_server_delay: server_wait.is_some(),
                 cut_by_budget,
-                followed_redirect: error.followed_redirect(),
+                answered_by_redirect: error.answered_by_redirect(),
             },
         );
         let transition = self.tell_breaker(verdict.breaker, guard.probe.take(), ended);

@@ -10,9 +10,9 @@
 //! |---|---|---|
 //! | 2xx | success | success |
 //! | 1xx, 3xx (not followed by the transport) | success: returned to the caller | reachable |
-//! | 401, refresher present, first 401 of the call, answering a request that carried the credentials (and, when it answers a hop a redirect led to, an idempotent call) | replay after refreshing the token | reachable |
+//! | 401, refresher present, first 401 of the call, answering a request that carried the credentials (and, when the call's request was answered by a redirect, an idempotent call) | replay after refreshing the token | reachable |
 //! | 408 | retry if idempotent, else final | untouched |
-//! | 429 | retry, any method (if idempotent, else final, when it answers a hop a redirect led to: the request itself was answered with the redirect) | untouched |
+//! | 429 | retry, any method (if idempotent, else final, when it answers another request a 301, 302 or 303 led to: the call's request was answered with that redirect, [`TransportResponse::answered_by_redirect`](crate::TransportResponse::answered_by_redirect)) | untouched |
 //! | a 4xx the call's policy takes as an answer ([`CallPolicy::with_answer_statuses`](crate::CallPolicy::with_answer_statuses): never 401, 408, 429; the attempt loop checks it before this table) | success: returned to the caller | reachable |
 //! | other 4xx (a second 401, or one answering a hop a redirect sent without the credentials, included) | final | reachable |
 //! | 503 with a valid server delay | retry, any method (if idempotent, else final, after a redirect, as for 429) | failure |
@@ -120,11 +120,12 @@ pub struct CallFacts {
     /// attempt timeout, less a few milliseconds of waiting at the gate, must not
     /// hide an API that never answers.)
     pub cut_by_budget: bool,
-    /// The response answers a hop a redirect led to, not the request sent
-    /// ([`TransportResponse::followed_redirect`](crate::TransportResponse::followed_redirect)):
+    /// The call's request was answered with a redirect the transport followed with
+    /// another request, which the response answers
+    /// ([`TransportResponse::answered_by_redirect`](crate::TransportResponse::answered_by_redirect)):
     /// the request may have been processed, so a 429, a 503 with a server delay and
     /// a 401 are retried or replayed only when it is idempotent.
-    pub followed_redirect: bool,
+    pub answered_by_redirect: bool,
 }
 
 /// What the attempt loop does next.
@@ -245,7 +246,7 @@ pub fn classify(outcome: Outcome, facts: &CallFacts) -> Verdict {
     let maybe_processed = if facts.idempotent { Retry } else { Final };
     // A status that says the request was not processed, unless it answers a hop a
     // redirect led to: the request itself was answered with that redirect.
-    let not_processed = if facts.followed_redirect {
+    let not_processed = if facts.answered_by_redirect {
         maybe_processed
     } else {
         Retry
@@ -256,7 +257,7 @@ pub fn classify(outcome: Outcome, facts: &CallFacts) -> Verdict {
             verdict(Success, B::Reachable)
         }
         Outcome::Status(StatusCode::UNAUTHORIZED)
-            if facts.can_replay_401 && (facts.idempotent || !facts.followed_redirect) =>
+            if facts.can_replay_401 && (facts.idempotent || !facts.answered_by_redirect) =>
         {
             verdict(Replay, B::Reachable)
         }
@@ -304,7 +305,7 @@ mod tests {
             redials_used,
             has_server_delay,
             cut_by_budget: false,
-            followed_redirect: false,
+            answered_by_redirect: false,
         }
     }
 
@@ -409,7 +410,7 @@ mod tests {
         for &(code, delay, refresh, plain, idem, breaker) in rows {
             for (idempotent, action) in [(false, plain), (true, idem)] {
                 let redirected = CallFacts {
-                    followed_redirect: true,
+                    answered_by_redirect: true,
                     ..facts(idempotent, refresh, 0, delay)
                 };
                 assert_eq!(

@@ -180,8 +180,9 @@ pub struct ClientError {
     reached: bool,
     // The last response answered a hop sent without the client's credentials.
     credentials_dropped: bool,
-    // The last response answered a hop a redirect led to.
-    followed_redirect: bool,
+    // The last response answered another request, which a redirect that answered
+    // the call's request led to.
+    answered_by_redirect: bool,
     // Set for `TimedOut` only.
     time_limit: Option<TimeLimit>,
     source: Option<Arc<dyn StdError + Send + Sync + 'static>>,
@@ -198,7 +199,7 @@ impl ClientError {
             retry_after: None,
             reached: false,
             credentials_dropped: false,
-            followed_redirect: false,
+            answered_by_redirect: false,
             time_limit: None,
             source: None,
         }
@@ -261,9 +262,10 @@ impl ClientError {
         self
     }
 
-    /// Records that the response answered a hop a redirect led to.
-    pub(crate) fn with_followed_redirect(mut self, followed: bool) -> Self {
-        self.followed_redirect = followed;
+    /// Records that the call's request was answered with a redirect the transport
+    /// followed with another request.
+    pub(crate) fn with_answered_by_redirect(mut self, answered: bool) -> Self {
+        self.answered_by_redirect = answered;
         self
     }
 
@@ -444,16 +446,18 @@ impl ClientError {
         self.credentials_dropped
     }
 
-    /// True when the last response answered a hop a redirect led to, not the request
-    /// sent, as the transport tells through
-    /// [`TransportResponse::followed_redirect`](crate::TransportResponse::followed_redirect):
-    /// the request was answered with the redirect, so it may have been processed,
-    /// and a 429, a 503 with a server delay or a 401 of that hop was retried or
-    /// replayed only if the call is idempotent. Always `false` for an error that is
-    /// not [`ErrorKind::Status`], and for a response the transport cannot track.
+    /// True when the call's last request was answered with a redirect that the
+    /// transport followed with another request (a 303, or a 301 or 302: a POST
+    /// goes on as a GET), and this error's status answers that later request, as
+    /// the transport tells through
+    /// [`TransportResponse::answered_by_redirect`](crate::TransportResponse::answered_by_redirect).
+    /// The request itself may have been processed, so a 429, a 503 with a server
+    /// delay or a 401 of the later request was retried or replayed only if the call
+    /// is idempotent. Always `false` for an error that is not [`ErrorKind::Status`],
+    /// and for a response the transport cannot track.
     #[must_use]
-    pub fn followed_redirect(&self) -> bool {
-        self.followed_redirect
+    pub fn answered_by_redirect(&self) -> bool {
+        self.answered_by_redirect
     }
 
     /// Whether the same call, tried again later, might succeed: 408, 429 and 5xx
@@ -519,7 +523,7 @@ impl fmt::Debug for ClientError {
             .field("time_limit", &self.time_limit)
             .field("nothing_sent", &!self.reached)
             .field("credentials_dropped", &self.credentials_dropped)
-            .field("followed_redirect", &self.followed_redirect)
+            .field("answered_by_redirect", &self.answered_by_redirect)
             .finish()
     }
 }

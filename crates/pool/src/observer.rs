@@ -184,9 +184,10 @@ pub enum EventKind {
     /// (the same [`call`](TransportEvent::call); a breaker transition that failure
     /// caused may sit between): to log a retry with its reason, keep each call's
     /// latest `Failed`. No event marks a call's end: a `Failed` that no
-    /// `RetryScheduled` or `Redialing` follows was the call's last, and a call
-    /// dropped in its back-off reports nothing more, so a per-call record is best
-    /// closed where the call's future is awaited or dropped.
+    /// `RetryScheduled`, `Redialing` or `Started` of the same call follows was the
+    /// call's last (a 401's replay follows its `Failed` with a `Started` at once),
+    /// and a call dropped in its back-off reports nothing more, so a per-call record
+    /// is best closed where the call's future is awaited or dropped.
     RetryScheduled {
         /// The attempt number the retry will have.
         attempt: u32,

@@ -358,14 +358,17 @@ pub trait TransportResponse {
         false
     }
 
-    /// Whether this response answers a request the transport made by following a
-    /// redirect inside the send, not the request it was given. That request then
-    /// reached the server, which answered it with the redirect, so it may have been
-    /// processed (a POST answered `303 See Other` by a server that took the order):
-    /// a 429, a 503 with a server delay or a 401 of the hop it led to says nothing
-    /// of it, and the call is retried or replayed only when it is idempotent.
-    /// `false` by default, for a transport that follows no redirect or cannot tell.
-    fn followed_redirect(&self) -> bool {
+    /// Whether the request the transport was given was answered with a redirect
+    /// that the transport followed with another request, which this response
+    /// answers: a 303, or a 301 or 302, after which a POST goes on as a GET. The
+    /// request reached the server and may have been processed (a POST answered
+    /// `303 See Other` by a server that took the order), so a 429, a 503 with a
+    /// server delay or a 401 of the later request says nothing of it: the call is
+    /// retried or replayed only when it is idempotent. Not for a 307 or 308, which
+    /// sends the same request on (their answer is the request's own). `false` by
+    /// default, for a transport that follows no redirect or cannot tell (so a
+    /// transport written before this method existed keeps the old reading).
+    fn answered_by_redirect(&self) -> bool {
         false
     }
 
@@ -486,8 +489,8 @@ pub trait SendTransportResponse: Send {
         false
     }
 
-    /// As [`TransportResponse::followed_redirect`]; `false` by default.
-    fn followed_redirect(&self) -> bool {
+    /// As [`TransportResponse::answered_by_redirect`]; `false` by default.
+    fn answered_by_redirect(&self) -> bool {
         false
     }
 
@@ -517,8 +520,8 @@ impl<T: SendTransportResponse> TransportResponse for T {
     }
 
     #[inline]
-    fn followed_redirect(&self) -> bool {
-        SendTransportResponse::followed_redirect(self)
+    fn answered_by_redirect(&self) -> bool {
+        SendTransportResponse::answered_by_redirect(self)
     }
 
     #[inline]

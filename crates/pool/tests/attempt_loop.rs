@@ -472,6 +472,13 @@ fn the_breaker_counts_an_answer_status_as_the_api_answering() {
         .collect();
     assert_eq!(outcomes, [Err("status"), Ok(404), Err("status")]);
     assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+    // And, as any answer, one to the probe closes the breaker.
+    w.transport.push(Reply::status(404));
+    w.rt.run_for(secs(5)).unwrap();
+    let probe =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/orders/7")));
+    assert_eq!(probe.unwrap().unwrap().status(), StatusCode::NOT_FOUND);
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
     w.assert_contract();
 }
 
@@ -484,13 +491,13 @@ fn a_post_answered_with_a_redirect_is_not_sent_again_for_the_next_hops_429_or_50
         Reply::status(503).header("retry-after-ms", "5"),
     ] {
         let w = World::new();
-        w.transport.default_reply(reply.followed_redirect());
+        w.transport.default_reply(reply.answered_by_redirect());
         let client = w.client();
         let err =
             w.rt.block_on(client.execute_with(&bounded(2, ms(10)), |h| h.post("/orders")))
                 .unwrap()
                 .unwrap_err();
-        assert!(err.followed_redirect() && !err.credentials_dropped());
+        assert!(err.answered_by_redirect() && !err.credentials_dropped());
         assert_eq!((w.transport.request_count(), err.attempts()), (1, 1));
         assert!(!err.nothing_sent());
         let err =
@@ -508,7 +515,7 @@ fn a_post_answered_with_a_redirect_is_not_sent_again_for_the_next_hops_429_or_50
         w.rt.block_on(client.execute_with(&bounded(2, ms(10)), |h| h.post("/orders")))
             .unwrap()
             .unwrap_err();
-    assert!(!err.followed_redirect());
+    assert!(!err.answered_by_redirect());
     assert_eq!(w.transport.request_count(), 3);
 }
 

@@ -919,7 +919,7 @@ fn a_401_to_a_hop_a_redirect_led_to_replays_only_an_idempotent_call() {
     let w = World::new();
     w.transport
         .respond_with(|req, _| match (req.method().as_str(), bearer(req)) {
-            (_, Some("Bearer t1")) => Reply::status(401).followed_redirect(),
+            (_, Some("Bearer t1")) => Reply::status(401).answered_by_redirect(),
             _ => Reply::ok(),
         });
     let (client, fetches) = client_with_counted_tokens(&w, |b| b);
@@ -928,7 +928,7 @@ fn a_401_to_a_hop_a_redirect_led_to_replays_only_an_idempotent_call() {
             .unwrap()
             .unwrap_err();
     assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED));
-    assert!(err.followed_redirect());
+    assert!(err.answered_by_redirect());
     assert_eq!(
         (w.transport.request_count(), fetches.load(Ordering::SeqCst)),
         (1, 1)

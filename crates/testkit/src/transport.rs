@@ -132,8 +132,9 @@ struct ResponseSpec {
     shape: Option<Box<BodyShape>>,
     /// As if a redirect had dropped the request's credentials.
     credentials_dropped: bool,
-    /// As if the response answered a hop a redirect led to.
-    followed_redirect: bool,
+    /// As if the request had been answered with a redirect the transport followed
+    /// with another request.
+    answered_by_redirect: bool,
 }
 
 /// How a body is delivered, when not all at once.
@@ -200,7 +201,7 @@ impl Reply {
                 body: Bytes::new(),
                 shape: None,
                 credentials_dropped: false,
-                followed_redirect: false,
+                answered_by_redirect: false,
             }),
             delay: Duration::ZERO,
         }
@@ -399,9 +400,8 @@ impl Reply {
     /// credentials, as if a redirect the transport followed had crossed origins and
     /// dropped them
     /// ([`TransportResponse::credentials_dropped`](vantage_api_pool::TransportResponse::credentials_dropped)):
-    /// a 401 then is final, no token refreshed. It also marks the response as one to
-    /// a hop a redirect led to ([`followed_redirect`](Reply::followed_redirect)), as
-    /// it is.
+    /// a 401 then is final, no token refreshed. (Whether that redirect also made the
+    /// request another one, a 303's GET, is [`answered_by_redirect`](Reply::answered_by_redirect).)
     ///
     /// # Panics
     ///
@@ -421,18 +421,16 @@ impl Reply {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn credentials_dropped(mut self) -> Reply {
-        let spec = self.spec("credentials_dropped");
-        spec.credentials_dropped = true;
-        spec.followed_redirect = true;
+        self.spec("credentials_dropped").credentials_dropped = true;
         self
     }
 
-    /// Makes the response one to a hop a redirect led to, as if the transport had
-    /// followed a redirect inside the send
-    /// ([`TransportResponse::followed_redirect`](vantage_api_pool::TransportResponse::followed_redirect)):
-    /// the request itself was answered with that redirect, so a 429, a 503 with a
-    /// server delay or a 401 of the hop is retried or replayed only for an idempotent
-    /// call.
+    /// Makes the response one to another request than the one sent, as if the
+    /// request had been answered with a 303 (or a 301 or 302) that the transport
+    /// followed with a GET
+    /// ([`TransportResponse::answered_by_redirect`](vantage_api_pool::TransportResponse::answered_by_redirect)):
+    /// the request may have been processed, so a 429, a 503 with a server delay or a
+    /// 401 of the GET is retried or replayed only for an idempotent call.
     ///
     /// # Panics
     ///
@@ -444,15 +442,15 @@ impl Reply {
     /// let rt = VirtualRuntime::new();
     /// let transport = ScriptedTransport::new(&rt);
     /// // A POST answered 303; the GET it led to meets a 429.
-    /// transport.push(Reply::status(429).followed_redirect());
+    /// transport.push(Reply::status(429).answered_by_redirect());
     /// let client = ResilientClient::builder(transport.clone(), rt.clone()).build()?;
     /// let error = rt.block_on(client.execute(|http| http.post("/orders")))?.unwrap_err();
-    /// assert!(error.followed_redirect());
+    /// assert!(error.answered_by_redirect());
     /// assert_eq!(transport.request_count(), 1, "the POST is not sent again");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn followed_redirect(mut self) -> Reply {
-        self.spec("followed_redirect").followed_redirect = true;
+    pub fn answered_by_redirect(mut self) -> Reply {
+        self.spec("answered_by_redirect").answered_by_redirect = true;
         self
     }
 
@@ -858,7 +856,7 @@ pub struct ScriptedResponse {
     /// Only for a body with a chunk delay.
     runtime: Option<VirtualRuntime>,
     credentials_dropped: bool,
-    followed_redirect: bool,
+    answered_by_redirect: bool,
 }
 
 impl fmt::Debug for ScriptedResponse {
@@ -886,7 +884,7 @@ impl ScriptedResponse {
             pos: 0,
             shape: spec.shape,
             credentials_dropped: spec.credentials_dropped,
-            followed_redirect: spec.followed_redirect,
+            answered_by_redirect: spec.answered_by_redirect,
         }
     }
 
@@ -987,9 +985,9 @@ impl SendTransportResponse for ScriptedResponse {
         self.credentials_dropped
     }
 
-    /// As [`Reply::followed_redirect`] (or [`Reply::credentials_dropped`]) said.
-    fn followed_redirect(&self) -> bool {
-        self.followed_redirect
+    /// As [`Reply::answered_by_redirect`] said.
+    fn answered_by_redirect(&self) -> bool {
+        self.answered_by_redirect
     }
 
     /// The next chunk: the whole body at once unless the reply set a chunk size;

@@ -197,11 +197,12 @@ browser and Node close the connection on.
 fetch follows redirects itself, with no policy to set and no hop the adapter can
 see: it drops `Authorization` on a hop to another origin, but a token under another
 header name (`x-api-key`) goes along, so point such a client only at an API whose
-redirects stay in its origin. Nor can it tell a response to a hop a redirect led
-to (`followed_redirect` is always `false` there): a POST answered `303 See Other`
+redirects stay in its origin. Nor can it tell a request answered with a redirect
+(`answered_by_redirect` is always `false` there): a POST answered `303 See Other`
 whose GET then meets a 429 or a 503 with a delay is sent again, as the status is
-taken for the POST's own. Give such a POST an `Idempotency-Key` the server honours,
-or a policy without retries. What the platform's own network stack does under
+taken for the POST's own, and so is one whose GET meets a 401 on a client with a
+token source (its replay). Give such a POST an `Idempotency-Key` the server
+honours, or a policy without retries. What the platform's own network stack does under
 fetch (a resend of a request that a kept-alive connection handed back unwritten,
 say) is out of the adapter's sight.
 
@@ -720,7 +721,7 @@ macro_rules! transport_impl {
                     pending: client.execute(request),
                     guarded,
                     redirected: false,
-                    followed: false,
+                    answered: false,
                     credentials_dropped: false,
                     http_url,
                 };
@@ -882,9 +883,9 @@ pin_project_lite::pin_project! {
         guarded: bool,
         // A tracked redirect policy decided on a redirect during this send.
         redirected: bool,
-        // A tracked redirect policy followed a redirect during this send: the
-        // response answers a hop it led to.
-        followed: bool,
+        // A tracked redirect policy followed a 301, 302 or 303 during this send: the
+        // request was answered, and the response answers another request.
+        answered: bool,
         // The latest redirect a tracked policy followed went to another origin than
         // the hop before, so reqwest sent it without the request's credentials.
         credentials_dropped: bool,
@@ -912,14 +913,14 @@ where
         #[cfg(not(target_arch = "wasm32"))]
         {
             let (poll, decided) = redirect::noting(*this.guarded, || this.pending.poll(cx));
-            if let Some(drops) = decided {
+            if let Some(decided) = decided {
                 *this.redirected = true;
                 // A hop the policy follows leaves the poll pending (tower-http sets
                 // up the next request and wakes the task); when it stops or fails,
                 // the poll is ready with that 3xx or error.
                 if poll.is_pending() {
-                    *this.followed = true;
-                    *this.credentials_dropped = drops;
+                    *this.answered |= decided.answered;
+                    *this.credentials_dropped = decided.drops_credentials;
                 }
             }
             let map_error = if !*this.http_url {
@@ -929,10 +930,10 @@ where
             } else {
                 error::send_error
             };
-            let (followed, dropped) = (*this.followed, *this.credentials_dropped);
+            let (answered, dropped) = (*this.answered, *this.credentials_dropped);
             poll.map(|result| {
                 result
-                    .map(|response| ReqwestResponse::answered(response, followed, dropped))
+                    .map(|response| ReqwestResponse::answered(response, answered, dropped))
                     .map_err(map_error)
             })
         }
@@ -942,7 +943,7 @@ where
             let _ = (
                 this.guarded,
                 this.redirected,
-                this.followed,
+                this.answered,
                 this.credentials_dropped,
             );
             let map_error = if *this.http_url {

@@ -61,10 +61,24 @@ const GUARDED: u8 = 2;
 /// origin than the hop before, so reqwest sends it without the request's
 /// credentials (`Authorization`, `Cookie`, `Proxy-Authorization`).
 const DROPS_CREDENTIALS: u8 = 4;
+/// In [`STATE`]: a redirect decided during the current poll is a 301, 302 or 303,
+/// after which reqwest sends the next hop as another request (a POST goes on as a
+/// GET): the request itself was answered.
+const ANSWERED: u8 = 8;
+
+/// What a tracked policy decided during one poll of a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Decided {
+    /// The latest hop decided on goes without the request's credentials.
+    pub(crate) drops_credentials: bool,
+    /// A hop decided on was a 301, 302 or 303.
+    pub(crate) answered: bool,
+}
 
 thread_local! {
-    /// The current poll of a send on this thread: [`DECIDED`], [`GUARDED`] and
-    /// [`DROPS_CREDENTIALS`]. One cell for all, so a poll reads and restores it once.
+    /// The current poll of a send on this thread: [`DECIDED`], [`GUARDED`],
+    /// [`DROPS_CREDENTIALS`] and [`ANSWERED`]. One cell for all, so a poll reads and
+    /// restores it once.
     static STATE: Cell<u8> = const { Cell::new(0) };
 }
 
@@ -104,11 +118,18 @@ pub fn tracked(policy: Policy) -> Policy {
         let drops = previous
             .last()
             .is_some_and(|last| !same_origin(attempt.url(), last));
-        let decided = if drops {
+        let mut decided = if drops {
             state | DECIDED | DROPS_CREDENTIALS
         } else {
             (state | DECIDED) & !DROPS_CREDENTIALS
         };
+        // reqwest sends a POST on as a GET after a 301 or 302, and anything but a
+        // HEAD after a 303; 307 and 308 send the same request on. Marked for every
+        // method: one a 301 or 302 keeps is not resent after the next hop's 429,
+        // which errs on the side of sending once.
+        if matches!(attempt.status().as_u16(), 301..=303) {
+            decided |= ANSWERED;
+        }
         STATE.with(|cell| cell.set(decided));
         policy.redirect(attempt)
     })
@@ -138,12 +159,12 @@ pub(crate) fn carries_secret(headers: &HeaderMap) -> bool {
 /// Runs one poll of a send's future, `guarded` if its request carries a secret that
 /// must not leave its origin, and tells whether a tracked policy decided on a
 /// redirect during it (`Some`), and if so whether the latest one goes without the
-/// request's credentials (`Some(true)`). Restores the state it found, also when the
+/// request's credentials and whether one was a 301, 302 or 303. Restores the state it found, also when the
 /// poll panics, so it nests. (A tracked policy used outside the adapter, by a
 /// request sent with reqwest directly, leaves its own mark on the thread; the next
 /// `noting` replaces it, and such a request has no guard.)
 #[inline(always)]
-pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, Option<bool>) {
+pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, Option<Decided>) {
     /// Puts the outer state back when dropped.
     struct Restore(u8);
     impl Drop for Restore {
@@ -158,7 +179,10 @@ pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, Option<b
     drop(restore);
     (
         output,
-        (state & DECIDED != 0).then_some(state & DROPS_CREDENTIALS != 0),
+        (state & DECIDED != 0).then_some(Decided {
+            drops_credentials: state & DROPS_CREDENTIALS != 0,
+            answered: state & ANSWERED != 0,
+        }),
     )
 }
 
@@ -239,11 +263,29 @@ mod tests {
         assert_eq!(inner, None);
         assert!(inner_guarded);
         assert_eq!(outer_before, DECIDED | GUARDED);
-        assert_eq!(outer, Some(false));
-        let ((), drops) = noting(false, || {
+        let neither = Decided {
+            drops_credentials: false,
+            answered: false,
+        };
+        assert_eq!(outer, Some(neither));
+        let ((), decided) = noting(false, || {
             STATE.with(|d| d.set(DECIDED | DROPS_CREDENTIALS));
         });
-        assert_eq!(drops, Some(true));
+        assert_eq!(
+            decided,
+            Some(Decided {
+                drops_credentials: true,
+                ..neither
+            })
+        );
+        let ((), decided) = noting(false, || STATE.with(|d| d.set(DECIDED | ANSWERED)));
+        assert_eq!(
+            decided,
+            Some(Decided {
+                answered: true,
+                ..neither
+            })
+        );
         assert_eq!(STATE.with(Cell::get), 0);
     }
 }

@@ -69,11 +69,14 @@ mod imp {
     }
 
     /// In a response's extensions: it answers a hop a tracked policy followed;
-    /// `credentials_dropped` when that hop went to another origin than the hop
-    /// before, so reqwest sent it without the request's credentials. (A mark in the
-    /// extensions, set only then, keeps the response the size of reqwest's.)
+    /// `answered` when a hop of the chain was a 301, 302 or 303, after which reqwest
+    /// sent another request; `credentials_dropped` when the latest hop went to
+    /// another origin than the hop before, so reqwest sent it without the request's
+    /// credentials. (A mark in the extensions, set only then, keeps the response the
+    /// size of reqwest's.)
     #[derive(Clone, Copy)]
-    struct Followed {
+    struct Redirected {
+        answered: bool,
         credentials_dropped: bool,
     }
 
@@ -84,16 +87,18 @@ mod imp {
             ReqwestResponse { inner }
         }
 
-        /// The response a send got; `followed` when it answers a hop a redirect led
-        /// to, `dropped` when that hop went without the request's credentials.
+        /// The response a send got; `answered` when the request was answered with a
+        /// 301, 302 or 303 the send followed, `dropped` when the hop it answers went
+        /// without the request's credentials.
         #[inline(always)]
         pub(crate) fn answered(
             mut inner: reqwest::Response,
-            followed: bool,
+            answered: bool,
             dropped: bool,
         ) -> Self {
-            if followed || dropped {
-                inner.extensions_mut().insert(Followed {
+            if answered || dropped {
+                inner.extensions_mut().insert(Redirected {
+                    answered,
                     credentials_dropped: dropped,
                 });
             }
@@ -185,18 +190,23 @@ mod imp {
         fn credentials_dropped(&self) -> bool {
             self.inner
                 .extensions()
-                .get::<Followed>()
-                .is_some_and(|followed| followed.credentials_dropped)
+                .get::<Redirected>()
+                .is_some_and(|redirected| redirected.credentials_dropped)
         }
 
-        /// The response answers a hop that a [tracked](crate::redirect::tracked)
-        /// policy followed: the request itself was answered with a redirect (a POST
-        /// answered `303 See Other`, say), so a 429, a 503 with a server delay or a
-        /// 401 of this hop is retried or replayed only for an idempotent call.
-        /// Always `false` under an untracked policy, which the adapter cannot see, and
-        /// on wasm32, where the browser follows redirects.
-        fn followed_redirect(&self) -> bool {
-            self.inner.extensions().get::<Followed>().is_some()
+        /// The request was answered with a 301, 302 or 303 that a
+        /// [tracked](crate::redirect::tracked) policy followed: reqwest then sent
+        /// another request (a POST goes on as a GET), which this response answers,
+        /// so a 429, a 503 with a server delay or a 401 in it is retried or replayed
+        /// only for an idempotent call. A 307 or 308 sends the same request on and
+        /// does not count. Always `false` under an untracked policy, whose hops the
+        /// adapter does not see (comparing URLs could not tell a 303 from a 307),
+        /// and on wasm32, where the browser follows redirects.
+        fn answered_by_redirect(&self) -> bool {
+            self.inner
+                .extensions()
+                .get::<Redirected>()
+                .is_some_and(|redirected| redirected.answered)
         }
 
         /// [`reqwest::Response::chunk`]: the next piece of the body as hyper read it

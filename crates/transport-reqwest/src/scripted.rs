@@ -35,8 +35,8 @@
 //! | a 3xx | returned as it is, never followed (script the hop the call should see; mark one that went to another origin with `Reply::credentials_dropped`) |
 //! | body chunks, delays, stalls | streamed as reqwest's body: `chunk`, `bytes`, `text`, `json` wait on the virtual clock |
 //! | a body that fails after `n` bytes | a reqwest body error after them, mapped as the real adapter maps one: `TimedOut` for a scripted `TimedOut`, `Interrupted` otherwise |
-//! | [`credentials_dropped`](vantage_api_pool_testkit::Reply::credentials_dropped) | [`credentials_dropped`](vantage_api_pool::transport::SendTransportResponse::credentials_dropped) (and `followed_redirect`) |
-//! | [`followed_redirect`](vantage_api_pool_testkit::Reply::followed_redirect) | [`followed_redirect`](vantage_api_pool::transport::SendTransportResponse::followed_redirect) |
+//! | [`credentials_dropped`](vantage_api_pool_testkit::Reply::credentials_dropped) | [`credentials_dropped`](vantage_api_pool::transport::SendTransportResponse::credentials_dropped) |
+//! | [`answered_by_redirect`](vantage_api_pool_testkit::Reply::answered_by_redirect) | [`answered_by_redirect`](vantage_api_pool::transport::SendTransportResponse::answered_by_redirect) |
 //! | — | `url()` is `http://no.url.provided.local/` (reqwest's for a response it did not fetch) |
 //!
 //! A failed send ([`Reply::fail`](vantage_api_pool_testkit::Reply::fail), a stall ended
@@ -307,7 +307,7 @@ fn into_reqwest(
     limits: ReadLimits,
 ) -> ReqwestResponse {
     let dropped = response.credentials_dropped();
-    let followed = response.followed_redirect();
+    let answered = response.answered_by_redirect();
     let status = response.status();
     let headers = response.headers().clone();
     let (state, remaining) = match length {
@@ -326,7 +326,7 @@ fn into_reqwest(
     let mut head = http::Response::new(reqwest::Body::wrap(body));
     *head.status_mut() = status;
     *head.headers_mut() = headers;
-    ReqwestResponse::answered(reqwest::Response::from(head), followed, dropped)
+    ReqwestResponse::answered(reqwest::Response::from(head), answered, dropped)
 }
 
 type Reading =

@@ -629,6 +629,43 @@ async fn get_with_token(
     (outcome, client.token_fetches(), observer.clone())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_a_307_sends_on_is_retried_on_its_own_429() {
+    // `POST /orders` → 307 → `POST /orders/` (the same request, body and all): the
+    // 429 is the POST's own answer, so it is retried as any 429 (an outside review
+    // found a first version that stopped retrying after any redirect).
+    let server = FaultServer::start(|_, seen| {
+        if seen.head.starts_with("post /orders/ ") {
+            Act::Respond(response(
+                "429 Too Many Requests",
+                &["retry-after-ms: 5"],
+                "slow down",
+            ))
+        } else {
+            Act::Respond(response(
+                "307 Temporary Redirect",
+                &["location: /orders/"],
+                "",
+            ))
+        }
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
+    let url = server.url("/orders");
+    let error = client
+        .execute_with(&policy(2), |http| http.post(&url).body("charge=100"))
+        .await
+        .unwrap_err();
+    assert!(!error.answered_by_redirect());
+    assert_eq!(error.attempts(), 3, "{:?}", trace(&observer));
+    assert_eq!(
+        server.requests().len(),
+        6,
+        "each attempt: the POST and its 307 hop"
+    );
+}
+
 /// A server that answers a POST with `303 See Other` to `/receipt`, as a server that
 /// took an order does, and the GET the redirect leads to with `status_line` and
 /// `header`; returns how many POSTs it saw and the call's trace, the call made on the
@@ -659,7 +696,7 @@ async fn post_redirected_to(
             .await
     }
     .unwrap_err();
-    assert!(error.followed_redirect(), "{error:?}");
+    assert!(error.answered_by_redirect(), "{error:?}");
     let posts = server
         .requests()
         .iter()
@@ -821,6 +858,7 @@ async fn a_redirect_the_policy_stops_leaves_its_3xx_with_the_credentials() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::FOUND);
     assert!(!response.credentials_dropped());
+    assert!(!response.answered_by_redirect(), "nothing was followed");
     assert_eq!(other.requests().len(), 0);
 }
 
