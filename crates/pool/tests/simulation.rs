@@ -63,7 +63,7 @@ fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
     if !auth_ok {
         return Reply::status(401).after(rng.ms(50));
     }
-    let reply = match rng.below(22) {
+    let reply = match rng.below(23) {
         0..=5 => Reply::ok(),
         6 => Reply::status(500),
         7 => Reply::status(502),
@@ -105,6 +105,12 @@ fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
                 TransportErrorKind::Interrupted,
                 "reset mid-body",
             ),
+        // The GET a 303 led to, after the server took the request: a quota there
+        // says nothing of the request itself.
+        20 => Reply::status(429)
+            .header("retry-after-ms", "750")
+            .body(WAIT_750_MS)
+            .answered_by_redirect(),
         _ => Reply::status(503).after(rng.ms(3000)),
     };
     reply.after(rng.ms(200))
@@ -719,8 +725,8 @@ fn run_seed(seed: u64) -> Result<(), String> {
     }
 
     // A POST not marked idempotent is never sent again once a send of it may have
-    // been processed: a 408, a 5xx other than a 503 with a server delay, a cut or
-    // interrupted exchange.
+    // been processed: a 408, a 5xx other than a 503 with a server delay, any status
+    // that answered the GET a redirect led to, a cut or interrupted exchange.
     for (call, evs) in &by_call {
         let Some(plan) = plan_of.get(call) else {
             continue;
@@ -744,6 +750,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
                     let maybe = match error.kind() {
                         ErrorKind::Status(s) => {
                             s == 408
+                                || error.answered_by_redirect()
                                 || (s.is_server_error()
                                     && !(s == 503 && error.retry_after().is_some()))
                         }
