@@ -12,10 +12,10 @@
 //! | 1xx, 3xx (not followed by the transport) | success: returned to the caller | reachable |
 //! | 401, refresher present, first 401 of the call, answering a request that carried the credentials (and, when the call's request was answered by a redirect, an idempotent call) | replay after refreshing the token | reachable |
 //! | 408 | retry if idempotent, else final | untouched |
-//! | 429 | retry, any method (if idempotent, else final, when it answers another request a 301, 302 or 303 led to: the call's request was answered with that redirect, [`TransportResponse::answered_by_redirect`](crate::TransportResponse::answered_by_redirect)) | untouched |
+//! | 429 | retry, any method (if idempotent, else final, when it answers the GET a redirect turned the request into, a 303 or a 301 or 302 to a POST: the call's request was answered with that redirect, [`TransportResponse::answered_by_redirect`](crate::TransportResponse::answered_by_redirect)) | untouched |
 //! | a 4xx the call's policy takes as an answer ([`CallPolicy::with_answer_statuses`](crate::CallPolicy::with_answer_statuses): never 401, 408, 429; the attempt loop checks it before this table) | success: returned to the caller | reachable |
 //! | other 4xx (a second 401, or one answering a hop a redirect sent without the credentials, included) | final | reachable |
-//! | 503 with a valid server delay | retry, any method (if idempotent, else final, after a redirect, as for 429) | failure |
+//! | 503 with a valid server delay | retry, any method (if idempotent, else final, when it answers another request a redirect led to, as for 429) | failure |
 //! | other 5xx | retry if idempotent, else final | failure |
 //! | `NotSent`, fewer than 2 redials so far | redial: no back-off, no retry budget (it still passes the gate) | untouched |
 //! | `NotSent` after 2 redials | as `Interrupted` | failure |

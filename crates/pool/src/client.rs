@@ -465,7 +465,8 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// rejects the one in use: call it ahead of a token's expiry (from a timer task,
     /// say) so that no call meets the 401 and its replay.
     ///
-    /// The token in use stays in use while the fetch runs: no call waits for it.
+    /// The token in use stays in use while the fetch runs: a call that just needs a
+    /// token does not wait for it (one made before any token was fetched does).
     /// Calls that start after it get the new token, and so do sends already built
     /// and waiting for a permit or a rate token, when the new token comes under the
     /// same header name. A fetch already running (the first, or a refresh a 401
@@ -475,7 +476,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     ///
     /// It has no time limit of its own: while its fetch runs, a call that needs a
     /// new token (its 401's replay) waits for that fetch, so a source that never
-    /// answers holds those calls until their budgets end. Give the source a timeout,
+    /// answers holds those calls until their budgets end (under a policy without
+    /// one, `essential` or `background`, until the fetch ends or this future is
+    /// dropped). Give the source a timeout,
     /// or put one around this future: dropping it abandons the fetch, and the next
     /// caller that needs a token starts another.
     ///

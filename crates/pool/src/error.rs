@@ -447,8 +447,8 @@ impl ClientError {
     }
 
     /// True when the call's last request was answered with a redirect that the
-    /// transport followed with another request (a 303, or a 301 or 302: a POST
-    /// goes on as a GET), and this error's status answers that later request, as
+    /// transport followed with another request, a GET (a 303, or a 301 or 302 to a
+    /// POST), and this error's status answers that later request, as
     /// the transport tells through
     /// [`TransportResponse::answered_by_redirect`](crate::TransportResponse::answered_by_redirect).
     /// The request itself may have been processed, so a 429, a 503 with a server

@@ -360,12 +360,14 @@ pub trait TransportResponse {
 
     /// Whether the request the transport was given was answered with a redirect
     /// that the transport followed with another request, which this response
-    /// answers: a 303, or a 301 or 302, after which a POST goes on as a GET. The
+    /// answers: a 303 (any method goes on as a GET), or a 301 or 302 to a POST
+    /// (which goes on as a GET; other methods go on as they are). The
     /// request reached the server and may have been processed (a POST answered
     /// `303 See Other` by a server that took the order), so a 429, a 503 with a
     /// server delay or a 401 of the later request says nothing of it: the call is
-    /// retried or replayed only when it is idempotent. Not for a 307 or 308, which
-    /// sends the same request on (their answer is the request's own). `false` by
+    /// retried or replayed only when it is idempotent. Not for a redirect that sends
+    /// the same request on (a 307 or 308, or a 301 or 302 to another method than
+    /// POST): its answer is the request's own. `false` by
     /// default, for a transport that follows no redirect or cannot tell (so a
     /// transport written before this method existed keeps the old reading).
     fn answered_by_redirect(&self) -> bool {

@@ -426,8 +426,8 @@ impl Reply {
     }
 
     /// Makes the response one to another request than the one sent, as if the
-    /// request had been answered with a 303 (or a 301 or 302) that the transport
-    /// followed with a GET
+    /// request had been answered with a 303 (or a 301 or 302 to a POST) that the
+    /// transport followed with a GET
     /// ([`TransportResponse::answered_by_redirect`](vantage_api_pool::TransportResponse::answered_by_redirect)):
     /// the request may have been processed, so a 429, a 503 with a server delay or a
     /// 401 of the GET is retried or replayed only for an idempotent call.

@@ -713,13 +713,13 @@ macro_rules! transport_impl {
                     None => client,
                 };
                 #[cfg(not(target_arch = "wasm32"))]
-                let guarded = redirect::carries_secret(request.headers());
+                let marks = redirect::request_marks(&request);
                 #[cfg(target_arch = "wasm32")]
-                let guarded = false;
+                let marks = 0;
                 let http_url = matches!(request.url().scheme(), "http" | "https");
                 let sending = Sending {
                     pending: client.execute(request),
-                    guarded,
+                    marks,
                     redirected: false,
                     answered: false,
                     credentials_dropped: false,
@@ -878,13 +878,16 @@ pin_project_lite::pin_project! {
     struct Sending<F> {
         #[pin]
         pending: F,
-        // The request carries a secret reqwest would keep on a hop to another origin:
-        // a tracked redirect policy follows no such hop.
-        guarded: bool,
+        // What each poll tells a tracked redirect policy of the request
+        // (`redirect::request_marks`): it carries a secret reqwest would keep on a hop
+        // to another origin (the policy follows no such hop), it is a POST (a 301 or
+        // 302 turns it into a GET).
+        marks: u8,
         // A tracked redirect policy decided on a redirect during this send.
         redirected: bool,
-        // A tracked redirect policy followed a 301, 302 or 303 during this send: the
-        // request was answered, and the response answers another request.
+        // A tracked redirect policy followed a redirect that turned the request into
+        // a GET (a 303, or a 301 or 302 to a POST) during this send: the request was
+        // answered, and the response answers another request.
         answered: bool,
         // The latest redirect a tracked policy followed went to another origin than
         // the hop before, so reqwest sent it without the request's credentials.
@@ -912,7 +915,7 @@ where
         let this = self.project();
         #[cfg(not(target_arch = "wasm32"))]
         {
-            let (poll, decided) = redirect::noting(*this.guarded, || this.pending.poll(cx));
+            let (poll, decided) = redirect::noting(*this.marks, || this.pending.poll(cx));
             if let Some(decided) = decided {
                 *this.redirected = true;
                 // A hop the policy follows leaves the poll pending (tower-http sets
@@ -941,7 +944,7 @@ where
         #[cfg(target_arch = "wasm32")]
         {
             let _ = (
-                this.guarded,
+                this.marks,
                 this.redirected,
                 this.answered,
                 this.credentials_dropped,

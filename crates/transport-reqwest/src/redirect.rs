@@ -61,23 +61,27 @@ const GUARDED: u8 = 2;
 /// origin than the hop before, so reqwest sends it without the request's
 /// credentials (`Authorization`, `Cookie`, `Proxy-Authorization`).
 const DROPS_CREDENTIALS: u8 = 4;
-/// In [`STATE`]: a redirect decided during the current poll is a 301, 302 or 303,
-/// after which reqwest sends the next hop as another request (a POST goes on as a
-/// GET): the request itself was answered.
+/// In [`STATE`]: a redirect decided during the current poll is one after which
+/// reqwest sends the next hop as another request, a GET: a 303, or a 301 or 302 to
+/// a POST. The request itself was answered.
 const ANSWERED: u8 = 8;
+/// In [`STATE`]: the send being polled is a POST, which reqwest sends on as a GET
+/// after a 301 or 302 (any other method it sends on as it is).
+const POST: u8 = 16;
 
 /// What a tracked policy decided during one poll of a send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Decided {
     /// The latest hop decided on goes without the request's credentials.
     pub(crate) drops_credentials: bool,
-    /// A hop decided on was a 301, 302 or 303.
+    /// A hop decided on turned the request into a GET (a 303, or a 301 or 302 to a
+    /// POST).
     pub(crate) answered: bool,
 }
 
 thread_local! {
     /// The current poll of a send on this thread: [`DECIDED`], [`GUARDED`],
-    /// [`DROPS_CREDENTIALS`] and [`ANSWERED`]. One cell for all, so a poll reads and
+    /// [`DROPS_CREDENTIALS`], [`ANSWERED`] and [`POST`]. One cell for all, so a poll reads and
     /// restores it once.
     static STATE: Cell<u8> = const { Cell::new(0) };
 }
@@ -123,11 +127,15 @@ pub fn tracked(policy: Policy) -> Policy {
         } else {
             (state | DECIDED) & !DROPS_CREDENTIALS
         };
-        // reqwest sends a POST on as a GET after a 301 or 302, and anything but a
-        // HEAD after a 303; 307 and 308 send the same request on. Marked for every
-        // method: one a 301 or 302 keeps is not resent after the next hop's 429,
-        // which errs on the side of sending once.
-        if matches!(attempt.status().as_u16(), 301..=303) {
+        // reqwest sends anything but a HEAD on as a GET after a 303 (a HEAD, which is
+        // idempotent, is marked too: it changes nothing for it), a POST after a 301
+        // or 302; any other method, and any after a 307 or 308, goes on as it is.
+        let answered = match attempt.status().as_u16() {
+            303 => true,
+            301 | 302 => state & POST != 0,
+            _ => false,
+        };
+        if answered {
             decided |= ANSWERED;
         }
         STATE.with(|cell| cell.set(decided));
@@ -156,15 +164,31 @@ pub(crate) fn carries_secret(headers: &HeaderMap) -> bool {
     })
 }
 
-/// Runs one poll of a send's future, `guarded` if its request carries a secret that
-/// must not leave its origin, and tells whether a tracked policy decided on a
+/// The marks a send's request gives each poll of it ([`noting`]): [`GUARDED`] if it
+/// carries a secret that must not leave its origin ([`carries_secret`]), [`POST`]
+/// if it is a POST.
+pub(crate) fn request_marks(request: &reqwest::Request) -> u8 {
+    let guarded = if carries_secret(request.headers()) {
+        GUARDED
+    } else {
+        0
+    };
+    let post = if request.method() == http::Method::POST {
+        POST
+    } else {
+        0
+    };
+    guarded | post
+}
+
+/// Runs one poll of a send's future under `marks` ([`request_marks`]), and tells whether a tracked policy decided on a
 /// redirect during it (`Some`), and if so whether the latest one goes without the
-/// request's credentials and whether one was a 301, 302 or 303. Restores the state it found, also when the
+/// request's credentials and whether one turned the request into a GET. Restores the state it found, also when the
 /// poll panics, so it nests. (A tracked policy used outside the adapter, by a
 /// request sent with reqwest directly, leaves its own mark on the thread; the next
 /// `noting` replaces it, and such a request has no guard.)
 #[inline(always)]
-pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, Option<Decided>) {
+pub(crate) fn noting<T>(marks: u8, poll: impl FnOnce() -> T) -> (T, Option<Decided>) {
     /// Puts the outer state back when dropped.
     struct Restore(u8);
     impl Drop for Restore {
@@ -173,7 +197,7 @@ pub(crate) fn noting<T>(guarded: bool, poll: impl FnOnce() -> T) -> (T, Option<D
             STATE.with(|cell| cell.set(self.0));
         }
     }
-    let restore = Restore(STATE.with(|cell| cell.replace(if guarded { GUARDED } else { 0 })));
+    let restore = Restore(STATE.with(|cell| cell.replace(marks)));
     let output = poll();
     let state = STATE.with(Cell::get);
     drop(restore);
@@ -240,7 +264,7 @@ mod tests {
     fn noting_restores_the_outer_state_when_the_poll_panics() {
         STATE.with(|cell| cell.set(DECIDED));
         let panicked = std::panic::catch_unwind(|| {
-            noting(true, || {
+            noting(GUARDED, || {
                 STATE.with(|cell| cell.set(cell.get() | DECIDED));
                 panic!("a poll that panics");
             })
@@ -252,10 +276,10 @@ mod tests {
 
     #[test]
     fn noting_sees_only_its_own_poll_and_restores_the_outer_state() {
-        let ((inner, inner_guarded, outer_before), outer) = noting(true, || {
+        let ((inner, inner_guarded, outer_before), outer) = noting(GUARDED, || {
             STATE.with(|d| d.set(d.get() | DECIDED));
-            let ((), inner) = noting(false, || ());
-            let inner_guarded = noting(true, || STATE.with(Cell::get) & GUARDED != 0).0;
+            let ((), inner) = noting(0, || ());
+            let inner_guarded = noting(GUARDED, || STATE.with(Cell::get) & GUARDED != 0).0;
             (inner, inner_guarded, STATE.with(Cell::get))
         });
         // The inner poll decided nothing and saw its own guard; the outer one's
@@ -268,7 +292,7 @@ mod tests {
             answered: false,
         };
         assert_eq!(outer, Some(neither));
-        let ((), decided) = noting(false, || {
+        let ((), decided) = noting(0, || {
             STATE.with(|d| d.set(DECIDED | DROPS_CREDENTIALS));
         });
         assert_eq!(
@@ -278,7 +302,7 @@ mod tests {
                 ..neither
             })
         );
-        let ((), decided) = noting(false, || STATE.with(|d| d.set(DECIDED | ANSWERED)));
+        let ((), decided) = noting(0, || STATE.with(|d| d.set(DECIDED | ANSWERED)));
         assert_eq!(
             decided,
             Some(Decided {

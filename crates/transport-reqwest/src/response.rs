@@ -69,8 +69,8 @@ mod imp {
     }
 
     /// In a response's extensions: it answers a hop a tracked policy followed;
-    /// `answered` when a hop of the chain was a 301, 302 or 303, after which reqwest
-    /// sent another request; `credentials_dropped` when the latest hop went to
+    /// `answered` when a hop of the chain turned the request into a GET (a 303, or a
+    /// 301 or 302 to a POST); `credentials_dropped` when the latest hop went to
     /// another origin than the hop before, so reqwest sent it without the request's
     /// credentials. (A mark in the extensions, set only then, keeps the response the
     /// size of reqwest's.)
@@ -88,7 +88,7 @@ mod imp {
         }
 
         /// The response a send got; `answered` when the request was answered with a
-        /// 301, 302 or 303 the send followed, `dropped` when the hop it answers went
+        /// redirect the send followed with a GET, `dropped` when the hop it answers went
         /// without the request's credentials.
         #[inline(always)]
         pub(crate) fn answered(
@@ -194,12 +194,13 @@ mod imp {
                 .is_some_and(|redirected| redirected.credentials_dropped)
         }
 
-        /// The request was answered with a 301, 302 or 303 that a
-        /// [tracked](crate::redirect::tracked) policy followed: reqwest then sent
-        /// another request (a POST goes on as a GET), which this response answers,
-        /// so a 429, a 503 with a server delay or a 401 in it is retried or replayed
-        /// only for an idempotent call. A 307 or 308 sends the same request on and
-        /// does not count. Always `false` under an untracked policy, whose hops the
+        /// The request was answered with a redirect that a
+        /// [tracked](crate::redirect::tracked) policy followed and after which
+        /// reqwest sent a GET (a 303, or a 301 or 302 to a POST), which this
+        /// response answers, so a 429, a 503 with a server delay or a 401 in it is
+        /// retried or replayed only for an idempotent call. A redirect after which
+        /// reqwest sends the same request on (a 307 or 308, or a 301 or 302 to a
+        /// PATCH, say) does not count. Always `false` under an untracked policy, whose hops the
         /// adapter does not see (comparing URLs could not tell a 303 from a 307),
         /// and on wasm32, where the browser follows redirects.
         fn answered_by_redirect(&self) -> bool {

@@ -630,40 +630,53 @@ async fn get_with_token(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_post_a_307_sends_on_is_retried_on_its_own_429() {
-    // `POST /orders` → 307 → `POST /orders/` (the same request, body and all): the
-    // 429 is the POST's own answer, so it is retried as any 429 (an outside review
-    // found a first version that stopped retrying after any redirect).
-    let server = FaultServer::start(|_, seen| {
-        if seen.head.starts_with("post /orders/ ") {
-            Act::Respond(response(
-                "429 Too Many Requests",
-                &["retry-after-ms: 5"],
-                "slow down",
-            ))
-        } else {
-            Act::Respond(response(
-                "307 Temporary Redirect",
-                &["location: /orders/"],
-                "",
-            ))
-        }
-    })
-    .await;
-    let observer = RecordingObserver::new();
-    let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
-    let url = server.url("/orders");
-    let error = client
-        .execute_with(&policy(2), |http| http.post(&url).body("charge=100"))
-        .await
-        .unwrap_err();
-    assert!(!error.answered_by_redirect());
-    assert_eq!(error.attempts(), 3, "{:?}", trace(&observer));
-    assert_eq!(
-        server.requests().len(),
-        6,
-        "each attempt: the POST and its 307 hop"
-    );
+async fn a_request_a_redirect_sends_on_as_it_is_is_retried_on_its_own_429() {
+    // `/orders` → redirect → `/orders/`, where reqwest sends the same request on
+    // (body and all): after a 307 or 308 any method, after a 301 or 302 anything but
+    // a POST. The 429 is the request's own answer, so it is retried as any 429 (an
+    // outside review found a first version that stopped retrying after any
+    // redirect, and one that took a PATCH's 302 for a GET's).
+    for (method, redirect) in [
+        (reqwest::Method::POST, "307 Temporary Redirect"),
+        (reqwest::Method::POST, "308 Permanent Redirect"),
+        (reqwest::Method::PATCH, "302 Found"),
+        (reqwest::Method::PATCH, "301 Moved Permanently"),
+    ] {
+        let server = FaultServer::start(move |_, seen| {
+            if seen.head.contains(" /orders/ ") {
+                Act::Respond(response(
+                    "429 Too Many Requests",
+                    &["retry-after-ms: 5"],
+                    "slow down",
+                ))
+            } else {
+                Act::Respond(response(redirect, &["location: /orders/"], ""))
+            }
+        })
+        .await;
+        let observer = RecordingObserver::new();
+        let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
+        let url = server.url("/orders");
+        let error = client
+            .execute_with(&policy(2), |http| {
+                http.request(method.clone(), &url).body("qty=2")
+            })
+            .await
+            .unwrap_err();
+        assert!(!error.answered_by_redirect(), "{method} {redirect}");
+        assert_eq!(
+            error.attempts(),
+            3,
+            "{method} {redirect}: {:?}",
+            trace(&observer)
+        );
+        let methods: Vec<_> = server.requests().iter().map(|seen| seen.method()).collect();
+        assert_eq!(
+            methods,
+            vec![method.as_str(); 6],
+            "{redirect}: sent on as it is"
+        );
+    }
 }
 
 /// A server that answers a POST with `303 See Other` to `/receipt`, as a server that
@@ -671,13 +684,14 @@ async fn a_post_a_307_sends_on_is_retried_on_its_own_429() {
 /// `header`; returns how many POSTs it saw and the call's trace, the call made on the
 /// adapter's own client (a tracked policy), with `token` a token source.
 async fn post_redirected_to(
+    redirect: &'static str,
     status_line: &'static str,
     header: &'static str,
     token: bool,
 ) -> (usize, Vec<String>) {
     let server = FaultServer::start(move |_, seen| {
         if seen.method() == "POST" {
-            Act::Respond(response("303 See Other", &["location: /receipt"], ""))
+            Act::Respond(response(redirect, &["location: /receipt"], ""))
         } else {
             Act::Respond(response(status_line, &[header], "busy"))
         }
@@ -706,21 +720,53 @@ async fn post_redirected_to(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_post_answered_303_is_not_sent_again_for_the_429_503_or_401_of_the_get() {
+async fn a_post_a_redirect_turned_into_a_get_is_not_sent_again_for_the_gets_429_503_or_401() {
     // Found by an audit: the 429 (or 503 with a delay, or 401) answered the GET the
     // 303 led to, and the POST the server had taken went out three times (twice for
-    // the 401's replay).
-    for (status, header, token, failed) in [
-        ("429 Too Many Requests", "retry-after-ms: 5", false, "429"),
-        ("503 Service Unavailable", "retry-after-ms: 5", false, "503"),
-        ("401 Unauthorized", "www-authenticate: Bearer", true, "401"),
+    // the 401's replay). A 301 or 302 turns a POST into a GET too.
+    for (redirect, status, header, token, failed) in [
+        (
+            "303 See Other",
+            "429 Too Many Requests",
+            "retry-after-ms: 5",
+            false,
+            "429",
+        ),
+        (
+            "303 See Other",
+            "503 Service Unavailable",
+            "retry-after-ms: 5",
+            false,
+            "503",
+        ),
+        (
+            "303 See Other",
+            "401 Unauthorized",
+            "www-authenticate: Bearer",
+            true,
+            "401",
+        ),
+        (
+            "302 Found",
+            "429 Too Many Requests",
+            "retry-after-ms: 5",
+            false,
+            "429",
+        ),
+        (
+            "301 Moved Permanently",
+            "429 Too Many Requests",
+            "retry-after-ms: 5",
+            false,
+            "429",
+        ),
     ] {
-        let (posts, trace) = post_redirected_to(status, header, token).await;
-        assert_eq!(posts, 1, "{status}: {trace:?}");
+        let (posts, trace) = post_redirected_to(redirect, status, header, token).await;
+        assert_eq!(posts, 1, "{redirect}, {status}: {trace:?}");
         assert_eq!(
             trace,
             ["started s1 a1".to_owned(), format!("failed s1 a1 {failed}")],
-            "{status}"
+            "{redirect}, {status}"
         );
     }
 }
