@@ -473,15 +473,14 @@ impl AuthState {
     /// otherwise the error of the fetch it ran or waited for (the cached token
     /// stays, as after a failed refresh a 401 asked for).
     pub(crate) async fn refresh<S: TokenSource>(&self, source: &S) -> Result<(), Arc<AuthError>> {
-        let mut waited_for: Option<u64> = None;
         // The generation of the token in use when the refresh was asked for.
-        let mut asked_at: Option<u64> = None;
+        let asked_at = self.lock().generation;
+        let mut waited_for: Option<u64> = None;
         loop {
             // The fetch to wait for (by the number of fetches done when it ran), or
             // `None`: this caller fetches.
             let wait = {
                 let mut inner = self.lock();
-                let asked_at = *asked_at.get_or_insert(inner.generation);
                 match waited_for {
                     // The fetch waited for ended (others may have ended too before
                     // this caller looked): done if a newer token than the one in use

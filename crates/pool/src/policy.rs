@@ -243,11 +243,7 @@ impl AnswerStatuses {
         self.0[word] |= 1 << bit;
     }
 
-    fn contains(self, status: StatusCode) -> bool {
-        self.contains_code(status.as_u16())
-    }
-
-    fn contains_code(self, code: u16) -> bool {
+    fn contains(self, code: u16) -> bool {
         (400..500).contains(&code) && {
             let (word, bit) = Self::place(code);
             (self.0[word] >> bit) & 1 == 1
@@ -258,7 +254,7 @@ impl AnswerStatuses {
 impl fmt::Debug for AnswerStatuses {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_set()
-            .entries((400..500u16).filter(|&code| self.contains_code(code)))
+            .entries((400..500u16).filter(|&code| self.contains(code)))
             .finish()
     }
 }
@@ -497,7 +493,7 @@ impl CallPolicy {
     /// ([`with_answer_statuses`](Self::with_answer_statuses)).
     #[must_use]
     pub fn is_answer_status(&self, status: StatusCode) -> bool {
-        self.answers.contains(status)
+        self.answers.contains(status.as_u16())
     }
 
     /// The retry mode.
