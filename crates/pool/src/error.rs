@@ -74,10 +74,10 @@ pub enum ErrorKind {
     /// time. On a retry, [`ClientError::last_failure`] (and `source()`) is the
     /// failed send's [`ClientError`].
     BreakerOpen,
-    /// The auth token source failed. Not retried by the client. `source()` is a
+    /// The auth token source failed. Not retried by the client.
+    /// [`ClientError::auth_error`] is the token source's own error (`source()` is a
     /// [`SharedAuthError`](crate::auth::SharedAuthError), whose
-    /// [`as_error`](crate::auth::SharedAuthError::as_error) is the token source's own
-    /// error.
+    /// [`as_error`](crate::auth::SharedAuthError::as_error) is the same).
     Auth,
     /// The client was shut down. Reserved: nothing produces it yet.
     Closed,
@@ -397,6 +397,40 @@ impl ClientError {
     #[must_use]
     pub fn last_failure(&self) -> Option<&ClientError> {
         self.source.as_deref()?.downcast_ref::<ClientError>()
+    }
+
+    /// For an [`ErrorKind::Auth`] error, the token source's own error (downcast it to
+    /// the source's error type, say to tell revoked credentials from an identity
+    /// provider that is down); `None` for every other kind. The short way to
+    /// `source()` → [`SharedAuthError`](crate::auth::SharedAuthError) →
+    /// [`as_error`](crate::auth::SharedAuthError::as_error).
+    ///
+    /// ```
+    /// use vantage_api_pool::ClientError;
+    ///
+    /// #[derive(Debug)]
+    /// struct Revoked;
+    /// impl std::fmt::Display for Revoked {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    ///         f.write_str("credentials revoked")
+    ///     }
+    /// }
+    /// impl std::error::Error for Revoked {}
+    ///
+    /// fn revoked(error: &ClientError) -> bool {
+    ///     error.auth_error().is_some_and(|e| e.is::<Revoked>())
+    /// }
+    /// # let _ = revoked;
+    /// ```
+    #[must_use]
+    pub fn auth_error(&self) -> Option<&(dyn StdError + Send + Sync + 'static)> {
+        // Only an `Auth` error has a `SharedAuthError` as its source.
+        let shared = self.source.as_deref()?;
+        Some(
+            shared
+                .downcast_ref::<crate::auth::SharedAuthError>()?
+                .as_error(),
+        )
     }
 
     /// The delay the server asked for on the last response (`retry-after-ms` or

@@ -17,7 +17,7 @@ use http::{HeaderValue, StatusCode, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, SharedAuthError, token_fn};
 use vantage_api_pool::{
     BreakerMode, BreakerState, CallPolicy, ErrorKind, EventKind, ResilientClient, RetryMode,
-    TimeLimit, TransportEvent, TransportObserver,
+    TimeLimit, TransportErrorKind, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
 
@@ -823,6 +823,29 @@ fn the_token_sources_own_error_is_reachable_from_the_client_error() {
     let revoked = shared.as_error().downcast_ref::<Revoked>();
     assert_eq!(revoked.map(|r| r.0), Some(7));
     assert_eq!(shared.to_string(), "credentials 7 revoked");
+    // The short way reaches the same error.
+    let direct = err.auth_error().and_then(|e| e.downcast_ref::<Revoked>());
+    assert_eq!(direct.map(|r| r.0), Some(7));
+}
+
+#[test]
+fn auth_error_is_none_for_other_kinds_even_with_a_source() {
+    // A refused connection: its source is the transport's error, not a token
+    // source's.
+    let w = World::new();
+    w.transport
+        .default_reply(Reply::fail(TransportErrorKind::Connect, "refused"));
+    let client = w.builder().build().unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::Connect)
+    );
+    assert!(std::error::Error::source(&err).is_some());
+    assert!(err.auth_error().is_none(), "{err:?}");
 }
 
 #[test]
