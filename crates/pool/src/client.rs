@@ -240,6 +240,10 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// nothing, the breaker included: a time limit meant to count a stalled API as
     /// failing belongs in the policy ([`CallPolicy::with_attempt_timeout`],
     /// [`CallPolicy::with_budget`]), not in a timeout around the call.
+    ///
+    /// The call ends at the response head: a success body that breaks or stalls
+    /// while the caller reads it is not retried, and neither the breaker nor the
+    /// policy's time limits hear of it.
     pub fn execute_with<'a, F>(
         &'a self,
         policy: &'a CallPolicy,

@@ -99,7 +99,13 @@ use crate::{ReqwestRequest, ReqwestResponse};
 ///
 /// Clones of the `ScriptedTransport` given to [`new`](ScriptedReqwest::new) share its
 /// script and record: keep one to push replies and read
-/// [`requests`](ScriptedTransport::requests).
+/// [`requests`](ScriptedTransport::requests). Clones of a `ScriptedReqwest` share
+/// them too, and keep its read timeout, as clones of a [`ReqwestTransport`]
+/// share its `reqwest::Client`: give one to a client under test and another to a
+/// token source that fetches over HTTP, both answered from one script.
+///
+/// [`ReqwestTransport`]: crate::ReqwestTransport
+#[derive(Clone)]
 pub struct ScriptedReqwest {
     /// Only builds drafts: nothing is ever sent through it.
     http: reqwest::Client,

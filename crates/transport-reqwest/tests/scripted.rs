@@ -73,6 +73,41 @@ fn the_script_sees_what_the_reqwest_closure_built() {
 }
 
 #[test]
+fn clones_share_the_script_and_keep_the_read_timeout() {
+    let rt = VirtualRuntime::new();
+    let script = ScriptedTransport::new(&rt);
+    let first = ScriptedReqwest::new(script.clone())
+        .expect("a client that never sends")
+        .read_timeout(Some(secs(2)));
+    let second = first.clone();
+    script.push(Reply::status(201));
+    script.push(Reply::ok().body("[1, 2").body_stalls_after(3));
+    let a = ResilientClient::builder(first, rt.clone())
+        .build()
+        .expect("client");
+    let b = ResilientClient::builder(second, rt.clone())
+        .build()
+        .expect("client");
+    let created = rt
+        .block_on(a.execute(|http| http.post(URL)))
+        .expect("driven")
+        .expect("answered");
+    assert_eq!(created.status(), StatusCode::CREATED);
+    // The clone takes the script's next reply, and its read ends at the clone's 2 s.
+    let read = rt
+        .block_on(async {
+            let response = b.execute(|http| http.get(URL)).await?;
+            Ok::<_, vantage_api_pool::ClientError>(response.bytes().await)
+        })
+        .expect("driven")
+        .expect("answered");
+    assert_eq!(read.unwrap_err().kind(), TransportErrorKind::TimedOut);
+    assert_eq!(rt.elapsed(), secs(2));
+    let methods: Vec<_> = script.requests().into_iter().map(|r| r.method).collect();
+    assert_eq!(methods, [Method::POST, Method::GET]);
+}
+
+#[test]
 fn a_streamed_request_body_is_read_to_its_end_first() {
     let (rt, script, client) = set_up();
     script.push(Reply::ok());
