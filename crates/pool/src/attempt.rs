@@ -41,13 +41,11 @@ use crate::transport::{
 struct Ticket<'c> {
     /// The probe slot, when this send is the half-open probe.
     probe: Option<ProbeGuard<'c>>,
-    /// The auth token to apply.
-    token: Option<Token>,
     /// The clock as the gate let the send through.
     now: Instant,
     /// Whether the call may have given way to other tasks after the breaker let it
-    /// through (an admission wait, a token fetch), so the breaker may have changed:
-    /// it is asked again before a request is built.
+    /// through (an admission wait), so the breaker may have changed: it is asked
+    /// again before a request is built.
     yielded: bool,
 }
 
@@ -158,12 +156,18 @@ impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
     /// Reports the send's terminal event at `at`, then the breaker's `transition` it
     /// caused (told even if the observer panics on the terminal event); the guard
     /// then reports nothing on drop.
+    #[inline(always)]
     fn finish(mut self, at: Instant, kind: EventKind, transition: Option<Transition>) {
         self.armed = false;
         let events = &self.client.events;
-        let transition = transition.map(|t| Told::later(events, self.call, at, || told(t)));
-        events.emit(|| at, Some(self.call), || kind);
-        drop(transition);
+        match transition {
+            None => events.emit(|| at, Some(self.call), || kind),
+            Some(t) => {
+                let transition = Told::later(events, self.call, at, || told(t));
+                events.emit(|| at, Some(self.call), || kind);
+                drop(transition);
+            }
+        }
     }
 
     /// Takes the guard off: the send never left, and its permit and probe slot go
@@ -402,8 +406,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     }
 
     /// `wait_for_gate`: the breaker (its cooldown waited out, its probe slot taken
-    /// if this send is the probe), the transport's shared limiter (not charged to the
-    /// budget), then the auth token. Holds no permit; the rate token is taken later,
+    /// if this send is the probe), then the transport's shared limiter (not charged
+    /// to the budget); the gate's last step, the auth token, is taken by `run` as
+    /// soon as this future is done. Holds no permit; the rate token is taken later,
     /// after the permit (see `run`). Returns the clock as the gate let the send
     /// through; the clock is read again only after a wait (a cooldown, an admission,
     /// a token fetch), not for a token at hand.
@@ -450,26 +455,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             }
             now = after;
         }
-        // A token at hand takes no wait: the gate's reading still stands, and the
-        // call gave way to nobody. A fetch counts as giving way even when its
-        // future was ready at once.
-        let mut fetched = false;
-        let token = if !self.client.auth.is_configured() {
-            None
-        } else if let Some(token) = self.client.auth_state.current(None) {
-            Some(token)
-        } else {
-            // `auth_token` would look for a token at hand again first.
-            fetched = true;
-            let token = Box::pin(self.fetch_token(None)).await?;
-            now = self.now();
-            token
-        };
         Ok(Ticket {
             probe,
-            token,
             now,
-            yielded: fetched || admission_waited,
+            yielded: admission_waited,
         })
     }
 
@@ -647,6 +636,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
     /// Tells the breaker what a send proved, frees the probe slot, and returns the
     /// transition to report after the send's terminal event.
+    #[inline(always)]
     fn tell_breaker(
         &self,
         effect: BreakerEffect,
@@ -668,12 +658,34 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             // ---- wait_for_gate.
             let Ticket {
                 mut probe,
-                token,
                 mut now,
-                yielded,
+                mut yielded,
             } = match self.wait_for_gate().await {
                 Ok(ticket) => ticket,
                 Err(error) => return Err(self.refuse(error)),
+            };
+            // The gate's last step, the auth token, here rather than in the gate's
+            // own future, so the token is never moved out of it. A token at hand
+            // takes no wait: the gate's reading still stands, and the call gave way
+            // to nobody. A fetch counts as giving way even when its future was
+            // ready at once.
+            let token = if !client.auth.is_configured() {
+                None
+            } else if let Some(token) = client.auth_state.current(None) {
+                Some(token)
+            } else {
+                // `auth_token` would look for a token at hand again first.
+                match Box::pin(self.fetch_token(None)).await {
+                    Ok(token) => {
+                        now = self.now();
+                        yielded = true;
+                        token
+                    }
+                    Err(error) => {
+                        drop(probe);
+                        return Err(self.refuse(error));
+                    }
+                }
             };
 
             // The gate asked the breaker before its admission and auth waits; after

@@ -209,6 +209,7 @@ pin_project! {
 impl<F: Future, M: Arm> Future for Timeout<F, M> {
     type Output = Result<F::Output, Elapsed>;
 
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         if let Poll::Ready(output) = this.work.poll(cx) {

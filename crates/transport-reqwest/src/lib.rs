@@ -683,6 +683,7 @@ macro_rules! transport_impl {
             /// built, by its newest client at the time of sending (chosen in
             /// [`Transport::send`](vantage_api_pool::Transport::send), so a rebuild during
             /// the permit or rate-token wait reaches requests already prepared).
+            #[inline]
             fn prepare(&self, draft: reqwest::RequestBuilder) -> Result<ReqwestRequest, TransportError> {
                 build_request(draft)
             }
@@ -693,6 +694,7 @@ macro_rules! transport_impl {
             /// Dropping the future abandons the request: hyper does not reuse an HTTP/1.1
             /// connection whose exchange was abandoned, and resets the stream on HTTP/2; on
             /// wasm32 the fetch is aborted.
+            #[inline]
             fn send(
                 &self,
                 request: ReqwestRequest,
