@@ -26,7 +26,9 @@ use crate::classify::{
 };
 use crate::client::{Events, Shared};
 use crate::concurrency::Permit;
-use crate::error::{ClientError, ErrorKind, MAX_ERROR_BODY, TimeLimit, trim_unfinished_char};
+use crate::error::{
+    ClientError, ErrorKind, ErrorResponseHead, MAX_ERROR_BODY, TimeLimit, trim_unfinished_char,
+};
 use crate::observer::{CallId, EventKind};
 use crate::policy::{BreakerMode, CallPolicy};
 use crate::rate::TokenBucket;
@@ -111,7 +113,8 @@ enum Next {
 /// What the call keeps of an error response's head.
 struct ErrorHead {
     status: http::StatusCode,
-    headers: Box<http::HeaderMap>,
+    /// The headers, in the allocation the error will keep them in.
+    response: ErrorResponseHead,
     /// The server's requested delay, unclamped.
     wait: Option<Duration>,
     request_id: Option<Arc<str>>,
@@ -929,19 +932,28 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
     /// What the call keeps of an error response's head. Hands the response back for
     /// its body.
-    fn error_head(&self, response: T::Response) -> (T::Response, ErrorHead) {
+    fn error_head(&self, mut response: T::Response) -> (T::Response, ErrorHead) {
         let client = self.client;
         let headers = response.headers();
+        let wait = server_delay(headers, client.runtime.wall_clock());
+        let request_id = headers
+            .get(&client.request_id_header)
+            .and_then(|v| v.to_str().ok())
+            .map(Arc::<str>::from);
+        let (status, credentials_dropped, answered_by_redirect) = (
+            response.status(),
+            response.credentials_dropped(),
+            response.answered_by_redirect(),
+        );
+        // Last: the headers move out of the response (its body is all the loop
+        // reads of it from here on).
         let head = ErrorHead {
-            status: response.status(),
-            headers: Box::new(headers.clone()),
-            wait: server_delay(headers, client.runtime.wall_clock()),
-            request_id: headers
-                .get(&client.request_id_header)
-                .and_then(|v| v.to_str().ok())
-                .map(Arc::<str>::from),
-            credentials_dropped: response.credentials_dropped(),
-            answered_by_redirect: response.answered_by_redirect(),
+            status,
+            response: ErrorResponseHead::new(response.take_headers()),
+            wait,
+            request_id,
+            credentials_dropped,
+            answered_by_redirect,
         };
         (response, head)
     }
@@ -964,7 +976,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 head:
                     ErrorHead {
                         status,
-                        headers,
+                        response,
                         wait,
                         request_id,
                         credentials_dropped,
@@ -974,7 +986,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             } => {
                 self.reached = true;
                 let error = ClientError::new(ErrorKind::Status(status), self.attempt)
-                    .with_response(body, *headers)
+                    .with_response_head(response, body)
                     .with_request_id(request_id)
                     .with_retry_after(wait)
                     .with_credentials_dropped(credentials_dropped)

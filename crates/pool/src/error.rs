@@ -156,9 +156,24 @@ impl fmt::Display for ErrorKind {
 }
 
 /// What a [`ClientError`] of kind `Status` keeps of its own response.
+#[derive(Clone)]
 struct ErrorResponse {
     body: Bytes,
     headers: HeaderMap,
+}
+
+/// An error response's headers, kept from its head while its body is read, already
+/// in the allocation its [`ClientError`] will share: one allocation per error
+/// response, and one pointer in the call's future.
+pub(crate) struct ErrorResponseHead(Arc<ErrorResponse>);
+
+impl ErrorResponseHead {
+    pub(crate) fn new(headers: HeaderMap) -> Self {
+        ErrorResponseHead(Arc::new(ErrorResponse {
+            body: Bytes::new(),
+            headers,
+        }))
+    }
 }
 
 /// Why a call failed, after how many attempts, and what the API said.
@@ -221,11 +236,18 @@ impl ClientError {
 
     /// Keeps the error's own response: its headers, and at most [`MAX_ERROR_BODY`]
     /// bytes of `body`, cut on a char boundary.
-    pub(crate) fn with_response(mut self, body: Bytes, headers: HeaderMap) -> Self {
-        self.response = Some(Arc::new(ErrorResponse {
-            body: truncate_body(body),
-            headers,
-        }));
+    #[cfg(test)]
+    pub(crate) fn with_response(self, body: Bytes, headers: HeaderMap) -> Self {
+        self.with_response_head(ErrorResponseHead::new(headers), body)
+    }
+
+    /// [`with_response`](ClientError::with_response) for headers kept in an
+    /// [`ErrorResponseHead`]: the body goes into its allocation.
+    pub(crate) fn with_response_head(mut self, head: ErrorResponseHead, body: Bytes) -> Self {
+        let mut response = head.0;
+        // Never shared yet, so this writes in place and clones nothing.
+        Arc::make_mut(&mut response).body = truncate_body(body);
+        self.response = Some(response);
         self
     }
 

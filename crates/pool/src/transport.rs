@@ -341,6 +341,18 @@ pub trait TransportResponse {
     /// The response headers.
     fn headers(&self) -> &HeaderMap;
 
+    /// The response headers, moved out. The loop calls it once for an error
+    /// response, after it has read what it needs of [`headers`](Self::headers)
+    /// (`Retry-After`, the request id) and before the body, and keeps them in the
+    /// [`ClientError`](crate::ClientError) (its
+    /// [`headers`](crate::ClientError::headers)); after the call, the response's own
+    /// may be empty. By default a clone of [`headers`](Self::headers): a transport
+    /// that owns its headers should move them out (`std::mem::take`), which copies
+    /// and allocates nothing.
+    fn take_headers(&mut self) -> HeaderMap {
+        self.headers().clone()
+    }
+
     /// The body length when the transport knows it; by default the `Content-Length`
     /// header, when it is digits only and every copy of it agrees.
     fn content_length(&self) -> Option<u64> {
@@ -480,6 +492,12 @@ pub trait SendTransportResponse: Send {
     /// As [`TransportResponse::headers`].
     fn headers(&self) -> &HeaderMap;
 
+    /// As [`TransportResponse::take_headers`]; by default a clone of
+    /// [`headers`](Self::headers).
+    fn take_headers(&mut self) -> HeaderMap {
+        self.headers().clone()
+    }
+
     /// As [`TransportResponse::content_length`]; by default the `Content-Length`
     /// header, when it is digits only and every copy of it agrees.
     fn content_length(&self) -> Option<u64> {
@@ -509,6 +527,11 @@ impl<T: SendTransportResponse> TransportResponse for T {
     #[inline]
     fn headers(&self) -> &HeaderMap {
         SendTransportResponse::headers(self)
+    }
+
+    #[inline]
+    fn take_headers(&mut self) -> HeaderMap {
+        SendTransportResponse::take_headers(self)
     }
 
     #[inline]

@@ -980,6 +980,16 @@ impl SendTransportResponse for ScriptedResponse {
         ScriptedResponse::headers(self)
     }
 
+    /// Moves the headers out, leaving the response none; headers another response
+    /// still shares (those of the [default reply](ScriptedTransport::default_reply))
+    /// are copied.
+    fn take_headers(&mut self) -> HeaderMap {
+        self.headers
+            .take()
+            .map(|headers| Arc::try_unwrap(headers).unwrap_or_else(|shared| (*shared).clone()))
+            .unwrap_or_default()
+    }
+
     /// As [`Reply::credentials_dropped`] said.
     fn credentials_dropped(&self) -> bool {
         self.credentials_dropped

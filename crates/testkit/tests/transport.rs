@@ -945,3 +945,29 @@ fn a_request_is_recorded_at_its_first_poll_not_when_its_future_was_made() {
     assert_eq!((requests.len(), requests[0].at), (1, at(1_000)));
     assert_eq!(requests[0].index, 0);
 }
+
+#[test]
+fn take_headers_moves_a_pushed_reply_s_headers_and_copies_the_default_reply_s() {
+    let (rt, transport) = setup();
+    let reply = || Reply::status(503).header("x-a", "1").body("busy");
+    transport.push(reply());
+    transport.default_reply(reply());
+    // The pushed reply, then the default one twice: the third has its headers only
+    // if taking the second's left the shared ones alone.
+    for _ in 0..3 {
+        let mut response = rt
+            .block_on(transport.send(get(&transport, "/")))
+            .unwrap()
+            .unwrap();
+        let taken = response.take_headers();
+        assert_eq!(taken["x-a"], "1");
+        assert!(
+            response.headers().is_empty(),
+            "the headers were left behind"
+        );
+        assert!(response.take_headers().is_empty());
+        // The body reads on, whole.
+        let body = rt.block_on(response.chunk()).unwrap().unwrap();
+        assert_eq!(body, Some(Bytes::from_static(b"busy")));
+    }
+}

@@ -176,6 +176,12 @@ mod imp {
             self.inner.headers()
         }
 
+        /// Moves the headers out of the reqwest response, leaving it none (its
+        /// body reads on as before).
+        fn take_headers(&mut self) -> HeaderMap {
+            std::mem::take(self.inner.headers_mut())
+        }
+
         /// reqwest's [`content_length`](reqwest::Response::content_length): the
         /// exact length of the body when known (from `Content-Length`).
         fn content_length(&self) -> Option<u64> {
@@ -319,6 +325,12 @@ mod imp {
 
         fn headers(&self) -> &HeaderMap {
             &self.headers
+        }
+
+        /// Moves the headers out, leaving the response none (its body reads on as
+        /// before).
+        fn take_headers(&mut self) -> HeaderMap {
+            std::mem::take(&mut self.headers)
         }
 
         /// reqwest's [`content_length`](reqwest::Response::content_length).

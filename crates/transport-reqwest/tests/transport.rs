@@ -616,3 +616,24 @@ fn debug_of_the_transport_shows_no_default_header_value() {
     );
     assert!(!debug.contains("s3cret"), "{debug}");
 }
+
+#[tokio::test]
+async fn take_headers_moves_the_headers_out_and_the_body_reads_on() {
+    let head = http::Response::builder()
+        .status(503)
+        .header("retry-after", "2")
+        .header("x-a", "1");
+    let mut response = ReqwestResponse::new(head.body("busy").unwrap().into());
+    let taken = TransportResponse::take_headers(&mut response);
+    assert_eq!(
+        (taken.len(), &taken["x-a"]),
+        (2, &HeaderValue::from_static("1"))
+    );
+    assert!(response.headers().is_empty());
+    assert_eq!(response.status(), 503);
+    let body = TransportResponse::chunk(&mut response)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(body, "busy");
+}
