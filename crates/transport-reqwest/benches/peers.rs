@@ -19,8 +19,11 @@
 //! round; the CPU time of the thread (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)`,
 //! nanoseconds, user + kernel, client and server) is read around each run. Reported per kind and
 //! concurrency: the median over the rounds of (CPU per request of the kind) / (CPU
-//! per request of raw reqwest in the same round), with the interquartile range, and
-//! the same ratio for the client's own share (`(kind - floor) / (reqwest - floor)`).
+//! per request of raw reqwest in the same round), with a distribution-free 95 %
+//! confidence interval of that median (two order statistics of the rounds), and the
+//! same ratio for the client's own share (`(kind - floor) / (reqwest - floor)`). The
+//! interval says how well one run pins its median; runs an hour apart on a shared
+//! machine can differ by more than it (see the README).
 //!
 //! Pin it to one core for steadier numbers; `benches/peers.sh` does that and adds
 //! instructions per request from valgrind (`--only KIND CONC N` runs one measured
@@ -618,10 +621,33 @@ mod native {
         sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
     }
 
-    /// Median, first and third quartile.
+    /// The 1-based ranks of the order statistics that bound a distribution-free
+    /// confidence interval of at least 95 % for the median of `n` values: the largest
+    /// `k` with P(Binomial(n, 1/2) <= k - 1) <= 2.5 %, and `n + 1 - k` (for 31
+    /// values, the 10th and the 22nd, 97 %). Below 6 values no such interval exists
+    /// and the whole range is given (k = 1).
+    fn median_ci_ranks(n: usize) -> (usize, usize) {
+        let ln_half_pow_n = n as f64 * 0.5f64.ln();
+        // ln C(n, i), and P(B <= i) summed term by term (in logs, so no term
+        // underflows for a large n).
+        let (mut ln_choose, mut cdf, mut k) = (0.0f64, 0.0f64, 0);
+        for i in 0..n {
+            cdf += (ln_choose + ln_half_pow_n).exp();
+            if cdf > 0.025 {
+                break;
+            }
+            k = i + 1;
+            ln_choose += ((n - i) as f64).ln() - ((i + 1) as f64).ln();
+        }
+        let k = k.max(1);
+        (k, n + 1 - k)
+    }
+
+    /// Median, and the bounds of its 95 % confidence interval ([`median_ci_ranks`]).
     fn summary(mut v: Vec<f64>) -> (f64, f64, f64) {
         v.sort_by(f64::total_cmp);
-        (quantile(&v, 0.5), quantile(&v, 0.25), quantile(&v, 0.75))
+        let (lo, hi) = median_ci_ranks(v.len());
+        (quantile(&v, 0.5), v[lo - 1], v[hi - 1])
     }
 
     #[allow(clippy::disallowed_methods, clippy::disallowed_types)] // wall time on purpose
@@ -675,8 +701,8 @@ mod native {
                     }
                 })
                 .collect();
-            let (m, q1, q3) = summary(ratios);
-            format!("{m:.3} ({q1:.3}-{q3:.3})")
+            let (m, lo, hi) = summary(ratios);
+            format!("{m:.3} ({lo:.3}-{hi:.3})")
         };
 
         // One row per kind that is compared with raw reqwest.
@@ -702,7 +728,8 @@ mod native {
         println!();
         println!(
             "CPU time per request (client + server, one thread), ratio to raw reqwest: \
-             median (interquartile range) of {rounds} interleaved rounds; \
+             median (95 % confidence interval of the median) of {rounds} interleaved \
+             rounds; \
              {} / {} / {} requests per run at c = 1 / 16 / 128",
             scaled(1, scale),
             scaled(16, scale),
