@@ -241,8 +241,9 @@ impl ClientError {
         self.with_response_head(ErrorResponseHead::new(headers), body)
     }
 
-    /// [`with_response`](ClientError::with_response) for headers kept in an
-    /// [`ErrorResponseHead`]: the body goes into its allocation.
+    /// Keeps the error's own response: the headers already in `head`'s allocation,
+    /// and at most [`MAX_ERROR_BODY`] bytes of `body`, cut on a char boundary, put
+    /// into it.
     pub(crate) fn with_response_head(mut self, head: ErrorResponseHead, body: Bytes) -> Self {
         let mut response = head.0;
         // Never shared yet, so this writes in place and clones nothing.

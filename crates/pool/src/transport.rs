@@ -349,6 +349,12 @@ pub trait TransportResponse {
     /// may be empty. By default a clone of [`headers`](Self::headers): a transport
     /// that owns its headers should move them out (`std::mem::take`), which copies
     /// and allocates nothing.
+    ///
+    /// A transport that moves them must not need them afterwards: its
+    /// [`chunk`](Self::chunk) has to read the body without them, and the default
+    /// [`content_length`](Self::content_length), which reads `Content-Length` from
+    /// [`headers`](Self::headers), gives `None` after the move (the loop reads the
+    /// length only of a successful response, never of one whose headers it took).
     fn take_headers(&mut self) -> HeaderMap {
         self.headers().clone()
     }
