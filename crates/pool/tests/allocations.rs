@@ -18,7 +18,8 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
@@ -29,10 +30,10 @@ use std::time::{Duration, SystemTime};
 use common::Chunks;
 use vantage_api_pool::auth::{AuthError, TokenSource, token_fn};
 use vantage_api_pool::http::header::AUTHORIZATION;
-use vantage_api_pool::http::{HeaderName, HeaderValue, Method};
+use vantage_api_pool::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use vantage_api_pool::{
     CallPolicy, EventKind, Instant, PreparedRequest, ResilientClient, Runtime, Transport,
-    TransportError, TransportEvent, TransportObserver,
+    TransportError, TransportEvent, TransportObserver, TransportResponse,
 };
 
 struct Counting;
@@ -136,17 +137,26 @@ struct Quiet {
 }
 
 /// Pending once (waking its task at once), then the answer.
-struct SecondPoll {
+struct SecondPoll<R> {
+    answer: Option<R>,
     polled: bool,
 }
 
-impl Future for SecondPoll {
-    type Output = Result<Chunks, TransportError>;
+impl<R> SecondPoll<R> {
+    fn new(answer: R) -> Self {
+        SecondPoll {
+            answer: Some(answer),
+            polled: false,
+        }
+    }
+}
+
+impl<R: Unpin> Future for SecondPoll<R> {
+    type Output = Result<R, TransportError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if self.polled {
-            // A 200 with an empty body: no header map or chunk queue to allocate.
-            Poll::Ready(Ok(Chunks::new([])))
+            Poll::Ready(Ok(self.answer.take().expect("polled after its answer")))
         } else {
             self.polled = true;
             cx.waker().wake_by_ref();
@@ -174,7 +184,8 @@ impl Transport for Quiet {
         if request.header(&AUTHORIZATION) == Some(&HeaderValue::from_static(TOKEN)) {
             self.with_token.set(self.with_token.get() + 1);
         }
-        SecondPoll { polled: false }
+        // A 200 with an empty body: no header map or chunk queue to allocate.
+        SecondPoll::new(Chunks::new([]))
     }
 }
 
@@ -366,19 +377,19 @@ fn a_call_that_waits_for_a_permit_allocates_its_wait() {
 /// `take_headers`, with an empty body.
 #[derive(Debug)]
 struct Headed {
-    headers: vantage_api_pool::http::HeaderMap,
+    headers: HeaderMap,
 }
 
-impl vantage_api_pool::TransportResponse for Headed {
-    fn status(&self) -> vantage_api_pool::http::StatusCode {
-        vantage_api_pool::http::StatusCode::INTERNAL_SERVER_ERROR
+impl TransportResponse for Headed {
+    fn status(&self) -> StatusCode {
+        StatusCode::INTERNAL_SERVER_ERROR
     }
 
-    fn headers(&self) -> &vantage_api_pool::http::HeaderMap {
+    fn headers(&self) -> &HeaderMap {
         &self.headers
     }
 
-    fn take_headers(&mut self) -> vantage_api_pool::http::HeaderMap {
+    fn take_headers(&mut self) -> HeaderMap {
         std::mem::take(&mut self.headers)
     }
 
@@ -390,7 +401,7 @@ impl vantage_api_pool::TransportResponse for Headed {
 /// Hands out the responses it was given, one a send, each on its send's second poll.
 #[derive(Default)]
 struct Prepared {
-    responses: std::cell::RefCell<std::collections::VecDeque<Headed>>,
+    responses: RefCell<VecDeque<Headed>>,
 }
 
 impl Transport for Prepared {
@@ -408,17 +419,8 @@ impl Transport for Prepared {
     }
 
     fn send(&self, _request: Req) -> impl Future<Output = Result<Headed, TransportError>> {
-        let mut response = self.responses.borrow_mut().pop_front();
-        let mut polled = false;
-        std::future::poll_fn(move |cx| {
-            if polled {
-                Poll::Ready(Ok(response.take().expect("a response for every send")))
-            } else {
-                polled = true;
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-        })
+        let response = self.responses.borrow_mut().pop_front();
+        SecondPoll::new(response.expect("a response for every send"))
     }
 }
 
@@ -427,7 +429,6 @@ impl Transport for Prepared {
 /// with none (a copy of a header map allocates its index and its entries).
 #[test]
 fn an_error_response_s_headers_move_into_its_error_uncopied() {
-    use vantage_api_pool::http::HeaderMap;
     let with_three = || {
         let mut headers = HeaderMap::new();
         for (name, value) in [("x-a", "1"), ("x-b", "2"), ("content-type", "text/plain")] {

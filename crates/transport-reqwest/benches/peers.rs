@@ -22,7 +22,7 @@
 //! per request of raw reqwest in the same round), with a distribution-free 95 %
 //! confidence interval of that median (two order statistics of the rounds), and the
 //! same ratio for the client's own share (`(kind - floor) / (reqwest - floor)`). The
-//! interval says how well one run pins its median; runs an hour apart on a shared
+//! interval says how well one run pins its median; separate runs on a shared
 //! machine can differ by more than it (see the README).
 //!
 //! Pin it to one core for steadier numbers; `benches/peers.sh` does that and adds
