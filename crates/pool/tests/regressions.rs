@@ -215,6 +215,8 @@ impl vantage_api_pool::TransportObserver for InFlightAtCancel {
 }
 
 #[test]
+// On wasm32 observers need not be Send + Sync, and the client still takes an Arc.
+#[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 fn cancelled_is_reported_after_the_permit_is_back() {
     let w = World::new();
     w.transport.push(Reply::stall());
