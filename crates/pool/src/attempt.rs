@@ -382,8 +382,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         self.policy().breaker_mode() != BreakerMode::WaitForProbe
     }
 
-    fn breaker_open(&self) -> ClientError {
-        ClientError::new(ErrorKind::BreakerOpen, self.attempt).with_reached(self.reached)
+    /// The refusal of a call that fails fast, with how long the breaker still
+    /// refuses (`wait`, its answer at the gate) as the error's `retry_after`.
+    fn breaker_open(&self, wait: Duration) -> ClientError {
+        ClientError::new(ErrorKind::BreakerOpen, self.attempt)
+            .with_reached(self.reached)
+            .with_retry_after(Some(wait))
     }
 
     fn timed_out_at_gate(&self) -> ClientError {
@@ -441,7 +445,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 Gate::Allow { probe } => break probe.map(|epoch| ProbeGuard::new(breaker, epoch)),
                 // Failing fast needs no future, so an outage's refusals allocate
                 // nothing.
-                Gate::OpenFor(_) if self.fails_fast() => return Err(self.breaker_open()),
+                Gate::OpenFor(wait) if self.fails_fast() => return Err(self.breaker_open(wait)),
                 Gate::OpenFor(wait) => now = Box::pin(self.gate_sleep(now, wait)).await?,
             }
         };

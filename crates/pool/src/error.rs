@@ -456,11 +456,35 @@ impl ClientError {
         )
     }
 
-    /// The delay the server asked for on the last response (`retry-after-ms` or
-    /// `Retry-After`), as parsed, before any clamping to a policy's ceiling (a number
-    /// too large to hold reads as [`Duration::MAX`]). `None` for every kind but
-    /// [`ErrorKind::Status`]: a delay an earlier response asked for was waited out
-    /// before the send that failed.
+    /// How long to wait before trying again, when something said so:
+    ///
+    /// - [`ErrorKind::Status`]: the delay the server asked for on this response
+    ///   (`retry-after-ms` or `Retry-After`), as parsed, before any clamping to a
+    ///   policy's ceiling (a number too large to hold reads as [`Duration::MAX`]);
+    ///   `None` when it asked for none.
+    /// - [`ErrorKind::BreakerOpen`]: how long the breaker still refused sends when it
+    ///   turned the call away, from that moment: the rest of its cooldown, or
+    ///   [`PROBE_RECHECK`](crate::breaker::PROBE_RECHECK) (5 ms) while another call's
+    ///   probe is out, whose answer nobody can foresee. A service in front of the
+    ///   API can pass it on as its own `Retry-After`.
+    /// - `None` for every other kind: a delay an earlier response asked for was
+    ///   waited out before the send that failed (that response's error, under
+    ///   [`last_failure`](ClientError::last_failure), still has it).
+    ///
+    /// ```
+    /// use vantage_api_pool::{ClientError, ErrorKind};
+    ///
+    /// /// The status and `Retry-After` seconds a gateway answers its own caller with.
+    /// fn answer(error: &ClientError) -> (u16, Option<u64>) {
+    ///     let seconds = error.retry_after().map(|d| d.as_secs_f64().ceil() as u64);
+    ///     match error.kind() {
+    ///         ErrorKind::BreakerOpen => (503, seconds),
+    ///         ErrorKind::Status(status) => (status.as_u16(), seconds),
+    ///         _ => (502, None),
+    ///     }
+    /// }
+    /// # let _ = answer;
+    /// ```
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after

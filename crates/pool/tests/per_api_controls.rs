@@ -169,6 +169,58 @@ fn fail_fast_rejects_at_once_with_nothing_sent() {
 }
 
 #[test]
+fn a_breaker_open_refusal_says_how_long_the_breaker_still_refuses() {
+    let w = World::new();
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    let client = w.builder().default_breaker().build().unwrap();
+    open_breaker(&w, &client);
+    let refused = || {
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap_err()
+    };
+    // Opened at 0 for 5 s: the rest of the cooldown, from the refusal.
+    let err = refused();
+    assert_eq!(err.kind(), ErrorKind::BreakerOpen);
+    assert_eq!(err.retry_after(), Some(secs(5)));
+    w.rt.run_for(ms(3_250)).unwrap();
+    assert_eq!(refused().retry_after(), Some(ms(1_750)));
+
+    // Cooldown over: a probe goes and takes 2 s. While it is out, nobody knows when
+    // the breaker will answer: ask again after the probe recheck.
+    w.rt.run_for(ms(1_750)).unwrap();
+    w.transport.push(Reply::status(503).after(secs(2)));
+    let probe = w.spawn_call(&client, CallPolicy::background(), "/x");
+    w.rt.run_for(secs(1)).unwrap();
+    assert_eq!(w.transport.request_count(), 6, "the probe is out");
+    assert_eq!(
+        refused().retry_after(),
+        Some(vantage_api_pool::breaker::PROBE_RECHECK)
+    );
+    // It fails at 7 s: open again for twice as long.
+    w.rt.run_for(secs(1)).unwrap();
+    assert!(probe.is_finished());
+    assert_eq!(refused().retry_after(), Some(secs(10)));
+
+    // A retry that meets the open breaker: the refusal has the breaker's wait, the
+    // 503 under it the server's own.
+    let w = World::new();
+    w.transport
+        .push(Reply::status(503).header("retry-after", "1"));
+    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&bounded(3, ms(250)), |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BreakerOpen);
+    assert_eq!(w.now(), secs(1), "the retry waited as the 503 asked");
+    assert_eq!(err.retry_after(), Some(secs(4)));
+    assert_eq!(last_failure(&err).retry_after(), Some(secs(1)));
+    w.assert_last_failed_is(&err);
+    w.assert_contract();
+}
+
+#[test]
 fn a_reachable_answer_closes_but_keeps_the_failure_run() {
     let w = World::new();
     w.transport
