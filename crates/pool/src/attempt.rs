@@ -19,7 +19,7 @@ use http::HeaderValue;
 
 use crate::auth::{SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
-use crate::breaker::{Gate, ProbeGuard, Transition};
+use crate::breaker::{CircuitBreaker, Gate, PROBE_RECHECK, ProbeGuard, Transition};
 use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotency_key,
     is_idempotent,
@@ -370,11 +370,43 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// the call ends at once with `TimedOut` (waiting for a deadline it cannot meet
     /// helps nobody). Returns the clock after the sleep.
     async fn gate_sleep(&self, now: Instant, wait: Duration) -> Result<Instant, ClientError> {
+        let wake = self.gate_wake(now, wait)?;
+        self.client.runtime.sleep_until(wake).await;
+        Ok(self.now())
+    }
+
+    /// When a gate wait of `wait` from `now` ends, or `TimedOut` if that is at or
+    /// past the budget's end.
+    fn gate_wake(&self, now: Instant, wait: Duration) -> Result<Instant, ClientError> {
         let wake = now.saturating_add(wait);
         if self.deadline.is_some_and(|deadline| wake >= deadline) {
             return Err(self.timed_out_at_gate());
         }
-        self.client.runtime.sleep_until(wake).await;
+        Ok(wake)
+    }
+
+    /// A `WaitForProbe` caller's wait out of the breaker's cooldown (`wait`, its
+    /// `OpenFor`): a gate wait of known length, cut short by a
+    /// [`reset`](CircuitBreaker::reset) after the `seen`-th (the count read before
+    /// the check that refused the send).
+    async fn breaker_sleep(
+        &self,
+        breaker: &CircuitBreaker,
+        now: Instant,
+        wait: Duration,
+        seen: u64,
+    ) -> Result<Instant, ClientError> {
+        let wake = self.gate_wake(now, wait)?;
+        let mut sleep = pin!(self.client.runtime.sleep_until(wake));
+        let mut reset = pin!(breaker.reset_since(seen));
+        poll_fn(|cx| {
+            if sleep.as_mut().poll(cx).is_ready() || reset.as_mut().poll(cx).is_ready() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
         Ok(self.now())
     }
 
@@ -441,12 +473,21 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             let Some(breaker) = &self.client.breaker else {
                 break None;
             };
+            // Read before the check: a reset after it ends the wait below.
+            let resets = breaker.resets();
             match breaker.check(now) {
                 Gate::Allow { probe } => break probe.map(|epoch| ProbeGuard::new(breaker, epoch)),
                 // Failing fast needs no future, so an outage's refusals allocate
                 // nothing.
                 Gate::OpenFor(wait) if self.fails_fast() => return Err(self.breaker_open(wait)),
-                Gate::OpenFor(wait) => now = Box::pin(self.gate_sleep(now, wait)).await?,
+                // A re-check while another call's probe is out: a reset is seen at
+                // the next look, so these frequent short waits register nothing.
+                Gate::OpenFor(wait) if wait <= PROBE_RECHECK => {
+                    now = Box::pin(self.gate_sleep(now, wait)).await?;
+                }
+                Gate::OpenFor(wait) => {
+                    now = Box::pin(self.breaker_sleep(breaker, now, wait, resets)).await?;
+                }
             }
         };
         let mut admit = pin!(self.client.transport.admit());

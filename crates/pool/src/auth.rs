@@ -25,11 +25,11 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use http::{HeaderName, HeaderValue};
 
-use crate::sync::{Mutex, MutexGuard, PoisonError};
+use crate::sync::{Mutex, MutexGuard, PoisonError, Wakers};
 
 /// An array of the names no token may take (see [`RESERVED_TOKEN_HEADERS`]), after
 /// the given ones: the builder's list of names a retry-count header may not take
@@ -319,11 +319,8 @@ struct AuthInner {
     fetches_done: u64,
     /// The error of the last fetch, with the fetch number it belongs to.
     last_error: Option<(u64, Arc<AuthError>)>,
-    /// Callers waiting for the running fetch, each under its own key so a caller
-    /// dropped while it waits takes its waker back out.
-    waiters: Vec<(u64, Waker)>,
-    /// The key of the next waiter.
-    next_waiter: u64,
+    /// Callers waiting for the running fetch.
+    waiters: Wakers,
 }
 
 impl std::fmt::Debug for AuthState {
@@ -365,8 +362,7 @@ impl AuthState {
                 fetches_started: 0,
                 fetches_done: 0,
                 last_error: None,
-                waiters: Vec::new(),
-                next_waiter: 0,
+                waiters: Wakers::default(),
             }),
         }
     }
@@ -584,9 +580,9 @@ impl FetchGuard<'_> {
                     }
                 }
             };
-            (outcome, std::mem::take(&mut inner.waiters))
+            (outcome, inner.waiters.take())
         };
-        waiters.into_iter().for_each(|(_, waker)| waker.wake());
+        waiters.wake();
         outcome
     }
 }
@@ -597,9 +593,9 @@ impl Drop for FetchGuard<'_> {
             let waiters = {
                 let mut inner = self.state.lock();
                 inner.fetching = false;
-                std::mem::take(&mut inner.waiters)
+                inner.waiters.take()
             };
-            waiters.into_iter().for_each(|(_, waker)| waker.wake());
+            waiters.wake();
         }
     }
 }
@@ -623,24 +619,9 @@ impl Future for WaitForFetch<'_> {
         if !inner.fetching || inner.fetches_done != self.seen {
             return Poll::Ready(());
         }
-        let registered = self
-            .key
-            .and_then(|key| inner.waiters.iter_mut().find(|(k, _)| *k == key));
         // A replaced waker is dropped after the lock: its drop may be the last of a
         // task whose own waiter then takes the lock.
-        let replaced = match registered {
-            Some((_, waker)) if !waker.will_wake(cx.waker()) => {
-                Some(std::mem::replace(waker, cx.waker().clone()))
-            }
-            Some(_) => None,
-            None => {
-                let key = inner.next_waiter;
-                inner.next_waiter = key.wrapping_add(1);
-                inner.waiters.push((key, cx.waker().clone()));
-                self.key = Some(key);
-                None
-            }
-        };
+        let replaced = inner.waiters.register(&mut self.key, cx.waker());
         drop(inner);
         drop(replaced);
         Poll::Pending
@@ -653,11 +634,7 @@ impl Drop for WaitForFetch<'_> {
             let mut inner = self.state.lock();
             // Gone already if the fetch ended and woke everyone. Dropped after the
             // lock, as in `poll`.
-            let removed = inner
-                .waiters
-                .iter()
-                .position(|(k, _)| *k == key)
-                .map(|pos| inner.waiters.swap_remove(pos));
+            let removed = inner.waiters.remove(key);
             drop(inner);
             drop(removed);
         }

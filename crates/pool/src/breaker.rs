@@ -21,14 +21,23 @@
 //! before the breaker opened is not taken for a failed probe. A success or a
 //! reachable answer from any epoch closes an open breaker: it proves the API answers.
 //!
+//! **Manual reset.** [`CircuitBreaker::reset`] closes the breaker whatever its state
+//! (failures cleared, cooldown back to its base, probe slot freed) and wakes the
+//! callers waiting out a cooldown; callers waiting for a probe in flight see it at
+//! their next look, at most [`PROBE_RECHECK`] later. Nothing else wakes them: a
+//! probe's answer is found at the next look too, and a cooldown is slept out.
+//!
 //! The breaker is a synchronous state machine: it takes `now` and returns a decision.
 //! Its lock is held only inside its methods, never across an `.await` or a callback.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::classify::BreakerEffect;
 use crate::error::ConfigError;
-use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, PoisonError};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering, PoisonError, Wakers};
 use crate::time::Instant;
 
 /// How long a caller that finds the probe slot taken waits before asking again:
@@ -36,7 +45,9 @@ use crate::time::Instant;
 /// when it ends: they ask again every `PROBE_RECHECK`, so once a probe's answer has
 /// closed the breaker they go at their first recheck at or after that moment (up to
 /// 5 ms later), and when it failed they find the breaker open again and sleep out
-/// the new cooldown. Which waiter sends the next probe is not specified.
+/// the new cooldown. Which waiter sends the next probe is not specified. A
+/// [`CircuitBreaker::reset`] is found at the next recheck too (a caller waiting out a
+/// cooldown, a longer wait, is woken by it).
 ///
 /// [`BreakerMode::WaitForProbe`]: crate::BreakerMode::WaitForProbe
 pub const PROBE_RECHECK: Duration = Duration::from_millis(5);
@@ -171,7 +182,7 @@ pub enum Transition {
         /// How long it stays open.
         cooldown: Duration,
     },
-    /// Closed by a success or a reachable answer.
+    /// Closed by a success or a reachable answer, or by [`CircuitBreaker::reset`].
     Closed,
 }
 
@@ -189,6 +200,9 @@ struct State {
     cooldown: Duration,
     epoch: u64,
     probe: Option<u64>,
+    /// Callers waiting out a cooldown or for the probe, to wake on a
+    /// [`reset`](CircuitBreaker::reset).
+    waiting: Wakers,
 }
 
 /// A circuit breaker. See the module docs.
@@ -200,6 +214,9 @@ pub struct CircuitBreaker {
     /// send through and a success or a reachable answer changes nothing, so both
     /// skip the lock. Written under the lock after every change of the state.
     quiet: AtomicBool,
+    /// How many times [`reset`](Self::reset) was called. Written under the lock; read
+    /// without it before a check whose refusal the caller will wait out.
+    resets: AtomicU64,
 }
 
 impl CircuitBreaker {
@@ -214,8 +231,10 @@ impl CircuitBreaker {
                 cooldown: config.cooldown,
                 epoch: 0,
                 probe: None,
+                waiting: Wakers::default(),
             }),
             quiet: AtomicBool::new(true),
+            resets: AtomicU64::new(0),
         }
     }
 
@@ -348,6 +367,53 @@ impl CircuitBreaker {
         }
     }
 
+    /// Closes the breaker now, whatever its state, as a manual override for an
+    /// operator who knows the API is back: the run of failures is cleared, the
+    /// cooldown goes back to its base, and the probe slot is freed (a probe in
+    /// flight is no longer the probe: its answer counts as any send's). Callers
+    /// waiting for it with [`reset_since`](Self::reset_since) (the attempt loop's, out
+    /// of a cooldown) are woken to ask again. Returns
+    /// [`Transition::Closed`] when the breaker was open or half-open (`None` when it
+    /// was closed already: only its run of failures, if any, is cleared).
+    pub fn reset(&self) -> Option<Transition> {
+        let (transition, waiting) = {
+            let mut s = self.lock();
+            let was_closed = matches!(s.mode, Mode::Closed);
+            s.mode = Mode::Closed;
+            s.consecutive_failures = 0;
+            s.cooldown = self.config.cooldown;
+            s.probe = None;
+            self.resets.fetch_add(1, Ordering::AcqRel);
+            self.publish(&s);
+            (
+                (!was_closed).then_some(Transition::Closed),
+                s.waiting.take(),
+            )
+        };
+        waiting.wake();
+        transition
+    }
+
+    /// How many times [`reset`](Self::reset) was called so far. Read it before a
+    /// [`check`](Self::check) whose `OpenFor` you will wait out, and race the wait
+    /// against [`reset_since`](Self::reset_since) with it: a reset after the check
+    /// then ends the wait (read after the check, a reset between the two would be
+    /// missed).
+    #[must_use]
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Acquire)
+    }
+
+    /// Ready once [`reset`](Self::reset) has been called more than `seen` times
+    /// (a count from [`resets`](Self::resets)).
+    pub fn reset_since(&self, seen: u64) -> ResetWait<'_> {
+        ResetWait {
+            breaker: self,
+            seen,
+            key: None,
+        }
+    }
+
     /// The state at `now`, for consumers that poll.
     #[must_use]
     pub fn state(&self, now: Instant) -> BreakerState {
@@ -370,6 +436,46 @@ impl CircuitBreaker {
     #[must_use]
     pub fn probe_in_flight(&self) -> bool {
         self.lock().probe.is_some()
+    }
+}
+
+/// Waits for a [`CircuitBreaker::reset`] after the `seen`-th (made by
+/// [`CircuitBreaker::reset_since`]). Dropped while it waits, it takes its waker back
+/// out, so a caller that gives up leaves nothing behind.
+#[must_use = "futures do nothing unless polled"]
+#[derive(Debug)]
+pub struct ResetWait<'a> {
+    breaker: &'a CircuitBreaker,
+    seen: u64,
+    /// Its key among the breaker's waiting callers, once it registered.
+    key: Option<u64>,
+}
+
+impl Future for ResetWait<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let breaker = self.breaker;
+        let mut s = breaker.lock();
+        // Under the lock `reset` counts under: a reset either came before this look,
+        // or will find this waker registered.
+        if breaker.resets.load(Ordering::Acquire) != self.seen {
+            return Poll::Ready(());
+        }
+        let replaced = s.waiting.register(&mut self.key, cx.waker());
+        drop(s);
+        drop(replaced);
+        Poll::Pending
+    }
+}
+
+impl Drop for ResetWait<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            // Gone already if a reset woke it. Dropped after the lock.
+            let removed = self.breaker.lock().waiting.remove(key);
+            drop(removed);
+        }
     }
 }
 
@@ -673,5 +779,107 @@ mod tests {
             !b.holds_probe(first),
             "a stale grant would send a second probe"
         );
+    }
+
+    #[test]
+    fn a_reset_closes_clears_and_frees_the_probe_slot() {
+        let b = breaker();
+        open_it(&b, at(0));
+        // The probe fails: open for 10 s.
+        let Gate::Allow { probe: Some(epoch) } = b.check(at(5)) else {
+            panic!("the probe is granted")
+        };
+        assert_eq!(
+            b.record(Failure, Some(epoch), at(5)),
+            Some(Transition::Opened {
+                cooldown: Duration::from_secs(10)
+            })
+        );
+        // Half-open with a second probe out, then reset.
+        let Gate::Allow { probe: Some(epoch) } = b.check(at(15)) else {
+            panic!("the probe is granted")
+        };
+        assert_eq!(b.reset(), Some(Transition::Closed));
+        assert_eq!(b.state(at(15)), BreakerState::Closed);
+        assert!(b.quiet.load(Ordering::Relaxed), "the lock-free paths again");
+        assert!(!b.holds_probe(epoch));
+        // The old probe's failure counts as any send's: one of five.
+        assert_eq!(b.record(Failure, Some(epoch), at(16)), None);
+        assert_eq!(b.consecutive_failures(), 1);
+        // A reset of a closed breaker clears the run and reports nothing.
+        assert_eq!(b.reset(), None);
+        assert_eq!(b.consecutive_failures(), 0);
+        // The cooldown is back to its base.
+        for _ in 0..4 {
+            assert_eq!(b.record(Failure, None, at(20)), None);
+        }
+        assert_eq!(
+            b.record(Failure, None, at(20)),
+            Some(Transition::Opened {
+                cooldown: Duration::from_secs(5)
+            })
+        );
+    }
+
+    #[test]
+    fn a_reset_wakes_the_callers_that_wait_for_one_and_only_those_after_it() {
+        use crate::sync::test_support::{waker_dropping, without_deadlock};
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicUsize;
+        use std::task::{Wake, Waker};
+
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        without_deadlock(|| {
+            let b: &'static CircuitBreaker = Box::leak(Box::new(breaker()));
+            let woken = Arc::new(Count(AtomicUsize::new(0)));
+            let waker = Waker::from(Arc::clone(&woken));
+            let mut cx = Context::from_waker(&waker);
+            let waiting = || b.lock().waiting.len();
+            let seen = b.resets();
+            let mut a = Box::pin(b.reset_since(seen));
+            let mut gives_up = Box::pin(b.reset_since(seen));
+            assert!(a.as_mut().poll(&mut cx).is_pending());
+            assert!(gives_up.as_mut().poll(&mut cx).is_pending());
+            // Polled again with a waker whose drop takes the breaker's lock (the
+            // last reference to another registered waiter): replaced by the next
+            // poll, and dropped after the lock.
+            let mut registered = Box::pin(b.reset_since(seen));
+            assert!(registered.as_mut().poll(&mut cx).is_pending());
+            let other = waker_dropping(registered);
+            assert!(
+                a.as_mut()
+                    .poll(&mut Context::from_waker(&other))
+                    .is_pending()
+            );
+            drop(other);
+            assert!(a.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(waiting(), 2);
+            // One gives up: its waker goes with it.
+            drop(gives_up);
+            assert_eq!(waiting(), 1);
+            // A reset of a closed breaker still wakes it (it may have looked just
+            // before another reset closed it).
+            assert_eq!(b.reset(), None);
+            assert_eq!(woken.0.load(Ordering::Relaxed), 1);
+            assert_eq!(waiting(), 0);
+            assert!(a.as_mut().poll(&mut cx).is_ready());
+            // A waiter that read the count before the reset is ready at once; one
+            // that read it after waits for the next.
+            assert!(
+                Box::pin(b.reset_since(seen))
+                    .as_mut()
+                    .poll(&mut cx)
+                    .is_ready()
+            );
+            let mut next = Box::pin(b.reset_since(b.resets()));
+            assert!(next.as_mut().poll(&mut cx).is_pending());
+            drop(next);
+            assert_eq!(waiting(), 0);
+        });
     }
 }

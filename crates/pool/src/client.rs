@@ -438,6 +438,35 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         }
     }
 
+    /// Closes the breaker now, whatever its state: a manual override for an operator
+    /// who knows the API is back (a deploy finished, a dependency came back) and
+    /// will not wait for the cooldown and a probe. The run of failures is cleared
+    /// and the cooldown goes back to its base; a probe in flight is no longer the
+    /// probe (its answer counts as any send's); calls waiting out a cooldown
+    /// ([`BreakerMode::WaitForProbe`](crate::BreakerMode::WaitForProbe)) are woken and
+    /// go on through the rest of the gate at once, and calls waiting for a probe in
+    /// flight at their next look (within
+    /// [`PROBE_RECHECK`](crate::breaker::PROBE_RECHECK), 5 ms).
+    ///
+    /// Returns `true` when the breaker was open or half-open: the observer then
+    /// hears [`BreakerClosed`](EventKind::BreakerClosed) with no call id (`None`), at
+    /// the runtime's clock. `false`, and no event, when it was closed already (a run
+    /// of failures short of the threshold is cleared all the same) or the client has
+    /// no breaker.
+    pub fn reset_breaker(&self) -> bool {
+        let shared = &self.shared;
+        let Some(breaker) = &shared.breaker else {
+            return false;
+        };
+        let closed = breaker.reset().is_some();
+        if closed {
+            shared
+                .events
+                .emit(|| shared.runtime.now(), None, || EventKind::BreakerClosed);
+        }
+        closed
+    }
+
     /// Permits held right now: sends in flight up to their response head, and sends
     /// about to leave that wait for their rate token (a send holds its permit
     /// through that wait, and through a wait for a token refresh a 401 started

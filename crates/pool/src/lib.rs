@@ -69,7 +69,7 @@
 //! | [`classify`] | what an outcome means: the verdict and the breaker effect (its types are not at the crate root: `Action`, `Outcome` and the rest are the loop's vocabulary, and would crowd a glob import) |
 //! | [`client`] | [`ResilientClient`], [`Report`]; [`builder`]: [`ClientBuilder`] |
 //! | `attempt` (private) | the attempt loop: `wait_for_gate` → `send_once` → `record` (the last two are sections of `Call::run`) |
-//! | [`breaker`] | [`CircuitBreaker`](breaker::CircuitBreaker) with probe epochs |
+//! | [`breaker`] | [`CircuitBreaker`](breaker::CircuitBreaker) with probe epochs and a manual reset |
 //! | [`rate`] | the token bucket |
 //! | [`concurrency`] | the fair permit limiter behind `max_parallel` |
 //! | [`auth`] | [`TokenSource`] (and [`SendTokenSource`](auth::SendTokenSource)), [`NoAuth`] |

@@ -92,7 +92,8 @@ pub struct TransportEvent {
     /// body or failure; otherwise the reading as the event was emitted.
     pub at: Instant,
     /// The call the event is about; `None` for events reported through
-    /// `ResilientClient::report`.
+    /// `ResilientClient::report`, and for the `BreakerClosed` of
+    /// `ResilientClient::reset_breaker`.
     pub call: Option<CallId>,
     /// What happened.
     pub kind: EventKind,
@@ -199,7 +200,8 @@ pub enum EventKind {
         /// How long it stays open.
         cooldown: Duration,
     },
-    /// A success or a reachable answer closed the breaker.
+    /// A success or a reachable answer closed the breaker (carrying the call whose
+    /// send it was), or `ResilientClient::reset_breaker` did (with no call).
     BreakerClosed,
     /// Reported by a caller through `ResilientClient::report`: rows parsed from a
     /// response.

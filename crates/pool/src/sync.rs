@@ -20,8 +20,10 @@ pub(crate) use std::sync::{Mutex, MutexGuard};
 #[cfg(feature = "shuttle")]
 pub(crate) use model::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard};
 
+use std::collections::HashMap;
 pub(crate) use std::sync::PoisonError;
 pub(crate) use std::sync::atomic::Ordering;
+use std::task::Waker;
 
 #[cfg(feature = "shuttle")]
 mod model {
@@ -192,6 +194,13 @@ mod model {
             }
         }
 
+        pub(crate) fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
+            match self {
+                AtomicU64::Std(a) => a.fetch_add(value, order),
+                AtomicU64::Model(a) => a.fetch_add(value, order),
+            }
+        }
+
         pub(crate) fn compare_exchange_weak(
             &self,
             current: u64,
@@ -246,6 +255,71 @@ mod model {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             fmt::Debug::fmt(&self.load(Ordering::Relaxed), f)
         }
+    }
+}
+
+/// The wakers of futures that wait for a shared state to change, kept inside that
+/// state's lock, each under a key of its own so that a future dropped while it waits
+/// takes its waker back out (nothing is left behind by callers that give up).
+///
+/// Every waker taken out (replaced, removed, or all of them to be woken) is handed
+/// back to be dropped or woken after the lock is released: its drop may be the last
+/// of a task whose own future then takes the same lock.
+///
+/// Kept by key in a map, so that thousands of callers giving up or woken one by one
+/// (a cooldown's waiters, when it ends) cost each a lookup, not a scan. They are
+/// woken in no particular order.
+#[derive(Debug, Default)]
+pub(crate) struct Wakers {
+    by_key: HashMap<u64, Waker>,
+    next_key: u64,
+}
+
+/// The wakers taken out of a [`Wakers`] by [`Wakers::take`], to wake after the lock.
+#[must_use = "wake them, after the lock is released"]
+pub(crate) struct ToWake(HashMap<u64, Waker>);
+
+impl ToWake {
+    /// Wakes every one of them.
+    pub(crate) fn wake(self) {
+        self.0.into_values().for_each(Waker::wake);
+    }
+}
+
+impl Wakers {
+    /// Keeps `waker` under `*key`, or under a new key (written to `*key`) if there is
+    /// none or its waker was taken out meanwhile. Returns the waker it replaced, if
+    /// `waker` would not wake the same task, to drop after the lock.
+    #[must_use = "drop it after the lock is released"]
+    pub(crate) fn register(&mut self, key: &mut Option<u64>, waker: &Waker) -> Option<Waker> {
+        let held = key.and_then(|key| self.by_key.get_mut(&key));
+        match held {
+            Some(held) => (!held.will_wake(waker)).then(|| std::mem::replace(held, waker.clone())),
+            None => {
+                let new = self.next_key;
+                self.next_key = new.wrapping_add(1);
+                self.by_key.insert(new, waker.clone());
+                *key = Some(new);
+                None
+            }
+        }
+    }
+
+    /// Takes the waker under `key` out, if it is still there, to drop after the lock.
+    #[must_use = "drop it after the lock is released"]
+    pub(crate) fn remove(&mut self, key: u64) -> Option<Waker> {
+        self.by_key.remove(&key)
+    }
+
+    /// Takes every waker out, to wake after the lock.
+    pub(crate) fn take(&mut self) -> ToWake {
+        ToWake(std::mem::take(&mut self.by_key))
+    }
+
+    /// How many wakers are kept.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.by_key.len()
     }
 }
 

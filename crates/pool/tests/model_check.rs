@@ -384,6 +384,7 @@ fn breaker_matches_its_specification_under_every_interleaving() {
                                 spec_drop(b, w, guard);
                             }
                             2 => spec_record(b, w, BreakerEffect::Failure, None),
+                            9 => spec_reset(b, w),
                             _ => {
                                 if let Some(epoch) = spec_check(b, w) {
                                     held = Some(ProbeGuard::new(b, epoch));
@@ -413,6 +414,46 @@ fn breaker_matches_its_specification_under_every_interleaving() {
         }
         assert!(w.spec.closed);
         assert_eq!(breaker.check(at_ms(w.now)), Gate::Allow { probe: None });
+    });
+}
+
+/// Callers that find the breaker open wait for a reset, as the attempt loop's
+/// `WaitForProbe` callers do (the reset count read before the check), while another
+/// thread resets it at any point: every caller is let through (shuttle fails a
+/// schedule in which one waits for ever), and no waker is left behind.
+#[test]
+fn a_reset_reaches_every_caller_waiting_for_one() {
+    explore("reset wakes", 0xB4EA_0003, || {
+        let breaker = Arc::new(CircuitBreaker::new(
+            BreakerConfig::new(1, COOLDOWN, MAX_COOLDOWN).unwrap(),
+        ));
+        breaker.record(BreakerEffect::Failure, None, at_ms(0));
+        let callers: Vec<_> = (0..2)
+            .map(|_| {
+                let b = breaker.clone();
+                spawn(async move {
+                    loop {
+                        let seen = b.resets();
+                        match b.check(at_ms(0)) {
+                            Gate::Allow { probe: None } => return,
+                            Gate::OpenFor(_) => b.reset_since(seen).await,
+                            other => panic!("no probe at 0 ms: {other:?}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let b = breaker.clone();
+        let resetter = shuttle::thread::spawn(move || {
+            assert_eq!(b.reset(), Some(Transition::Closed));
+        });
+        block_on(async {
+            for caller in callers {
+                caller.await.unwrap();
+            }
+        });
+        resetter.join().unwrap();
+        assert_eq!(breaker.check(at_ms(0)), Gate::Allow { probe: None });
     });
 }
 
@@ -514,6 +555,19 @@ fn spec_record(b: &CircuitBreaker, w: &mut World, effect: BreakerEffect, probe: 
         );
     }
     assert_eq!(b.probe_in_flight(), s.slot.is_some());
+}
+
+/// A manual `reset`, compared with the spec: closed, failures cleared, the cooldown
+/// back to its base, the slot freed; a transition only if it was not closed.
+fn spec_reset(b: &CircuitBreaker, w: &mut World) {
+    let s = &mut w.spec;
+    let want = (!s.closed).then_some(Transition::Closed);
+    assert_eq!(b.reset(), want, "reset at {} ms", w.now);
+    s.closed = true;
+    s.failures = 0;
+    s.cooldown = COOLDOWN;
+    s.slot = None;
+    assert!(!b.probe_in_flight());
 }
 
 /// Drops a guard, compared with the spec: only the current epoch's guard frees the

@@ -220,6 +220,102 @@ fn a_breaker_open_refusal_says_how_long_the_breaker_still_refuses() {
     w.assert_contract();
 }
 
+/// The `at` of every `BreakerClosed` with no call (a manual reset).
+fn resets(events: &[TransportEvent]) -> Vec<Duration> {
+    events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::BreakerClosed) && e.call.is_none())
+        .map(|e| e.at.since_origin())
+        .collect()
+}
+
+#[test]
+fn a_reset_closes_the_breaker_at_once_and_wakes_the_calls_waiting_for_it() {
+    let w = World::new();
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().default_breaker().build().unwrap();
+    open_breaker(&w, &client);
+    // Open at 0 for 5 s: a waiting call sleeps out the cooldown.
+    let waiting = w.spawn_call(&client, CallPolicy::essential(), "/x");
+    w.rt.run_for(secs(1)).unwrap();
+    assert_eq!(w.transport.request_count(), 5);
+
+    // The operator knows better at 1 s: closed, the waiting call goes at once, and
+    // so does a fail-fast one.
+    assert!(client.reset_breaker());
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    w.rt.run_until_idle().unwrap();
+    w.rt.block_on(waiting).unwrap().unwrap();
+    assert_eq!(w.sent_at()[5..], [secs(1)]);
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(resets(&w.events()), [secs(1)]);
+    // Closed already: nothing to report.
+    assert!(!client.reset_breaker());
+    assert_eq!(resets(&w.events()).len(), 1);
+    w.assert_contract();
+
+    // Open again at 1 s; at 6 s a probe goes and is answered at 16 s, while a call
+    // waits for it (looking again every 5 ms). A reset at 7.002 s, between two
+    // looks, sends that call at its next look, and the probe's late 503 is one
+    // failure of five: the breaker stays closed.
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    open_breaker(&w, &client);
+    w.rt.run_until(at(secs(6))).unwrap();
+    w.transport.push(Reply::status(503).after(secs(10)));
+    let probe = w.spawn_call(&client, CallPolicy::background(), "/x");
+    w.rt.run_until_idle().unwrap();
+    let waiting = w.spawn_call(&client, CallPolicy::essential(), "/x");
+    w.rt.run_until(at(ms(7_002))).unwrap();
+    assert_eq!(w.transport.request_count(), 13, "the probe is out");
+    assert!(client.reset_breaker());
+    w.rt.run_until_idle().unwrap();
+    w.rt.block_on(waiting).unwrap().unwrap();
+    assert_eq!(w.sent_at()[13..], [ms(7_005)]);
+    let late = w.rt.block_on(probe).unwrap().unwrap_err();
+    assert_eq!(late.status(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(w.now(), secs(16));
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    assert_eq!(resets(&w.events()), [secs(1), ms(7_002)]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_reset_puts_the_cooldown_back_to_its_base_and_clears_the_failure_run() {
+    let w = World::new();
+    w.transport.default_reply(Reply::status(503));
+    let client = w.builder().breaker(2, secs(5), secs(60)).build().unwrap();
+    let fail = || {
+        w.background_error(&client);
+    };
+    fail();
+    fail();
+    w.rt.run_for(secs(5)).unwrap();
+    fail(); // the probe: open for 10 s
+    assert!(client.reset_breaker());
+    // Two failures open it again, for the base cooldown.
+    fail();
+    fail();
+    assert_eq!(opened(&w.events()), [secs(5), secs(10), secs(5)]);
+
+    // A run of failures short of the threshold is cleared: after a reset, one more
+    // failure does not open it.
+    assert!(client.reset_breaker());
+    fail();
+    assert!(!client.reset_breaker(), "closed: nothing reported");
+    fail();
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    assert_eq!(resets(&w.events()).len(), 2);
+    w.assert_contract();
+
+    // A client without a breaker has nothing to reset.
+    let w = World::new();
+    assert!(!w.client().reset_breaker());
+    assert!(w.events().is_empty());
+}
+
 #[test]
 fn a_reachable_answer_closes_but_keeps_the_failure_run() {
     let w = World::new();

@@ -29,7 +29,7 @@
 //! | `TooManyRedials` | a call redials at most [`MAX_REDIALS`] times (a later `NotSent` is taken as `Interrupted`) |
 //! | `UnsentFailureWithTime` | a `Failed` with `sent: false` (a send refused before it went out) reports `ms: 0` |
 //! | `EventAfterCallEnded` | after a call's `Succeeded`, `Cancelled` or `Failed` with `sent: false` (which always ends the call), no per-send event or `RetryScheduled` of that call |
-//! | `TransitionNotAfterTerminal` | `BreakerOpened` and `BreakerClosed` carry the call whose send caused them and come right after that send's `Succeeded` or sent `Failed` (no event of the call between), one per send |
+//! | `TransitionNotAfterTerminal` | `BreakerOpened` and `BreakerClosed` carry the call whose send caused them and come right after that send's `Succeeded` or sent `Failed` (no event of the call between), one per send; the one exception is a `BreakerClosed` with no call, from `ResilientClient::reset_breaker`, which may come at any point |
 //! | `ReportWithCall` | `RowsPulled` and `WritePushed` (from `ResilientClient::report`) carry no call id |
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //!
@@ -434,8 +434,9 @@ pub enum ContractRule {
     EventAfterCallEnded,
     /// At the end of the record, a send without its terminal.
     NeverEnded,
-    /// A `BreakerOpened` or `BreakerClosed` without a call, or not right after a
-    /// `Succeeded` or sent `Failed` of its call.
+    /// A `BreakerOpened` without a call, or a `BreakerOpened` or `BreakerClosed` with
+    /// a call, not right after a `Succeeded` or sent `Failed` of that call (a
+    /// `BreakerClosed` with no call is a manual reset, allowed anywhere).
     TransitionNotAfterTerminal,
     /// A `RowsPulled` or `WritePushed` with a call id.
     ReportWithCall,
@@ -651,6 +652,8 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
         }
 
         match event.kind {
+            // A manual reset (`reset_breaker`): no send caused it.
+            EventKind::BreakerClosed if event.call.is_none() => continue,
             EventKind::BreakerOpened { .. } | EventKind::BreakerClosed => {
                 let due = event
                     .call

@@ -702,13 +702,41 @@ fn a_breaker_transition_comes_right_after_the_send_that_caused_it() {
             (ContractRule::TransitionNotAfterTerminal, index, None)
         );
     }
-    // Without the call that caused it.
+    // An opening without the call that caused it.
     let observer = observe(vec![(0, 1, started(1, 1)), (1, 1, succeeded(1, 1))]);
-    observer.on_event("api", &TransportEvent::new(at(1), None, closed));
+    let opened = EventKind::BreakerOpened {
+        cooldown: Duration::from_secs(5),
+    };
+    observer.on_event("api", &TransportEvent::new(at(1), None, opened));
     let v = observer.check_contract().unwrap_err();
     assert_eq!(
         (v.rule, v.index),
         (ContractRule::TransitionNotAfterTerminal, 2)
+    );
+}
+
+#[test]
+fn a_closing_with_no_call_is_a_manual_reset_allowed_anywhere() {
+    // `reset_breaker` reports `BreakerClosed` with no call: while a send is in
+    // flight, and between a send's answer and the transition it caused, which then
+    // still follows that answer.
+    let observer = observe(vec![(0, 1, started(1, 1))]);
+    let reset = || TransportEvent::new(at(1), None, EventKind::BreakerClosed);
+    observer.on_event("api", &reset());
+    for (call, kind) in [(1, succeeded(1, 1)), (1, EventKind::BreakerClosed)] {
+        observer.on_event("api", &TransportEvent::new(at(1), Some(CallId(call)), kind));
+        observer.on_event("api", &reset());
+    }
+    assert_eq!(observer.check_contract(), Ok(()));
+    // The reset did not stand in for the call's own transition: a second one of the
+    // call is still refused.
+    observer.on_event(
+        "api",
+        &TransportEvent::new(at(1), Some(CallId(1)), EventKind::BreakerClosed),
+    );
+    assert_eq!(
+        observer.check_contract().unwrap_err().rule,
+        ContractRule::TransitionNotAfterTerminal
     );
 }
 
