@@ -332,6 +332,10 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
                 threshold, cooldown, max,
             )?)),
         };
+        // Accepted: the observer may list the API now, before any event.
+        if let Some((api, observer)) = &self.observer {
+            observer.on_attach(api, self.runtime.now());
+        }
         Ok(ResilientClient {
             shared: Arc::new(Shared {
                 transport: self.transport,

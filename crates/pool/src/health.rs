@@ -105,7 +105,8 @@ pub struct ApiHealth {
     pub redials: u64,
     /// Sends cancelled by their callers, all time.
     pub cancelled: u64,
-    /// The time of the latest event seen for this API.
+    /// The time of the latest event seen for this API, or, before any, when the
+    /// first client of it was built.
     pub updated_at: Instant,
     /// The time the `*_in_window` figures cover: from the start of the window's
     /// oldest slice to the window's end (see [`HealthObserver::new`]). At least the
@@ -350,7 +351,9 @@ impl HealthObserver {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The figures of `api`, or `None` if no event of it was seen yet.
+    /// The figures of `api`, or `None` if no client of it was built with this
+    /// observer and no event of it was seen (a client lists its API when it is
+    /// built: see [`TransportObserver::on_attach`]).
     #[must_use]
     pub fn snapshot(&self, api: &str) -> Option<ApiHealth> {
         let apis = self.lock();
@@ -360,8 +363,8 @@ impl HealthObserver {
 
     /// The figures of `api` with the window ending at `now` (the clock of the
     /// runtime of the client that reports `api`), so figures age out while an API is
-    /// quiet, for example while its breaker is open and nothing is sent. `None` if no
-    /// event of it was seen yet.
+    /// quiet, for example while its breaker is open and nothing is sent. `None` as
+    /// for [`snapshot`](HealthObserver::snapshot).
     ///
     /// A `now` before the API's latest event reads as that event's time (as
     /// [`snapshot`](HealthObserver::snapshot) does): slices are kept for the window
@@ -379,14 +382,15 @@ impl HealthObserver {
         ))
     }
 
-    /// The figures of every API seen, sorted by name, each with the window ending at
-    /// its latest event.
+    /// The figures of every API listed (a client of it built with this observer, or
+    /// an event of it seen), sorted by name, each with the window ending at its
+    /// latest event.
     #[must_use]
     pub fn snapshots(&self) -> Vec<(Arc<str>, ApiHealth)> {
         self.collect(None)
     }
 
-    /// The figures of every API seen, sorted by name, with the window ending at `now`
+    /// The figures of every API listed, sorted by name, with the window ending at `now`
     /// (see [`snapshot_at`](HealthObserver::snapshot_at)). One `now` for all: use it
     /// when the clients share one runtime clock (two `TokioRuntime`s made apart have
     /// different origins); otherwise ask [`snapshot_at`](HealthObserver::snapshot_at)
@@ -467,6 +471,15 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
 }
 
 impl TransportObserver for HealthObserver {
+    /// Lists `api` with no figures yet (closed, nothing sent, updated at `at`), if
+    /// it is not listed already.
+    fn on_attach(&self, api: &str, at: Instant) {
+        let mut apis = self.lock();
+        if !apis.contains_key(api) {
+            apis.insert(Arc::from(api), ApiState::new(at));
+        }
+    }
+
     fn on_event(&self, api: &str, event: &TransportEvent) {
         let mut apis = self.lock();
         let state = match apis.get_mut(api) {
@@ -533,6 +546,50 @@ mod tests {
 
     fn ev(ms: u64, kind: EventKind) -> TransportEvent {
         TransportEvent::new(at(ms), Some(CallId(1)), kind)
+    }
+
+    #[test]
+    fn an_attached_api_is_listed_empty_and_a_second_attachment_changes_nothing() {
+        let h = HealthObserver::new(Duration::from_secs(60));
+        h.on_attach("a", at(1_000));
+        let a = h.snapshot("a").expect("listed once attached");
+        assert_eq!(
+            (a.sends_in_window, a.refused_in_window, a.in_flight),
+            (0, 0, 0)
+        );
+        assert_eq!((a.success_rate, a.mean_latency_ms), (None, None));
+        assert_eq!(a.breaker, BreakerView::Closed);
+        assert_eq!(a.updated_at, at(1_000));
+        // Its window ends at the attachment until an event comes.
+        assert_eq!(a.covered, Duration::from_secs(1));
+        h.on_event(
+            "a",
+            &ev(
+                2_000,
+                EventKind::Started {
+                    send: 1,
+                    attempt: 1,
+                },
+            ),
+        );
+        h.on_event(
+            "a",
+            &ev(
+                2_040,
+                EventKind::Succeeded {
+                    send: 1,
+                    attempt: 1,
+                    status: StatusCode::OK,
+                    ms: 40,
+                    bytes: None,
+                },
+            ),
+        );
+        // Another client of the same API, built later, keeps what was counted.
+        h.on_attach("a", at(3_000));
+        let a = h.snapshot("a").unwrap();
+        assert_eq!((a.sends_in_window, a.updated_at), (1, at(2_040)));
+        assert!(h.snapshot("b").is_none());
     }
 
     #[test]

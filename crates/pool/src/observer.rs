@@ -71,6 +71,17 @@ impl<T: ?Sized> MaybeSendSync for T {}
 pub trait TransportObserver: MaybeSendSync {
     /// Called once per event. `api` is the key the client's builder was given.
     fn on_event(&self, api: &str, event: &TransportEvent);
+
+    /// Called by [`ClientBuilder::build`](crate::ClientBuilder::build), once it has
+    /// accepted the settings, with the key the builder was given and the runtime's
+    /// clock: before any event of that client. Does nothing unless implemented.
+    /// [`HealthObserver`](crate::health::HealthObserver) lists the API from then on,
+    /// so a dashboard shows an API that has had no traffic yet. Every client built
+    /// with this observer calls it, two for one key included (clones of a client do
+    /// not: they are the same client). A panic here unwinds out of `build`.
+    fn on_attach(&self, api: &str, at: Instant) {
+        let _ = (api, at);
+    }
 }
 
 /// Identifies one call of one client (`execute` / `execute_with`), numbered from 1
@@ -314,13 +325,24 @@ impl std::fmt::Debug for Fanout {
     }
 }
 
-/// Every observer hears the event, in order, even when one before it panics; the
-/// first panic then goes on (the others' are dropped).
+/// Every observer hears the event (or the attachment), in order, even when one
+/// before it panics; the first panic then goes on (the others' are dropped).
 impl TransportObserver for Fanout {
     fn on_event(&self, api: &str, event: &TransportEvent) {
+        self.each(|observer| observer.on_event(api, event));
+    }
+
+    fn on_attach(&self, api: &str, at: Instant) {
+        self.each(|observer| observer.on_attach(api, at));
+    }
+}
+
+impl Fanout {
+    /// Calls `tell` with every observer in order, then passes the first panic on.
+    fn each(&self, tell: impl Fn(&dyn TransportObserver)) {
         let mut first_panic = None;
         for observer in &self.observers {
-            let heard = AssertUnwindSafe(|| observer.on_event(api, event));
+            let heard = AssertUnwindSafe(|| tell(&**observer));
             if let Err(panic) = std::panic::catch_unwind(heard) {
                 first_panic.get_or_insert(panic);
             }

@@ -18,8 +18,9 @@ use vantage_api_pool::runtime::SendRuntime;
 use vantage_api_pool::transport::SendTransportResponse;
 use vantage_api_pool::transport::read_body;
 use vantage_api_pool::{
-    BreakerState, CallPolicy, ClientBuilder, EventKind, Instant, Jitter, Report, RetryMode,
-    RetryPolicy, Runtime, TransportError, TransportErrorKind, TransportResponse, timeout_at,
+    BreakerState, CallPolicy, ClientBuilder, EventKind, Instant, Jitter, Report, ResilientClient,
+    RetryMode, RetryPolicy, Runtime, TransportError, TransportErrorKind, TransportResponse,
+    timeout_at,
 };
 use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
 
@@ -126,6 +127,73 @@ fn build_names_the_first_refused_setting_in_its_documented_order() {
             .fold(w.builder(), |b, (add, _)| add(b, bad_retry));
         assert_eq!(builder.build().unwrap_err().setting(), steps[n - 1].1);
     }
+}
+
+/// What an observer heard, in order: `attach api at_ms` or an event's name.
+#[derive(Default)]
+struct Heard(std::sync::Mutex<Vec<String>>);
+
+impl vantage_api_pool::TransportObserver for Heard {
+    fn on_event(&self, api: &str, event: &vantage_api_pool::TransportEvent) {
+        let line = format!("{api} {}", event.kind.name());
+        self.0.lock().unwrap().push(line);
+    }
+
+    fn on_attach(&self, api: &str, at: Instant) {
+        let line = format!("attach {api} {}", at.since_origin().as_millis());
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+#[test]
+fn build_attaches_its_observer_once_before_any_event_and_a_refused_build_never() {
+    let w = World::new();
+    let heard = Arc::new(Heard::default());
+    let builder = || {
+        ResilientClient::builder(w.transport.clone(), w.rt.clone())
+            .observer("orders", heard.clone())
+    };
+    assert!(builder().max_parallel(0).build().is_err());
+    assert!(
+        heard.0.lock().unwrap().is_empty(),
+        "a refused build attaches nothing"
+    );
+    w.rt.advance(secs(2));
+    let client = builder().build().unwrap();
+    let twin = client.clone();
+    w.transport.push(Reply::ok());
+    w.rt.block_on(twin.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        *heard.0.lock().unwrap(),
+        ["attach orders 2000", "orders started", "orders succeeded"]
+    );
+
+    // Through a `Fanout`, every observer is attached; a `HealthObserver` lists the
+    // API before it has any traffic, and the default `on_attach` does nothing.
+    let health = Arc::new(vantage_api_pool::health::HealthObserver::new(secs(60)));
+    let recording = Arc::new(RecordingObserver::new());
+    let both = vantage_api_pool::Fanout::default()
+        .with(heard.clone())
+        .with(health.clone())
+        .with(recording.clone());
+    let _quiet = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("search", Arc::new(both))
+        .build()
+        .unwrap();
+    assert_eq!(
+        heard.0.lock().unwrap().last().unwrap(),
+        "attach search 2000"
+    );
+    let listed = health.snapshots();
+    assert_eq!(listed.len(), 1);
+    let (api, figures) = &listed[0];
+    assert_eq!(&**api, "search");
+    assert_eq!(figures.sends_in_window, 0);
+    assert_eq!(figures.success_rate, None);
+    assert_eq!(figures.updated_at, at(secs(2)));
+    assert!(recording.is_empty());
 }
 
 #[test]
