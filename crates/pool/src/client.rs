@@ -486,12 +486,22 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         self.shared.limiter.waiting()
     }
 
-    /// The most permits ever held at once ([`in_flight`](Self::in_flight)'s
-    /// figure): sends in flight, and sends waiting for their rate token holding a
-    /// permit.
+    /// The most permits held at once ([`in_flight`](Self::in_flight)'s figure:
+    /// sends in flight, and sends waiting for their rate token holding a permit)
+    /// since the client was built, or since the last
+    /// [`take_peak_in_flight`](Self::take_peak_in_flight) of it or a clone.
     #[must_use]
     pub fn peak_in_flight(&self) -> usize {
         self.shared.limiter.peak_in_flight()
+    }
+
+    /// [`peak_in_flight`](Self::peak_in_flight), and starts the next interval from
+    /// the permits held now: for a metrics scrape, the busiest moment of each
+    /// interval between two scrapes (a figure that only grows says little after the
+    /// first burst). A send granted its permit while this runs may count in the next
+    /// interval instead. Clones share the figure, so one scraper should take it.
+    pub fn take_peak_in_flight(&self) -> usize {
+        self.shared.limiter.take_peak_in_flight()
     }
 
     /// Fetches a new token from the client's token source now, before the API

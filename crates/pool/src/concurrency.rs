@@ -97,10 +97,21 @@ impl Limiter {
         self.max - self.word.load(Ordering::Acquire) / ONE
     }
 
-    /// The most permits ever held at once.
+    /// The most permits held at once since the limiter was made, or since the last
+    /// [`take_peak_in_flight`](Self::take_peak_in_flight).
     #[must_use]
     pub fn peak_in_flight(&self) -> usize {
         self.peak.load(Ordering::Relaxed)
+    }
+
+    /// [`peak_in_flight`](Self::peak_in_flight), and starts the next interval from
+    /// the permits held now. A permit granted while this runs may count in the
+    /// next interval instead of this one.
+    pub fn take_peak_in_flight(&self) -> usize {
+        let now = self.in_flight();
+        // A grant that took its permit before `now` was read but has not raised the
+        // peak yet is in `now`.
+        self.peak.swap(now, Ordering::Relaxed).max(now)
     }
 
     /// Callers waiting for a permit right now.
@@ -415,6 +426,20 @@ mod tests {
         assert_eq!((l.in_flight(), l.waiting()), (0, 0));
         // Every permit free and nobody queued: the lock-free take must succeed.
         assert!(l.try_acquire().is_some());
+    }
+
+    #[test]
+    fn a_take_of_the_peak_counts_a_grant_that_has_not_raised_it_yet() {
+        let l = Limiter::new(4).unwrap();
+        let held = [l.try_acquire().unwrap(), l.try_acquire().unwrap()];
+        // As if the second grant had taken its permit from the word but not yet
+        // raised the peak when the take ran.
+        l.peak.swap(1, Ordering::Relaxed);
+        assert_eq!(l.take_peak_in_flight(), 2);
+        assert_eq!(l.peak_in_flight(), 2, "the next interval starts from both");
+        drop(held);
+        assert_eq!(l.take_peak_in_flight(), 2);
+        assert_eq!(l.take_peak_in_flight(), 0);
     }
 
     #[test]

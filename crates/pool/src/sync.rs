@@ -138,6 +138,13 @@ mod model {
             }
         }
 
+        pub(crate) fn swap(&self, value: usize, order: Ordering) -> usize {
+            match self {
+                AtomicUsize::Std(a) => a.swap(value, order),
+                AtomicUsize::Model(a) => a.swap(value, order),
+            }
+        }
+
         pub(crate) fn fetch_max(&self, value: usize, order: Ordering) -> usize {
             match self {
                 AtomicUsize::Std(a) => a.fetch_max(value, order),

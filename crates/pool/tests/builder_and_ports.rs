@@ -59,6 +59,37 @@ fn max_parallel_is_eight_unless_set() {
 }
 
 #[test]
+fn take_peak_in_flight_gives_each_interval_its_own_peak() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok().after(secs(1)));
+    let client = w.client();
+    let scraper = client.clone();
+    let burst = |n: usize| -> Vec<_> {
+        (0..n)
+            .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+            .collect()
+    };
+    // Five in flight at the first scrape; the figure is shared by clones.
+    let first = burst(5);
+    w.rt.run_for(ms(500)).unwrap();
+    assert_eq!(scraper.take_peak_in_flight(), 5);
+    // The next interval starts from the five still in flight, and they end in it.
+    w.rt.run_for(secs(1)).unwrap();
+    assert!(first.iter().all(|call| call.is_finished()));
+    assert_eq!(client.peak_in_flight(), 5);
+    assert_eq!(scraper.take_peak_in_flight(), 5);
+    // A quiet interval: nothing held.
+    assert_eq!(scraper.take_peak_in_flight(), 0);
+    // Two in the next one, ended before the scrape.
+    let second = burst(2);
+    w.rt.run_for(secs(2)).unwrap();
+    assert!(second.iter().all(|call| call.is_finished()));
+    assert_eq!(client.in_flight(), 0);
+    assert_eq!(scraper.take_peak_in_flight(), 2);
+    assert_eq!(client.peak_in_flight(), 0);
+}
+
+#[test]
 fn the_last_max_parallel_rate_limit_and_breaker_set_win() {
     let (_, peak) = calls_at_once(4, Reply::ok().after(secs(1)), |b| {
         b.max_parallel(2).max_parallel(3)
