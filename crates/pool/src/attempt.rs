@@ -19,7 +19,7 @@ use http::HeaderValue;
 
 use crate::auth::{SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
-use crate::breaker::{CircuitBreaker, Gate, PROBE_RECHECK, ProbeGuard, Transition};
+use crate::breaker::{CircuitBreaker, Gate, PROBE_RECHECK, ProbeGuard, Refusal, Transition};
 use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotency_key,
     is_idempotent,
@@ -385,10 +385,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         Ok(wake)
     }
 
-    /// A `WaitForProbe` caller's wait out of the breaker's cooldown (`wait`, its
-    /// `OpenFor`): a gate wait of known length, cut short by a
-    /// [`reset`](CircuitBreaker::reset) after the `seen`-th (the count read before
-    /// the check that refused the send).
+    /// A `WaitForProbe` caller's wait out of the breaker's cooldown (`wait`): a gate
+    /// wait of known length, cut short by a [`reset`](CircuitBreaker::reset) after
+    /// the `seen`-th (the count the refusal carried, read under its lock).
     async fn breaker_sleep(
         &self,
         breaker: &CircuitBreaker,
@@ -414,12 +413,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         self.policy().breaker_mode() != BreakerMode::WaitForProbe
     }
 
-    /// The refusal of a call that fails fast, with how long the breaker still
-    /// refuses (`wait`, its answer at the gate) as the error's `retry_after`.
-    fn breaker_open(&self, wait: Duration) -> ClientError {
+    /// The refusal of a call that fails fast, with the rest of the cooldown as the
+    /// error's `retry_after` (none while another call's probe is out: nobody knows
+    /// when it will answer).
+    fn breaker_open(&self, refusal: Refusal) -> ClientError {
+        let wait = match refusal {
+            Refusal::Cooldown { wait, .. } => Some(wait),
+            Refusal::ProbeOut => None,
+        };
         ClientError::new(ErrorKind::BreakerOpen, self.attempt)
             .with_reached(self.reached)
-            .with_retry_after(Some(wait))
+            .with_retry_after(wait)
     }
 
     fn timed_out_at_gate(&self) -> ClientError {
@@ -473,19 +477,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             let Some(breaker) = &self.client.breaker else {
                 break None;
             };
-            // Read before the check: a reset after it ends the wait below.
-            let resets = breaker.resets();
-            match breaker.check(now) {
-                Gate::Allow { probe } => break probe.map(|epoch| ProbeGuard::new(breaker, epoch)),
+            match breaker.admit(now) {
+                Ok(probe) => break probe.map(|epoch| ProbeGuard::new(breaker, epoch)),
                 // Failing fast needs no future, so an outage's refusals allocate
                 // nothing.
-                Gate::OpenFor(wait) if self.fails_fast() => return Err(self.breaker_open(wait)),
+                Err(refusal) if self.fails_fast() => return Err(self.breaker_open(refusal)),
                 // A re-check while another call's probe is out: a reset is seen at
                 // the next look, so these frequent short waits register nothing.
-                Gate::OpenFor(wait) if wait <= PROBE_RECHECK => {
-                    now = Box::pin(self.gate_sleep(now, wait)).await?;
+                Err(Refusal::ProbeOut) => {
+                    now = Box::pin(self.gate_sleep(now, PROBE_RECHECK)).await?;
                 }
-                Gate::OpenFor(wait) => {
+                Err(Refusal::Cooldown { wait, resets }) => {
                     now = Box::pin(self.breaker_sleep(breaker, now, wait, resets)).await?;
                 }
             }

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use crate::classify::BreakerEffect;
 use crate::error::ConfigError;
-use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering, PoisonError, Wakers};
+use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, PoisonError, Wakers};
 use crate::time::Instant;
 
 /// How long a caller that finds the probe slot taken waits before asking again:
@@ -200,9 +200,21 @@ struct State {
     cooldown: Duration,
     epoch: u64,
     probe: Option<u64>,
-    /// Callers waiting out a cooldown or for the probe, to wake on a
-    /// [`reset`](CircuitBreaker::reset).
+    /// How many times [`reset`](CircuitBreaker::reset) was called.
+    resets: u64,
+    /// Callers waiting out a cooldown, to wake on a [`reset`](CircuitBreaker::reset).
     waiting: Wakers,
+}
+
+/// Why [`CircuitBreaker::admit`] refused a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Open for `wait` more. `resets` is the breaker's reset count when it said so:
+    /// a wait for [`CircuitBreaker::reset_since`] with it ends at the next reset.
+    Cooldown { wait: Duration, resets: u64 },
+    /// Another caller's probe is out: look again after [`PROBE_RECHECK`] (no
+    /// reset wakes such a caller; it sees one at its next look).
+    ProbeOut,
 }
 
 /// A circuit breaker. See the module docs.
@@ -214,9 +226,6 @@ pub struct CircuitBreaker {
     /// send through and a success or a reachable answer changes nothing, so both
     /// skip the lock. Written under the lock after every change of the state.
     quiet: AtomicBool,
-    /// How many times [`reset`](Self::reset) was called. Written under the lock; read
-    /// without it before a check whose refusal the caller will wait out.
-    resets: AtomicU64,
 }
 
 impl CircuitBreaker {
@@ -231,10 +240,10 @@ impl CircuitBreaker {
                 cooldown: config.cooldown,
                 epoch: 0,
                 probe: None,
+                resets: 0,
                 waiting: Wakers::default(),
             }),
             quiet: AtomicBool::new(true),
-            resets: AtomicU64::new(0),
         }
     }
 
@@ -266,24 +275,37 @@ impl CircuitBreaker {
     /// a send that is dropped or fails to start frees it.
     #[must_use]
     pub fn check(&self, now: Instant) -> Gate {
+        match self.admit(now) {
+            Ok(probe) => Gate::Allow { probe },
+            Err(Refusal::Cooldown { wait, .. }) => Gate::OpenFor(wait),
+            Err(Refusal::ProbeOut) => Gate::OpenFor(PROBE_RECHECK),
+        }
+    }
+
+    /// [`check`](Self::check) as the attempt loop needs it: the probe's epoch if the
+    /// send is the probe, or why it is refused, with what a wait for a
+    /// [`reset`](Self::reset) needs, read under the same lock.
+    #[inline]
+    pub(crate) fn admit(&self, now: Instant) -> Result<Option<u64>, Refusal> {
         if self.quiet.load(Ordering::Acquire) {
-            return Gate::Allow { probe: None };
+            return Ok(None);
         }
         let mut s = self.lock();
         match s.mode {
-            Mode::Closed => Gate::Allow { probe: None },
-            Mode::Open { until } if now < until => {
-                Gate::OpenFor(until.saturating_duration_since(now))
-            }
+            Mode::Closed => Ok(None),
+            Mode::Open { until } if now < until => Err(Refusal::Cooldown {
+                wait: until.saturating_duration_since(now),
+                resets: s.resets,
+            }),
             Mode::Open { .. } | Mode::HalfOpen => {
                 if s.probe.is_some() {
-                    return Gate::OpenFor(PROBE_RECHECK);
+                    return Err(Refusal::ProbeOut);
                 }
                 // Open to half-open: neither is quiet, so nothing to publish.
                 s.mode = Mode::HalfOpen;
                 s.epoch += 1;
                 s.probe = Some(s.epoch);
-                Gate::Allow { probe: s.probe }
+                Ok(s.probe)
             }
         }
     }
@@ -370,9 +392,8 @@ impl CircuitBreaker {
     /// Closes the breaker now, whatever its state, as a manual override for an
     /// operator who knows the API is back: the run of failures is cleared, the
     /// cooldown goes back to its base, and the probe slot is freed (a probe in
-    /// flight is no longer the probe: its answer counts as any send's). Callers
-    /// waiting for it with [`reset_since`](Self::reset_since) (the attempt loop's, out
-    /// of a cooldown) are woken to ask again. Returns
+    /// flight is no longer the probe: its answer counts as any send's). The attempt
+    /// loop's callers waiting out a cooldown are woken to ask again. Returns
     /// [`Transition::Closed`] when the breaker was open or half-open (`None` when it
     /// was closed already: only its run of failures, if any, is cleared).
     pub fn reset(&self) -> Option<Transition> {
@@ -383,7 +404,7 @@ impl CircuitBreaker {
             s.consecutive_failures = 0;
             s.cooldown = self.config.cooldown;
             s.probe = None;
-            self.resets.fetch_add(1, Ordering::AcqRel);
+            s.resets = s.resets.wrapping_add(1);
             self.publish(&s);
             (
                 (!was_closed).then_some(Transition::Closed),
@@ -394,19 +415,9 @@ impl CircuitBreaker {
         transition
     }
 
-    /// How many times [`reset`](Self::reset) was called so far. Read it before a
-    /// [`check`](Self::check) whose `OpenFor` you will wait out, and race the wait
-    /// against [`reset_since`](Self::reset_since) with it: a reset after the check
-    /// then ends the wait (read after the check, a reset between the two would be
-    /// missed).
-    #[must_use]
-    pub fn resets(&self) -> u64 {
-        self.resets.load(Ordering::Acquire)
-    }
-
-    /// Ready once [`reset`](Self::reset) has been called more than `seen` times
-    /// (a count from [`resets`](Self::resets)).
-    pub fn reset_since(&self, seen: u64) -> ResetWait<'_> {
+    /// Ready at the first [`reset`](Self::reset) after the one that made the count
+    /// `seen` (a [`Refusal::Cooldown`]'s `resets`, read under the lock that refused).
+    pub(crate) fn reset_since(&self, seen: u64) -> ResetWait<'_> {
         ResetWait {
             breaker: self,
             seen,
@@ -444,7 +455,7 @@ impl CircuitBreaker {
 /// out, so a caller that gives up leaves nothing behind.
 #[must_use = "futures do nothing unless polled"]
 #[derive(Debug)]
-pub struct ResetWait<'a> {
+pub(crate) struct ResetWait<'a> {
     breaker: &'a CircuitBreaker,
     seen: u64,
     /// Its key among the breaker's waiting callers, once it registered.
@@ -459,7 +470,7 @@ impl Future for ResetWait<'_> {
         let mut s = breaker.lock();
         // Under the lock `reset` counts under: a reset either came before this look,
         // or will find this waker registered.
-        if breaker.resets.load(Ordering::Acquire) != self.seen {
+        if s.resets != self.seen {
             return Poll::Ready(());
         }
         let replaced = s.waiting.register(&mut self.key, cx.waker());
@@ -840,7 +851,7 @@ mod tests {
             let waker = Waker::from(Arc::clone(&woken));
             let mut cx = Context::from_waker(&waker);
             let waiting = || b.lock().waiting.len();
-            let seen = b.resets();
+            let seen = b.lock().resets;
             let mut a = Box::pin(b.reset_since(seen));
             let mut gives_up = Box::pin(b.reset_since(seen));
             assert!(a.as_mut().poll(&mut cx).is_pending());
@@ -876,10 +887,55 @@ mod tests {
                     .poll(&mut cx)
                     .is_ready()
             );
-            let mut next = Box::pin(b.reset_since(b.resets()));
+            let mut next = Box::pin(b.reset_since(b.lock().resets));
             assert!(next.as_mut().poll(&mut cx).is_pending());
             drop(next);
             assert_eq!(waiting(), 0);
         });
+    }
+
+    /// Under shuttle (the internal `shuttle` feature, on in `scripts/test` through
+    /// `--all-features`): callers that find the breaker open wait for a reset with
+    /// the count their refusal carried, as the attempt loop does, while another
+    /// thread resets it at any point. Every caller is let through (shuttle fails a
+    /// schedule in which one waits for ever), and no waker is left behind.
+    #[test]
+    #[cfg(feature = "shuttle")]
+    fn a_reset_reaches_every_caller_waiting_out_the_cooldown_under_any_interleaving() {
+        use std::sync::Arc;
+        fn scenario() {
+            let config = BreakerConfig::new(1, Duration::from_secs(5), Duration::from_secs(60));
+            let b = Arc::new(CircuitBreaker::new(config.unwrap()));
+            assert!(b.record(Failure, None, at(0)).is_some(), "open for 5 s");
+            let callers: Vec<_> = (0..2)
+                .map(|_| {
+                    let b = Arc::clone(&b);
+                    shuttle::future::spawn(async move {
+                        loop {
+                            match b.admit(at(1)) {
+                                Ok(None) => return,
+                                Err(Refusal::Cooldown { resets, .. }) => {
+                                    b.reset_since(resets).await;
+                                }
+                                other => panic!("no probe before the cooldown ends: {other:?}"),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let resetting = Arc::clone(&b);
+            let resetter = shuttle::thread::spawn(move || {
+                assert_eq!(resetting.reset(), Some(Transition::Closed));
+            });
+            shuttle::future::block_on(async {
+                for caller in callers {
+                    caller.await.unwrap();
+                }
+            });
+            resetter.join().unwrap();
+            assert_eq!(b.lock().waiting.len(), 0, "a waker left behind");
+        }
+        shuttle::check_random(scenario, 2_000);
+        shuttle::check_pct(scenario, 2_000, 3);
     }
 }

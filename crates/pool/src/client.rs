@@ -449,10 +449,14 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// [`PROBE_RECHECK`](crate::breaker::PROBE_RECHECK), 5 ms).
     ///
     /// Returns `true` when the breaker was open or half-open: the observer then
-    /// hears [`BreakerClosed`](EventKind::BreakerClosed) with no call id (`None`), at
-    /// the runtime's clock. `false`, and no event, when it was closed already (a run
-    /// of failures short of the threshold is cleared all the same) or the client has
-    /// no breaker.
+    /// hears [`BreakerReset`](EventKind::BreakerReset) (no call id), at the runtime's
+    /// clock. `false`, and no event, when it was closed already (a run of failures
+    /// short of the threshold is cleared all the same) or the client has no breaker.
+    ///
+    /// A `WaitForProbe` call whose budget could not cover the cooldown did not wait
+    /// for it: it ended `TimedOut` at the gate, and a reset does not bring it back.
+    /// Every waiting call goes at once: if the API is not back after all, they are
+    /// the failures that open the breaker again.
     pub fn reset_breaker(&self) -> bool {
         let shared = &self.shared;
         let Some(breaker) = &shared.breaker else {
@@ -462,7 +466,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         if closed {
             shared
                 .events
-                .emit(|| shared.runtime.now(), None, || EventKind::BreakerClosed);
+                .emit(|| shared.runtime.now(), None, || EventKind::BreakerReset);
         }
         closed
     }

@@ -463,10 +463,12 @@ impl ClientError {
     ///   policy's ceiling (a number too large to hold reads as [`Duration::MAX`]);
     ///   `None` when it asked for none.
     /// - [`ErrorKind::BreakerOpen`]: how long the breaker still refused sends when it
-    ///   turned the call away, from that moment: the rest of its cooldown, or
-    ///   [`PROBE_RECHECK`](crate::breaker::PROBE_RECHECK) (5 ms) while another call's
-    ///   probe is out, whose answer nobody can foresee. A service in front of the
-    ///   API can pass it on as its own `Retry-After`.
+    ///   turned the call away, from that moment: the rest of its cooldown. `None`
+    ///   while another call's probe is out, whose answer nobody can foresee (the
+    ///   loop's own callers look again every
+    ///   [`PROBE_RECHECK`](crate::breaker::PROBE_RECHECK), an interval too short to
+    ///   hand on as a delay). A service in front of the API can pass it on as its
+    ///   own `Retry-After`.
     /// - `None` for every other kind: a delay an earlier response asked for was
     ///   waited out before the send that failed (that response's error, under
     ///   [`last_failure`](ClientError::last_failure), still has it).

@@ -528,7 +528,9 @@ impl TransportObserver for HealthObserver {
                 },
                 event.at,
             ),
-            EventKind::BreakerClosed => state.saw_breaker(BreakerView::Closed, event.at),
+            EventKind::BreakerClosed | EventKind::BreakerReset => {
+                state.saw_breaker(BreakerView::Closed, event.at);
+            }
             EventKind::RowsPulled { .. } | EventKind::WritePushed => {}
         }
     }

@@ -103,8 +103,7 @@ pub struct TransportEvent {
     /// body or failure; otherwise the reading as the event was emitted.
     pub at: Instant,
     /// The call the event is about; `None` for events reported through
-    /// `ResilientClient::report`, and for the `BreakerClosed` of
-    /// `ResilientClient::reset_breaker`.
+    /// `ResilientClient::report`, and for `BreakerReset`.
     pub call: Option<CallId>,
     /// What happened.
     pub kind: EventKind,
@@ -211,9 +210,12 @@ pub enum EventKind {
         /// How long it stays open.
         cooldown: Duration,
     },
-    /// A success or a reachable answer closed the breaker (carrying the call whose
-    /// send it was), or `ResilientClient::reset_breaker` did (with no call).
+    /// A success or a reachable answer closed the breaker.
     BreakerClosed,
+    /// `ResilientClient::reset_breaker` closed an open or half-open breaker by hand.
+    /// It carries no call (no send caused it) and may come at any point, between a
+    /// call's events too.
+    BreakerReset,
     /// Reported by a caller through `ResilientClient::report`: rows parsed from a
     /// response.
     RowsPulled {
@@ -237,6 +239,7 @@ impl EventKind {
             EventKind::RetryScheduled { .. } => "retry_scheduled",
             EventKind::BreakerOpened { .. } => "breaker_opened",
             EventKind::BreakerClosed => "breaker_closed",
+            EventKind::BreakerReset => "breaker_reset",
             EventKind::RowsPulled { .. } => "rows_pulled",
             EventKind::WritePushed => "write_pushed",
         }

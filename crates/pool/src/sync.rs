@@ -20,7 +20,7 @@ pub(crate) use std::sync::{Mutex, MutexGuard};
 #[cfg(feature = "shuttle")]
 pub(crate) use model::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard};
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 pub(crate) use std::sync::PoisonError;
 pub(crate) use std::sync::atomic::Ordering;
 use std::task::Waker;
@@ -201,13 +201,6 @@ mod model {
             }
         }
 
-        pub(crate) fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
-            match self {
-                AtomicU64::Std(a) => a.fetch_add(value, order),
-                AtomicU64::Model(a) => a.fetch_add(value, order),
-            }
-        }
-
         pub(crate) fn compare_exchange_weak(
             &self,
             current: u64,
@@ -273,18 +266,20 @@ mod model {
 /// back to be dropped or woken after the lock is released: its drop may be the last
 /// of a task whose own future then takes the same lock.
 ///
-/// Kept by key in a map, so that thousands of callers giving up or woken one by one
-/// (a cooldown's waiters, when it ends) cost each a lookup, not a scan. They are
-/// woken in no particular order.
+/// Kept in a map ordered by key, and keys are handed out in order: they are woken in
+/// the order they first waited (and the same way in every run, so a seeded
+/// simulation replays), and thousands of callers giving up or woken one by one (a
+/// cooldown's waiters, when it ends) cost each a lookup, not a scan, and leave no
+/// room behind.
 #[derive(Debug, Default)]
 pub(crate) struct Wakers {
-    by_key: HashMap<u64, Waker>,
+    by_key: BTreeMap<u64, Waker>,
     next_key: u64,
 }
 
 /// The wakers taken out of a [`Wakers`] by [`Wakers::take`], to wake after the lock.
 #[must_use = "wake them, after the lock is released"]
-pub(crate) struct ToWake(HashMap<u64, Waker>);
+pub(crate) struct ToWake(BTreeMap<u64, Waker>);
 
 impl ToWake {
     /// Wakes every one of them.

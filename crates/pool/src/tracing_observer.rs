@@ -6,7 +6,7 @@
 //! | level | events |
 //! |---|---|
 //! | `WARN` | a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built) |
-//! | `INFO` | a breaker closing (`breaker_closed`): the API answers again |
+//! | `INFO` | a breaker closing (`breaker_closed`): the API answers again; a breaker reset by hand (`breaker_reset`) |
 //! | `DEBUG` | a call refused because the breaker is open (`failed`, `sent=false`, `kind="breaker_open"`: its opening was a `WARN`, and during an outage there is one such refusal per call), a success, a retry, a redial, a cancellation, reported rows and writes |
 //! | `TRACE` | a send starting (`started`) |
 //!
@@ -115,6 +115,10 @@ impl TransportObserver for TracingObserver {
             EventKind::BreakerClosed => tracing::info!(
                 target: "vantage_api_pool",
                 api, event = name, call, at_ms, "circuit breaker closed"
+            ),
+            EventKind::BreakerReset => tracing::info!(
+                target: "vantage_api_pool",
+                api, event = name, at_ms, "circuit breaker reset by hand"
             ),
             EventKind::WritePushed => {
                 tracing::debug!(target: "vantage_api_pool", api, event = name, call, at_ms);

@@ -177,6 +177,8 @@ impl vantage_api_pool::TransportObserver for Heard {
 }
 
 #[test]
+// On wasm32 observers need not be Send + Sync, and the client still takes an Arc.
+#[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 fn build_attaches_its_observer_once_before_any_event_and_a_refused_build_never() {
     let w = World::new();
     let heard = Arc::new(Heard::default());

@@ -417,46 +417,6 @@ fn breaker_matches_its_specification_under_every_interleaving() {
     });
 }
 
-/// Callers that find the breaker open wait for a reset, as the attempt loop's
-/// `WaitForProbe` callers do (the reset count read before the check), while another
-/// thread resets it at any point: every caller is let through (shuttle fails a
-/// schedule in which one waits for ever), and no waker is left behind.
-#[test]
-fn a_reset_reaches_every_caller_waiting_for_one() {
-    explore("reset wakes", 0xB4EA_0003, || {
-        let breaker = Arc::new(CircuitBreaker::new(
-            BreakerConfig::new(1, COOLDOWN, MAX_COOLDOWN).unwrap(),
-        ));
-        breaker.record(BreakerEffect::Failure, None, at_ms(0));
-        let callers: Vec<_> = (0..2)
-            .map(|_| {
-                let b = breaker.clone();
-                spawn(async move {
-                    loop {
-                        let seen = b.resets();
-                        match b.check(at_ms(0)) {
-                            Gate::Allow { probe: None } => return,
-                            Gate::OpenFor(_) => b.reset_since(seen).await,
-                            other => panic!("no probe at 0 ms: {other:?}"),
-                        }
-                    }
-                })
-            })
-            .collect();
-        let b = breaker.clone();
-        let resetter = shuttle::thread::spawn(move || {
-            assert_eq!(b.reset(), Some(Transition::Closed));
-        });
-        block_on(async {
-            for caller in callers {
-                caller.await.unwrap();
-            }
-        });
-        resetter.join().unwrap();
-        assert_eq!(breaker.check(at_ms(0)), Gate::Allow { probe: None });
-    });
-}
-
 /// `check` at the world's now, compared with the spec; waits (moves the clock) when
 /// told to. Returns the granted epoch.
 fn spec_check(b: &CircuitBreaker, w: &mut World) -> Option<u64> {

@@ -187,15 +187,16 @@ fn a_breaker_open_refusal_says_how_long_the_breaker_still_refuses() {
     assert_eq!(refused().retry_after(), Some(ms(1_750)));
 
     // Cooldown over: a probe goes and takes 2 s. While it is out, nobody knows when
-    // the breaker will answer: ask again after the probe recheck.
+    // the breaker will answer: no delay to give.
     w.rt.run_for(ms(1_750)).unwrap();
     w.transport.push(Reply::status(503).after(secs(2)));
     let probe = w.spawn_call(&client, CallPolicy::background(), "/x");
     w.rt.run_for(secs(1)).unwrap();
     assert_eq!(w.transport.request_count(), 6, "the probe is out");
+    let err = refused();
     assert_eq!(
-        refused().retry_after(),
-        Some(vantage_api_pool::breaker::PROBE_RECHECK)
+        (err.kind(), err.retry_after()),
+        (ErrorKind::BreakerOpen, None)
     );
     // It fails at 7 s: open again for twice as long.
     w.rt.run_for(secs(1)).unwrap();
@@ -220,11 +221,11 @@ fn a_breaker_open_refusal_says_how_long_the_breaker_still_refuses() {
     w.assert_contract();
 }
 
-/// The `at` of every `BreakerClosed` with no call (a manual reset).
+/// The `at` of every `BreakerReset`.
 fn resets(events: &[TransportEvent]) -> Vec<Duration> {
     events
         .iter()
-        .filter(|e| matches!(e.kind, EventKind::BreakerClosed) && e.call.is_none())
+        .filter(|e| matches!(e.kind, EventKind::BreakerReset))
         .map(|e| e.at.since_origin())
         .collect()
 }

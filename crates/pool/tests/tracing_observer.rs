@@ -113,6 +113,7 @@ fn every_kind_of_event_has_its_level_and_fields() {
         Reply::status(503),
         Reply::ok(),
         Reply::stall(),
+        Reply::status(503),
     ]);
     let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
         .observer("orders-api", Arc::new(TracingObserver::new()))
@@ -124,7 +125,7 @@ fn every_kind_of_event_has_its_level_and_fields() {
     tracing::subscriber::with_default(capture.clone(), || {
         // A redial, then a 503 that opens the breaker; a call refused while it is
         // open; after the cooldown a success that closes it; a stalled call dropped;
-        // a report.
+        // a report; a 503 that opens it again, and a reset by hand.
         let call = || client.execute_with(&background, |h| h.get("/x"));
         let _ = w.rt.block_on(call()).unwrap().unwrap_err();
         let _ = w.rt.block_on(call()).unwrap().unwrap_err();
@@ -142,6 +143,8 @@ fn every_kind_of_event_has_its_level_and_fields() {
         w.rt.run_until_idle().unwrap();
         client.report(vantage_api_pool::Report::RowsPulled { n: 7 });
         client.report(vantage_api_pool::Report::WritePushed);
+        let _ = w.rt.block_on(call()).unwrap().unwrap_err();
+        assert!(client.reset_breaker());
     });
     let lines = capture.0.lock().unwrap().clone();
     let names: Vec<_> = lines
@@ -166,6 +169,10 @@ fn every_kind_of_event_has_its_level_and_fields() {
             "DEBUG cancelled",
             "DEBUG rows_pulled",
             "DEBUG write_pushed",
+            "TRACE started",
+            "WARN failed",
+            "WARN breaker_opened",
+            "INFO breaker_reset",
         ]
     );
     assert!(lines.iter().all(|(_, f)| f["api"] == "\"orders-api\""));
@@ -195,6 +202,11 @@ fn every_kind_of_event_has_its_level_and_fields() {
     assert_eq!(field(13, "n").as_deref(), Some("7"));
     assert_eq!(field(13, "call"), None, "a report belongs to no call");
     assert_eq!(field(14, "call"), None, "a report belongs to no call");
+    assert_eq!(field(18, "call"), None, "a reset belongs to no call");
+    assert_eq!(
+        field(18, "message").as_deref(),
+        Some("circuit breaker reset by hand")
+    );
     // Every per-send event names its send and attempt, as the docs promise (the
     // redial announces the send it will be).
     let per_send = ["started", "succeeded", "failed", "cancelled", "redialing"];

@@ -649,6 +649,11 @@ impl TransportObserver for Totals {
                     totals.breaker_closings += 1;
                     note = Some(format!("{api}: an answer came, breaker closed"));
                 }
+                EventKind::BreakerReset => {
+                    totals.open = false;
+                    totals.breaker_closings += 1;
+                    note = Some(format!("{api}: breaker reset by hand"));
+                }
                 _ => {}
             }
         }

@@ -29,8 +29,9 @@
 //! | `TooManyRedials` | a call redials at most [`MAX_REDIALS`] times (a later `NotSent` is taken as `Interrupted`) |
 //! | `UnsentFailureWithTime` | a `Failed` with `sent: false` (a send refused before it went out) reports `ms: 0` |
 //! | `EventAfterCallEnded` | after a call's `Succeeded`, `Cancelled` or `Failed` with `sent: false` (which always ends the call), no per-send event or `RetryScheduled` of that call |
-//! | `TransitionNotAfterTerminal` | `BreakerOpened` and `BreakerClosed` carry the call whose send caused them and come right after that send's `Succeeded` or sent `Failed` (no event of the call between), one per send; the one exception is a `BreakerClosed` with no call, from `ResilientClient::reset_breaker`, which may come at any point |
+//! | `TransitionNotAfterTerminal` | `BreakerOpened` and `BreakerClosed` carry the call whose send caused them and come right after that send's `Succeeded` or sent `Failed` (no event of the call between), one per send |
 //! | `ReportWithCall` | `RowsPulled` and `WritePushed` (from `ResilientClient::report`) carry no call id |
+//! | `ResetWithCall` | `BreakerReset` (from `ResilientClient::reset_breaker`) carries no call id; it may come at any point |
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //!
 //! Whether the breaker's transitions alternate is not checked: two sends on two
@@ -434,12 +435,13 @@ pub enum ContractRule {
     EventAfterCallEnded,
     /// At the end of the record, a send without its terminal.
     NeverEnded,
-    /// A `BreakerOpened` without a call, or a `BreakerOpened` or `BreakerClosed` with
-    /// a call, not right after a `Succeeded` or sent `Failed` of that call (a
-    /// `BreakerClosed` with no call is a manual reset, allowed anywhere).
+    /// A `BreakerOpened` or `BreakerClosed` without a call, or not right after a
+    /// `Succeeded` or sent `Failed` of its call.
     TransitionNotAfterTerminal,
     /// A `RowsPulled` or `WritePushed` with a call id.
     ReportWithCall,
+    /// A `BreakerReset` with a call id.
+    ResetWithCall,
 }
 
 impl ContractRule {
@@ -496,6 +498,7 @@ impl ContractRule {
                 "a breaker transition comes right after the Succeeded or sent Failed of the send that caused it, with its call"
             }
             ContractRule::ReportWithCall => "RowsPulled and WritePushed carry no call id",
+            ContractRule::ResetWithCall => "BreakerReset carries no call id",
         }
     }
 }
@@ -652,8 +655,6 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
         }
 
         match event.kind {
-            // A manual reset (`reset_breaker`): no send caused it.
-            EventKind::BreakerClosed if event.call.is_none() => continue,
             EventKind::BreakerOpened { .. } | EventKind::BreakerClosed => {
                 let due = event
                     .call
@@ -667,6 +668,13 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
             EventKind::RowsPulled { .. } | EventKind::WritePushed => {
                 if event.call.is_some() {
                     return Err(violation(ContractRule::ReportWithCall));
+                }
+                continue;
+            }
+            // A reset by hand: no send caused it, so it may come anywhere.
+            EventKind::BreakerReset => {
+                if event.call.is_some() {
+                    return Err(violation(ContractRule::ResetWithCall));
                 }
                 continue;
             }

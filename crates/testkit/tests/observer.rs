@@ -702,42 +702,43 @@ fn a_breaker_transition_comes_right_after_the_send_that_caused_it() {
             (ContractRule::TransitionNotAfterTerminal, index, None)
         );
     }
-    // An opening without the call that caused it.
-    let observer = observe(vec![(0, 1, started(1, 1)), (1, 1, succeeded(1, 1))]);
-    let opened = EventKind::BreakerOpened {
-        cooldown: Duration::from_secs(5),
-    };
-    observer.on_event("api", &TransportEvent::new(at(1), None, opened));
-    let v = observer.check_contract().unwrap_err();
-    assert_eq!(
-        (v.rule, v.index),
-        (ContractRule::TransitionNotAfterTerminal, 2)
-    );
+    // Without the call that caused it.
+    for transition in [
+        closed,
+        EventKind::BreakerOpened {
+            cooldown: Duration::from_secs(5),
+        },
+    ] {
+        let observer = observe(vec![(0, 1, started(1, 1)), (1, 1, succeeded(1, 1))]);
+        observer.on_event("api", &TransportEvent::new(at(1), None, transition));
+        let v = observer.check_contract().unwrap_err();
+        assert_eq!(
+            (v.rule, v.index),
+            (ContractRule::TransitionNotAfterTerminal, 2)
+        );
+    }
 }
 
 #[test]
-fn a_closing_with_no_call_is_a_manual_reset_allowed_anywhere() {
-    // `reset_breaker` reports `BreakerClosed` with no call: while a send is in
+fn a_reset_carries_no_call_and_may_come_anywhere() {
+    // `reset_breaker` reports `BreakerReset` with no call: while a send is in
     // flight, and between a send's answer and the transition it caused, which then
     // still follows that answer.
     let observer = observe(vec![(0, 1, started(1, 1))]);
-    let reset = || TransportEvent::new(at(1), None, EventKind::BreakerClosed);
+    let reset = || TransportEvent::new(at(1), None, EventKind::BreakerReset);
     observer.on_event("api", &reset());
     for (call, kind) in [(1, succeeded(1, 1)), (1, EventKind::BreakerClosed)] {
         observer.on_event("api", &TransportEvent::new(at(1), Some(CallId(call)), kind));
         observer.on_event("api", &reset());
     }
     assert_eq!(observer.check_contract(), Ok(()));
-    // The reset did not stand in for the call's own transition: a second one of the
-    // call is still refused.
+    // With a call, it is refused.
     observer.on_event(
         "api",
-        &TransportEvent::new(at(1), Some(CallId(1)), EventKind::BreakerClosed),
+        &TransportEvent::new(at(1), Some(CallId(1)), EventKind::BreakerReset),
     );
-    assert_eq!(
-        observer.check_contract().unwrap_err().rule,
-        ContractRule::TransitionNotAfterTerminal
-    );
+    let v = observer.check_contract().unwrap_err();
+    assert_eq!((v.rule, v.index), (ContractRule::ResetWithCall, 6));
 }
 
 #[test]
