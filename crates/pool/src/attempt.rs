@@ -522,7 +522,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         }
         // The common case, a current token, needs no future at all; the fetch (first
         // use, refresh) is boxed so its state does not grow every call's future.
-        if let Some(token) = client.auth_state.current(stale) {
+        if let Some(token) = client.auth_state.current(stale, self.now()) {
             return Ok(Some(token));
         }
         Box::pin(self.fetch_token(stale)).await
@@ -537,7 +537,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         if self.deadline.is_some_and(|deadline| self.now() >= deadline) {
             return Err(self.timed_out_at_gate());
         }
-        let fetch = client.auth_state.token(&client.auth, stale);
+        let clock = || client.runtime.now();
+        let fetch = client.auth_state.token(&client.auth, stale, &clock);
         let result = match self.deadline {
             Some(deadline) => match timeout_at(&client.runtime, deadline, fetch).await {
                 Ok(result) => result,
@@ -599,7 +600,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // on it; and before the rate token, which stays the last wait. A refresh
         // that fails lowers the rejection, and the request keeps its own token, as
         // the gate would hand it out.
-        if self.rejected(self.newer_token(&mut request)) {
+        if self.rejected(self.newer_token(&mut request, now), now) {
             Box::pin(self.fetch_token(None)).await?;
             now = self.now();
             if !self.still_allowed(probe, now) {
@@ -618,8 +619,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // cannot drop its old one), or a 401 rejected the token during the rate
         // wait. Through the gate again, with a fresh request; the rate token is not
         // refunded, as for a send the breaker turns back.
-        let generation = self.newer_token(&mut request);
-        if self.rejected(generation) {
+        let generation = self.newer_token(&mut request, now);
+        if self.rejected(generation, now) {
             return Ok(None);
         }
         Ok(Some((permit, request, generation, now)))
@@ -628,8 +629,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// Whether the token of `generation` (a request's, after
     /// [`newer_token`](Self::newer_token)) is one a 401 rejected, with the refresh it
     /// asked for running or done.
-    fn rejected(&self, generation: Option<u64>) -> bool {
-        generation.is_some_and(|generation| self.client.auth_state.rejected(generation))
+    fn rejected(&self, generation: Option<u64>, now: Instant) -> bool {
+        generation.is_some_and(|generation| self.client.auth_state.rejected(generation, now))
     }
 
     /// Asks the breaker again after a wait, since it may have changed meanwhile. A
@@ -673,9 +674,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// name (a request cannot drop a header, so a token under another name would go
     /// out beside the old one, and overwrite a header of that name the request set).
     /// Returns the generation of the token the request now carries.
-    fn newer_token(&self, request: &mut T::Request) -> Option<u64> {
+    fn newer_token(&self, request: &mut T::Request, now: Instant) -> Option<u64> {
         let held = self.token_generation?;
-        match self.client.auth_state.newer_under_same_name(held) {
+        match self.client.auth_state.newer_under_same_name(held, now) {
             Some(newer) => {
                 request.set_header(newer.name, newer.value);
                 Some(newer.generation)
@@ -721,7 +722,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             // ready at once.
             let token = if !client.auth.is_configured() {
                 None
-            } else if let Some(token) = client.auth_state.current(None) {
+            } else if let Some(token) = client.auth_state.current(None, now) {
                 Some(token)
             } else {
                 // `auth_token` would look for a token at hand again first.

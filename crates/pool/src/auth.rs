@@ -14,22 +14,26 @@
 //! the current token without another fetch, unless a 401 for the current token has
 //! started a refresh that is still running: then it waits for that refresh, as does
 //! a call that just needs a token (if the refresh fails, such a call sends the
-//! cached token). A send whose token a 401 rejected while it waited for a permit or
-//! a rate token does not go out with it either: it waits for the refresh, or goes
-//! back through the gate.
+//! cached token). A send whose token a 401 rejected (or that expired) while it waited
+//! for a permit or a rate token does not go out with it either: it waits for the
+//! refresh, or goes back through the gate.
 //!
-//! Nothing refreshes a token before the API rejects it unless you ask:
-//! [`ResilientClient::refresh_token`](crate::ResilientClient::refresh_token), called
-//! ahead of a token's expiry, fetches a new one while the one in use stays in use.
+//! A token with a lifetime ([`AuthToken::expires_in`]) is renewed ahead of its expiry
+//! by the first call to look once [`REFRESH_AHEAD`] or less of it is left, and never
+//! sent once expired. A token without one is used until the API rejects it, unless
+//! you ask: [`ResilientClient::refresh_token`](crate::ResilientClient::refresh_token)
+//! fetches a new one while the one in use stays in use.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
 use crate::sync::{Mutex, MutexGuard, PoisonError, Wakers};
+use crate::time::Instant;
 
 /// An array of the names no token may take (see [`RESERVED_TOKEN_HEADERS`]), after
 /// the given ones: the builder's list of names a retry-count header may not take
@@ -63,8 +67,8 @@ pub const RESERVED_TOKEN_HEADERS: [HeaderName; 12] = reserved_headers!();
 
 /// Refuses a token under a name in [`RESERVED_TOKEN_HEADERS`], or with an empty or
 /// blank value: sent, it would break the request's framing or carry no credential.
-fn checked(token: (HeaderName, HeaderValue)) -> Result<(HeaderName, HeaderValue), AuthError> {
-    let (name, value) = &token;
+fn checked(token: AuthToken) -> Result<AuthToken, AuthError> {
+    let (name, value) = (&token.name, &token.value);
     if RESERVED_TOKEN_HEADERS.contains(name) {
         return Err(format!(
             "the token source gave a header the request depends on (`{name}`), not a credential"
@@ -75,6 +79,109 @@ fn checked(token: (HeaderName, HeaderValue)) -> Result<(HeaderName, HeaderValue)
         return Err(format!("the token source gave an empty `{name}` value").into());
     }
     Ok(token)
+}
+
+/// Once this much of a token's lifetime or less is left (or half of it, for a token
+/// that lives less than twice as long), the next call to look fetches a new one
+/// while the others go on sending it: one minute.
+pub const REFRESH_AHEAD: Duration = Duration::from_secs(60);
+
+/// A token as a [`TokenSource`] gives it: the header to apply to every send, and how
+/// long it stays valid, when the source knows (an OAuth token response's
+/// `expires_in`, say).
+///
+/// With a lifetime, counted from the moment its fetch started, the client renews the
+/// token before it expires: once what is left is at most [`REFRESH_AHEAD`] (or half
+/// the lifetime, if less), the first call to look fetches a new token and waits for
+/// it (sending the current one if that fetch fails), while other calls go on sending
+/// the current one. From its expiry on, a token is never sent: calls wait for a
+/// fetch, as for the first token, and a fetch that fails then ends them with
+/// [`ErrorKind::Auth`](crate::ErrorKind::Auth). To renew earlier (a server whose
+/// clock runs ahead), give a shorter lifetime. Without one, a token is used until
+/// the API answers 401.
+///
+/// A `(HeaderName, HeaderValue)` pair converts into a token without a lifetime.
+///
+/// ```
+/// use std::time::Duration;
+/// use vantage_api_pool::auth::AuthToken;
+///
+/// let token = AuthToken::bearer("abc")?.expires_in(Duration::from_secs(3600));
+/// assert_eq!(token.name(), "authorization");
+/// assert_eq!(token.value(), "Bearer abc");
+/// assert_eq!(token.lifetime(), Some(Duration::from_secs(3600)));
+/// # Ok::<(), vantage_api_pool::auth::AuthError>(())
+/// ```
+#[derive(Clone)]
+pub struct AuthToken {
+    name: HeaderName,
+    value: HeaderValue,
+    lifetime: Option<Duration>,
+}
+
+impl AuthToken {
+    /// A token applied as header `name: value`, with no lifetime.
+    #[must_use]
+    pub fn new(name: HeaderName, value: HeaderValue) -> Self {
+        AuthToken {
+            name,
+            value,
+            lifetime: None,
+        }
+    }
+
+    /// `authorization: Bearer <token>`, with no lifetime.
+    ///
+    /// # Errors
+    ///
+    /// An [`AuthError`] if `token` holds a character a header value cannot (a line
+    /// break, say).
+    pub fn bearer(token: &str) -> Result<Self, AuthError> {
+        let value = HeaderValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| AuthError::from("the bearer token holds a character a header cannot"))?;
+        Ok(AuthToken::new(http::header::AUTHORIZATION, value))
+    }
+
+    /// The same token, valid for `lifetime` from the start of the fetch that got it.
+    #[must_use]
+    pub fn expires_in(mut self, lifetime: Duration) -> Self {
+        self.lifetime = Some(lifetime);
+        self
+    }
+
+    /// The header's name.
+    #[must_use]
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+
+    /// The header's value.
+    #[must_use]
+    pub fn value(&self) -> &HeaderValue {
+        &self.value
+    }
+
+    /// How long it stays valid from the start of its fetch, if the source said.
+    #[must_use]
+    pub fn lifetime(&self) -> Option<Duration> {
+        self.lifetime
+    }
+}
+
+impl From<(HeaderName, HeaderValue)> for AuthToken {
+    fn from((name, value): (HeaderName, HeaderValue)) -> Self {
+        AuthToken::new(name, value)
+    }
+}
+
+/// Shows the header's name and the lifetime, never the value.
+impl std::fmt::Debug for AuthToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthToken")
+            .field("name", &self.name)
+            .field("lifetime", &self.lifetime)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The error a [`TokenSource`] returns; it becomes the source of an
@@ -146,17 +253,19 @@ pub trait TokenSource {
         true
     }
 
-    /// Fetches a fresh token, as the header name and value to apply
-    /// (for example `authorization: Bearer …`). The value is marked sensitive before
-    /// use, and replaces any header of that name the request closure set. Dropping the
-    /// future abandons the fetch. A name among [`RESERVED_TOKEN_HEADERS`], or an empty
-    /// or blank value, is refused as a failed fetch.
+    /// Fetches a fresh token: the header to apply (for example
+    /// `authorization: Bearer …`) and, if known, how long it stays valid (see
+    /// [`AuthToken`]; a `(HeaderName, HeaderValue)` pair converts into one with
+    /// `.into()`). The value is marked sensitive before use, and replaces any header
+    /// of that name the request closure set. Dropping the future abandons the fetch. A
+    /// name among [`RESERVED_TOKEN_HEADERS`], or an empty or blank value, is refused
+    /// as a failed fetch.
     ///
     /// Never fetch through the client this source belongs to (a token endpoint on the
     /// same API needs a client of its own, or a plain `reqwest::Client`): the inner
     /// call waits for a token, which waits for the fetch it is part of, so both wait
     /// until a time limit or a drop ends them.
-    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>>;
+    fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>>;
 }
 
 /// [`TokenSource`] whose fetch is `Send`, for generic code that spawns its calls (see
@@ -172,7 +281,7 @@ pub trait SendTokenSource: Send + Sync {
     }
 
     /// As [`TokenSource::fetch`], with a `Send` future.
-    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> + Send;
+    fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>> + Send;
 }
 
 impl<A: SendTokenSource> TokenSource for A {
@@ -182,7 +291,7 @@ impl<A: SendTokenSource> TokenSource for A {
     }
 
     #[inline]
-    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+    fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>> {
         SendTokenSource::fetch(self)
     }
 }
@@ -196,27 +305,35 @@ impl SendTokenSource for NoAuth {
         false
     }
 
-    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> + Send {
+    fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>> + Send {
         std::future::ready(Err("no token source configured".into()))
     }
 }
 
 /// A token source built from a closure returning a future (which may hold an `Rc` or
-/// a `JsValue`). For code generic over the `Send` ports, use [`send_token_fn`].
+/// a `JsValue`). For code generic over the `Send` ports, use [`send_token_fn`]. The
+/// future gives an [`AuthToken`], or anything that converts into one (a
+/// `(HeaderName, HeaderValue)` pair).
 ///
 /// ```
-/// use http::{HeaderName, HeaderValue, header::AUTHORIZATION};
-/// use vantage_api_pool::auth::{AuthError, token_fn};
+/// use std::time::Duration;
+/// use http::{HeaderValue, header::AUTHORIZATION};
+/// use vantage_api_pool::auth::{AuthError, AuthToken, token_fn};
 ///
 /// let source = token_fn(|| async {
 ///     Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer abc")))
 /// });
-/// # let _ = source;
+/// // With a lifetime, renewed before it expires:
+/// let expiring = token_fn(|| async {
+///     Ok::<_, AuthError>(AuthToken::bearer("abc")?.expires_in(Duration::from_secs(3600)))
+/// });
+/// # let _ = (source, expiring);
 /// ```
-pub fn token_fn<F, Fut>(fetch: F) -> TokenFn<F>
+pub fn token_fn<F, Fut, T>(fetch: F) -> TokenFn<F>
 where
     F: Fn() -> Fut,
-    Fut: Future<Output = Result<(HeaderName, HeaderValue), AuthError>>,
+    Fut: Future<Output = Result<T, AuthError>>,
+    T: Into<AuthToken>,
 {
     TokenFn(fetch)
 }
@@ -231,13 +348,15 @@ impl<F> std::fmt::Debug for TokenFn<F> {
     }
 }
 
-impl<F, Fut> TokenSource for TokenFn<F>
+impl<F, Fut, T> TokenSource for TokenFn<F>
 where
     F: Fn() -> Fut,
-    Fut: Future<Output = Result<(HeaderName, HeaderValue), AuthError>>,
+    Fut: Future<Output = Result<T, AuthError>>,
+    T: Into<AuthToken>,
 {
-    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
-        (self.0)()
+    fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>> {
+        let fetch = (self.0)();
+        async move { fetch.await.map(Into::into) }
     }
 }
 
@@ -254,10 +373,11 @@ where
 ///     Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer abc")))
 /// }));
 /// ```
-pub fn send_token_fn<F, Fut>(fetch: F) -> SendTokenFn<F>
+pub fn send_token_fn<F, Fut, T>(fetch: F) -> SendTokenFn<F>
 where
     F: Fn() -> Fut + Send + Sync,
-    Fut: Future<Output = Result<(HeaderName, HeaderValue), AuthError>> + Send,
+    Fut: Future<Output = Result<T, AuthError>> + Send,
+    T: Into<AuthToken>,
 {
     SendTokenFn(fetch)
 }
@@ -272,13 +392,15 @@ impl<F> std::fmt::Debug for SendTokenFn<F> {
     }
 }
 
-impl<F, Fut> SendTokenSource for SendTokenFn<F>
+impl<F, Fut, T> SendTokenSource for SendTokenFn<F>
 where
     F: Fn() -> Fut + Send + Sync,
-    Fut: Future<Output = Result<(HeaderName, HeaderValue), AuthError>> + Send,
+    Fut: Future<Output = Result<T, AuthError>> + Send,
+    T: Into<AuthToken>,
 {
-    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> + Send {
-        (self.0)()
+    fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>> + Send {
+        let fetch = (self.0)();
+        async move { fetch.await.map(Into::into) }
     }
 }
 
@@ -288,6 +410,20 @@ pub(crate) struct Token {
     pub(crate) name: HeaderName,
     pub(crate) value: HeaderValue,
     pub(crate) generation: u64,
+    /// From then on the next caller to look renews it (see [`REFRESH_AHEAD`]).
+    renew_at: Option<Instant>,
+    /// From then on it is never handed out.
+    expires_at: Option<Instant>,
+}
+
+impl Token {
+    fn expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|at| now >= at)
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        self.renew_at.is_some_and(|at| now >= at)
+    }
 }
 
 /// The shared auth state of one client: the current token and the single-flight
@@ -336,17 +472,23 @@ impl std::fmt::Debug for AuthState {
 
 impl AuthInner {
     /// The current token, unless a 401 rejected its generation (or it is not newer
-    /// than `stale`).
-    fn usable(&self, stale: Option<u64>) -> Option<&Token> {
+    /// than `stale`), or it has expired by `now`.
+    fn usable(&self, stale: Option<u64>, now: Instant) -> Option<&Token> {
         let floor = self.rejected.max(stale.unwrap_or(0));
-        self.token.as_ref().filter(|t| t.generation > floor)
+        self.token
+            .as_ref()
+            .filter(|t| t.generation > floor && !t.expired(now))
     }
 }
 
 enum Step {
     Ready(Token),
     Failed(Arc<AuthError>),
-    Fetch,
+    /// This caller fetches; if the fetch fails, `fall_back` hands it the cached token
+    /// (if it has not expired) instead of the error.
+    Fetch {
+        fall_back: bool,
+    },
     Wait(u64),
 }
 
@@ -377,41 +519,59 @@ impl AuthState {
     }
 
     /// The current token if there is one that no 401 rejected (and newer than
-    /// `stale` when given), without waiting: the path of every send once a token is
-    /// cached.
-    pub(crate) fn current(&self, stale: Option<u64>) -> Option<Token> {
-        self.lock().usable(stale).cloned()
+    /// `stale` when given) and that has not expired by `now`, without waiting: the
+    /// path of every send once a token is cached. `None` too for a token due for
+    /// renewal that nobody is renewing: the caller renews it (through
+    /// [`token`](Self::token)).
+    pub(crate) fn current(&self, stale: Option<u64>, now: Instant) -> Option<Token> {
+        let inner = self.lock();
+        let token = inner.usable(stale, now)?;
+        if token.due(now) && !inner.fetching {
+            return None;
+        }
+        Some(token.clone())
     }
 
     /// A usable token newer than generation `held`, if every token since `held`
     /// came under `held`'s header name: one that can replace `held` in a request
     /// already built (a request cannot drop a header, so a token under another name
     /// would go out beside the old one).
-    pub(crate) fn newer_under_same_name(&self, held: u64) -> Option<Token> {
+    pub(crate) fn newer_under_same_name(&self, held: u64, now: Instant) -> Option<Token> {
         let inner = self.lock();
         if inner.renamed_at > held {
             return None;
         }
-        inner.usable(Some(held)).cloned()
+        inner.usable(Some(held), now).cloned()
     }
 
     /// Whether a 401 rejected generation `held` (or a newer one) and the refresh it
-    /// asked for has not failed: the gate hands a token of `held` or older to nobody
-    /// now, so a request that carries one must not go out with it either.
-    pub(crate) fn rejected(&self, held: u64) -> bool {
-        self.lock().rejected >= held
+    /// asked for has not failed, or `held` is the current token and it has expired by
+    /// `now`: the gate hands such a token to nobody now, so a request that carries
+    /// one must not go out with it either.
+    pub(crate) fn rejected(&self, held: u64, now: Instant) -> bool {
+        let inner = self.lock();
+        inner.rejected >= held
+            || inner
+                .token
+                .as_ref()
+                .is_some_and(|t| t.generation == held && t.expired(now))
     }
 
-    /// The current token, fetching it first if there is none, or a newer one than
-    /// `stale` (the generation a 401 was answered with) when given. Concurrent
-    /// callers share one fetch.
+    /// The current token, fetching it first if there is none (or it has expired),
+    /// or a newer one than `stale` (the generation a 401 was answered with) when
+    /// given. Concurrent callers share one fetch. A token due for renewal is renewed
+    /// by the first caller to look, which waits for the fetch (and falls back to the
+    /// token if it fails); the others take the token meanwhile. `clock` is the
+    /// runtime's: read at every look, since a look may follow a wait.
     pub(crate) async fn token<S: TokenSource>(
         &self,
         source: &S,
         stale: Option<u64>,
+        clock: &impl Fn() -> Instant,
     ) -> Result<Token, Arc<AuthError>> {
         let mut waited_for: Option<u64> = None;
         loop {
+            let now = clock();
             let step = {
                 let mut inner = self.lock();
                 let shared_failure = waited_for.and_then(|seen| {
@@ -421,17 +581,26 @@ impl AuthState {
                         .filter(|(n, _)| *n > seen)
                         .map(|(_, e)| Arc::clone(e))
                 });
-                let ready = inner.usable(stale).cloned();
+                let ready = inner.usable(stale, now).cloned();
                 if let Some(token) = ready {
-                    Step::Ready(token)
+                    // Due for renewal, and nobody renewing it: this caller does, and
+                    // keeps the token it could have sent if that fails (a caller that
+                    // waited for a fetch already takes what it brought).
+                    if token.due(now) && !inner.fetching && waited_for.is_none() {
+                        inner.fetching = true;
+                        inner.fetches_started += 1;
+                        Step::Fetch { fall_back: true }
+                    } else {
+                        Step::Ready(token)
+                    }
                 } else if let Some(error) = shared_failure {
                     // The fetch we waited for failed: do not fetch again. A call that
-                    // only needs a token sends the cached one; a replay shares the
-                    // error.
+                    // only needs a token sends the cached one, unless it has expired;
+                    // a replay shares the error.
                     match (stale, &inner.token) {
                         // Another 401 started a new refresh meanwhile: wait for it.
                         (None, Some(_)) if inner.fetching => Step::Wait(inner.fetches_done),
-                        (None, Some(cached)) => Step::Ready(cached.clone()),
+                        (None, Some(cached)) if !cached.expired(now) => Step::Ready(cached.clone()),
                         _ => Step::Failed(error),
                     }
                 } else {
@@ -445,7 +614,12 @@ impl AuthState {
                     } else {
                         inner.fetching = true;
                         inner.fetches_started += 1;
-                        Step::Fetch
+                        // As for a waiter: a call that only needs a token falls back
+                        // to the cached one (decided under the lock that ends the
+                        // fetch).
+                        Step::Fetch {
+                            fall_back: stale.is_none(),
+                        }
                     }
                 }
             };
@@ -456,9 +630,9 @@ impl AuthState {
                     waited_for = Some(seen);
                     self.wait_for_fetch(seen).await;
                 }
-                // As for a waiter: a call that only needs a token falls back to the
-                // cached one (decided under the lock that ends the fetch).
-                Step::Fetch => return self.run_fetch(source, stale.is_none()).await,
+                Step::Fetch { fall_back } => {
+                    return self.run_fetch(source, fall_back, clock).await;
+                }
             }
         }
     }
@@ -468,7 +642,11 @@ impl AuthState {
     /// `Ok` once a token newer than the one in use when it was asked for has landed;
     /// otherwise the error of the fetch it ran or waited for (the cached token
     /// stays, as after a failed refresh a 401 asked for).
-    pub(crate) async fn refresh<S: TokenSource>(&self, source: &S) -> Result<(), Arc<AuthError>> {
+    pub(crate) async fn refresh<S: TokenSource>(
+        &self,
+        source: &S,
+        clock: &impl Fn() -> Instant,
+    ) -> Result<(), Arc<AuthError>> {
         // The generation of the token in use when the refresh was asked for.
         let asked_at = self.lock().generation;
         let mut waited_for: Option<u64> = None;
@@ -501,7 +679,7 @@ impl AuthState {
                     waited_for = Some(seen);
                     self.wait_for_fetch(seen).await;
                 }
-                None => return self.run_fetch(source, false).await.map(|_| ()),
+                None => return self.run_fetch(source, false, clock).await.map(|_| ()),
             }
         }
     }
@@ -518,18 +696,21 @@ impl AuthState {
 
     /// Runs the fetch whose `fetching` flag this caller set, under a guard that
     /// hands it over if the caller is dropped; on failure, `fall_back` hands out
-    /// the cached token instead of the error, if there is one.
+    /// the cached token instead of the error, if there is one and it has not
+    /// expired. A token's lifetime counts from the fetch's start.
     async fn run_fetch<S: TokenSource>(
         &self,
         source: &S,
         fall_back: bool,
+        clock: &impl Fn() -> Instant,
     ) -> Result<Token, Arc<AuthError>> {
+        let started = clock();
         let guard = FetchGuard {
             state: self,
             armed: true,
         };
         let result = source.fetch().await;
-        guard.complete(result, fall_back)
+        guard.complete(result, fall_back, started, clock())
     }
 }
 
@@ -541,12 +722,15 @@ struct FetchGuard<'a> {
 }
 
 impl FetchGuard<'_> {
-    /// Ends the fetch. On failure, `fall_back` hands out the cached token instead of
-    /// the error, if there is one.
+    /// Ends the fetch that started at `started` and ended at `now`. On failure,
+    /// `fall_back` hands out the cached token instead of the error, if there is one
+    /// and it has not expired by `now`.
     fn complete(
         mut self,
-        result: Result<(HeaderName, HeaderValue), AuthError>,
+        result: Result<AuthToken, AuthError>,
         fall_back: bool,
+        started: Instant,
+        now: Instant,
     ) -> Result<Token, Arc<AuthError>> {
         self.armed = false;
         let (outcome, waiters) = {
@@ -554,7 +738,11 @@ impl FetchGuard<'_> {
             inner.fetching = false;
             inner.fetches_done += 1;
             let outcome = match result.and_then(checked) {
-                Ok((name, mut value)) => {
+                Ok(AuthToken {
+                    name,
+                    mut value,
+                    lifetime,
+                }) => {
                     value.set_sensitive(true);
                     inner.generation += 1;
                     if inner.token.as_ref().is_some_and(|old| old.name != name) {
@@ -564,6 +752,11 @@ impl FetchGuard<'_> {
                         name,
                         value,
                         generation: inner.generation,
+                        renew_at: lifetime.map(|lifetime| {
+                            let ahead = REFRESH_AHEAD.min(lifetime / 2);
+                            started.saturating_add(lifetime - ahead)
+                        }),
+                        expires_at: lifetime.map(|lifetime| started.saturating_add(lifetime)),
                     };
                     inner.token = Some(token.clone());
                     Ok(token)
@@ -575,7 +768,7 @@ impl FetchGuard<'_> {
                     // (it may be answered 401 again; its replay then asks again).
                     inner.rejected = 0;
                     match &inner.token {
-                        Some(cached) if fall_back => Ok(cached.clone()),
+                        Some(cached) if fall_back && !cached.expired(now) => Ok(cached.clone()),
                         _ => Err(e),
                     }
                 }
@@ -703,6 +896,11 @@ mod tests {
 
     type Answer = Result<(HeaderName, HeaderValue), String>;
 
+    /// The clock of these tests, which never move it.
+    fn origin() -> Instant {
+        Instant::ORIGIN
+    }
+
     /// A token source whose fetches end when the test says so, in order.
     #[derive(Default)]
     struct Controlled {
@@ -719,7 +917,7 @@ mod tests {
     }
 
     impl TokenSource for Controlled {
-        fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+        fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>> {
             let rx = self
                 .pending
                 .lock()
@@ -728,7 +926,7 @@ mod tests {
                 .expect("a fetch was queued");
             async move {
                 match rx.await.expect("answered") {
-                    Ok(token) => Ok(token),
+                    Ok(token) => Ok(token.into()),
                     Err(e) => Err(AuthError::from(e)),
                 }
             }
@@ -763,10 +961,10 @@ mod tests {
             let state: &'static AuthState = Box::leak(Box::new(AuthState::new()));
             let source: &'static Controlled = Box::leak(Box::default());
             let _never_answered = source.next_fetch();
-            let mut fetching = Box::pin(state.token(source, None));
+            let mut fetching = Box::pin(state.token(source, None, &origin));
             assert_eq!(generation(poll(&mut fetching)), None);
             let waiting = || {
-                let mut waiter = Box::pin(state.token(source, None));
+                let mut waiter = Box::pin(state.token(source, None, &origin));
                 assert_eq!(generation(poll(&mut waiter)), None);
                 waiter
             };
@@ -801,12 +999,12 @@ mod tests {
     fn a_caller_whose_refresh_failed_waits_for_a_newer_refresh_of_the_same_token() {
         let (state, source) = (AuthState::new(), Controlled::default());
         source.next_fetch().send(token("Bearer t1")).unwrap();
-        let first = futures::executor::block_on(state.token(&source, None)).unwrap();
+        let first = futures::executor::block_on(state.token(&source, None, &origin)).unwrap();
         assert_eq!(first.generation, 1);
         // A's 401 for t1 starts refresh F1; C, a new call, waits for it.
         let f1 = source.next_fetch();
-        let mut a = Box::pin(state.token(&source, Some(1)));
-        let mut c = Box::pin(state.token(&source, None));
+        let mut a = Box::pin(state.token(&source, Some(1), &origin));
+        let mut c = Box::pin(state.token(&source, None, &origin));
         assert_eq!(generation(poll(&mut a)), None);
         assert_eq!(generation(poll(&mut c)), None);
         // F1 fails: A shares the failure. Before C runs again, D's 401 for t1
@@ -814,7 +1012,7 @@ mod tests {
         f1.send(Err("identity provider down".into())).unwrap();
         assert_eq!(generation(poll(&mut a)), Some(0), "A fails");
         let f2 = source.next_fetch();
-        let mut d = Box::pin(state.token(&source, Some(1)));
+        let mut d = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut d)), None);
         // C must not be handed t1 while F2 runs: it waits, then gets t2.
         assert_eq!(generation(poll(&mut c)), None, "t1 handed out during F2");
@@ -828,24 +1026,24 @@ mod tests {
     fn a_call_that_only_needs_a_token_falls_back_when_its_own_refresh_fails() {
         let (state, source) = (AuthState::new(), Controlled::default());
         source.next_fetch().send(token("Bearer t1")).unwrap();
-        futures::executor::block_on(state.token(&source, None)).unwrap();
+        futures::executor::block_on(state.token(&source, None, &origin)).unwrap();
         // A replay for t1 waits on a refresh that the test lets fail; meanwhile a
         // new call finds t1 rejected and waits too. Both are woken by the failure:
         // the replay fails, the new call sends t1.
         let f1 = source.next_fetch();
-        let mut replay = Box::pin(state.token(&source, Some(1)));
+        let mut replay = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut replay)), None);
-        let mut fresh = Box::pin(state.token(&source, None));
+        let mut fresh = Box::pin(state.token(&source, None, &origin));
         assert_eq!(generation(poll(&mut fresh)), None);
         f1.send(Err("down".into())).unwrap();
         assert_eq!(generation(poll(&mut replay)), Some(0));
         assert_eq!(generation(poll(&mut fresh)), Some(1));
         // A fetch for a new call (t1 rejected again) that fails hands out t1 too.
         let f2 = source.next_fetch();
-        let mut second_replay = Box::pin(state.token(&source, Some(1)));
+        let mut second_replay = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut second_replay)), None);
         drop(second_replay); // abandons F2's fetch: the flag is cleared
-        let mut fetcher = Box::pin(state.token(&source, None));
+        let mut fetcher = Box::pin(state.token(&source, None, &origin));
         // t1 is still rejected (the abandoned refresh did not end it): fetch F3.
         let f3 = source.next_fetch();
         assert_eq!(generation(poll(&mut fetcher)), None);
@@ -861,22 +1059,25 @@ mod tests {
     fn a_waiter_whose_refresh_failed_sends_the_cached_token_after_an_abandoned_refresh() {
         let (state, source) = (AuthState::new(), Controlled::default());
         source.next_fetch().send(token("Bearer t1")).unwrap();
-        futures::executor::block_on(state.token(&source, None)).unwrap();
+        futures::executor::block_on(state.token(&source, None, &origin)).unwrap();
         // A's 401 for t1 starts F1; C, a new call, waits for it.
         let f1 = source.next_fetch();
-        let mut a = Box::pin(state.token(&source, Some(1)));
+        let mut a = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut a)), None);
-        let mut c = Box::pin(state.token(&source, None));
+        let mut c = Box::pin(state.token(&source, None, &origin));
         assert_eq!(generation(poll(&mut c)), None);
         // F1 fails. Before C runs again, D's 401 for t1 starts F2 and D is dropped:
         // t1 stays rejected and no refresh runs.
         f1.send(Err("identity provider down".into())).unwrap();
         assert_eq!(generation(poll(&mut a)), Some(0), "A shares the failure");
         let _f2 = source.next_fetch();
-        let mut d = Box::pin(state.token(&source, Some(1)));
+        let mut d = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut d)), None);
         drop(d);
-        assert!(state.current(None).is_none(), "t1 is still rejected");
+        assert!(
+            state.current(None, Instant::ORIGIN).is_none(),
+            "t1 is still rejected"
+        );
         assert_eq!(generation(poll(&mut c)), Some(1), "C sends the cached t1");
         assert_eq!(state.fetches(), 3, "C started no fetch of its own");
     }
@@ -887,16 +1088,16 @@ mod tests {
     fn a_waiter_on_an_abandoned_fetch_takes_over_instead_of_sharing_an_older_error() {
         let (state, source) = (AuthState::new(), Controlled::default());
         source.next_fetch().send(token("Bearer t1")).unwrap();
-        futures::executor::block_on(state.token(&source, None)).unwrap();
+        futures::executor::block_on(state.token(&source, None, &origin)).unwrap();
         // Refresh F2 for t1 fails.
         source.next_fetch().send(Err("down".into())).unwrap();
-        let failed = futures::executor::block_on(state.token(&source, Some(1)));
+        let failed = futures::executor::block_on(state.token(&source, Some(1), &origin));
         assert!(failed.is_err());
         // Y's 401 for t1 starts F3; R's 401 for t1 waits on it; Y is dropped.
         let _f3 = source.next_fetch();
-        let mut y = Box::pin(state.token(&source, Some(1)));
+        let mut y = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut y)), None);
-        let mut r = Box::pin(state.token(&source, Some(1)));
+        let mut r = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut r)), None);
         let f4 = source.next_fetch();
         drop(y);
@@ -913,16 +1114,16 @@ mod tests {
     fn a_replay_shares_the_failure_of_the_refresh_it_waited_for() {
         let (state, source) = (AuthState::new(), Controlled::default());
         source.next_fetch().send(token("Bearer t1")).unwrap();
-        futures::executor::block_on(state.token(&source, None)).unwrap();
+        futures::executor::block_on(state.token(&source, None, &origin)).unwrap();
         let f2 = source.next_fetch();
-        let mut x = Box::pin(state.token(&source, Some(1)));
+        let mut x = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut x)), None);
-        let mut r = Box::pin(state.token(&source, Some(1)));
+        let mut r = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut r)), None);
         f2.send(Err("down".into())).unwrap();
         assert_eq!(generation(poll(&mut x)), Some(0));
         let _f3 = source.next_fetch();
-        let mut d = Box::pin(state.token(&source, Some(1)));
+        let mut d = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut d)), None);
         assert_eq!(
             generation(poll(&mut r)),
@@ -937,25 +1138,25 @@ mod tests {
     fn a_late_401_for_an_older_token_does_not_unreject_the_current_one() {
         let (state, source) = (AuthState::new(), Controlled::default());
         source.next_fetch().send(token("Bearer t1")).unwrap();
-        futures::executor::block_on(state.token(&source, None)).unwrap();
+        futures::executor::block_on(state.token(&source, None, &origin)).unwrap();
         source.next_fetch().send(token("Bearer t2")).unwrap();
-        let t2 = futures::executor::block_on(state.token(&source, Some(1))).unwrap();
+        let t2 = futures::executor::block_on(state.token(&source, Some(1), &origin)).unwrap();
         assert_eq!(t2.generation, 2);
         // Y's 401 for t2 starts F3.
         let f3 = source.next_fetch();
-        let mut y = Box::pin(state.token(&source, Some(2)));
+        let mut y = Box::pin(state.token(&source, Some(2), &origin));
         assert_eq!(generation(poll(&mut y)), None);
         // Z's 401 arrives late for t1: it waits too.
-        let mut z = Box::pin(state.token(&source, Some(1)));
+        let mut z = Box::pin(state.token(&source, Some(1), &origin));
         assert_eq!(generation(poll(&mut z)), None);
         // A new call must not get the rejected t2 while F3 runs.
-        let mut n = Box::pin(state.token(&source, None));
+        let mut n = Box::pin(state.token(&source, None, &origin));
         assert_eq!(
             generation(poll(&mut n)),
             None,
             "t2 handed out during its refresh"
         );
-        assert!(state.current(None).is_none());
+        assert!(state.current(None, Instant::ORIGIN).is_none());
         f3.send(token("Bearer t3")).unwrap();
         assert_eq!(generation(poll(&mut y)), Some(3));
         assert_eq!(generation(poll(&mut z)), Some(3));
@@ -968,27 +1169,45 @@ mod tests {
         /// t1 under `authorization`, then t2, t3, ... under `x-api-key`.
         struct Renaming(AtomicU32);
         impl TokenSource for Renaming {
-            fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+            fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>> {
                 let n = self.0.fetch_add(1, SeqCst) + 1;
                 let name = if n == 1 {
                     http::header::AUTHORIZATION
                 } else {
                     HeaderName::from_static("x-api-key")
                 };
-                std::future::ready(Ok((name, HeaderValue::from_str(&format!("t{n}")).unwrap())))
+                let value = HeaderValue::from_str(&format!("t{n}")).unwrap();
+                std::future::ready(Ok(AuthToken::new(name, value)))
             }
         }
         let state = AuthState::new();
         let source = Renaming(AtomicU32::new(0));
         let block = futures::executor::block_on;
-        assert_eq!(block(state.token(&source, None)).unwrap().generation, 1);
+        assert_eq!(
+            block(state.token(&source, None, &origin))
+                .unwrap()
+                .generation,
+            1
+        );
         // A 401 for t1 brings t2 under a new name (renamed at generation 2).
-        assert_eq!(block(state.token(&source, Some(1))).unwrap().generation, 2);
+        assert_eq!(
+            block(state.token(&source, Some(1), &origin))
+                .unwrap()
+                .generation,
+            2
+        );
         // A request built with t2 waits; a 401 elsewhere brings t3, same name as t2.
-        assert_eq!(block(state.token(&source, Some(2))).unwrap().generation, 3);
-        let newer = state.newer_under_same_name(2).expect("t3 can replace t2");
+        assert_eq!(
+            block(state.token(&source, Some(2), &origin))
+                .unwrap()
+                .generation,
+            3
+        );
+        let newer = state
+            .newer_under_same_name(2, Instant::ORIGIN)
+            .expect("t3 can replace t2");
         assert_eq!(newer.generation, 3);
         // A request built with t1 cannot take it (it would carry both headers).
-        assert!(state.newer_under_same_name(1).is_none());
+        assert!(state.newer_under_same_name(1, Instant::ORIGIN).is_none());
     }
 }

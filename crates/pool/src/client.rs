@@ -574,7 +574,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         }
         shared
             .auth_state
-            .refresh(&shared.auth)
+            .refresh(&shared.auth, &|| shared.runtime.now())
             .await
             .map_err(SharedAuthError)
     }

@@ -72,7 +72,7 @@
 //! | [`breaker`] | [`CircuitBreaker`](breaker::CircuitBreaker) with probe epochs and a manual reset |
 //! | [`rate`] | the token bucket |
 //! | [`concurrency`] | the fair permit limiter behind `max_parallel` |
-//! | [`auth`] | [`TokenSource`] (and [`SendTokenSource`](auth::SendTokenSource)), [`NoAuth`] |
+//! | [`auth`] | [`TokenSource`] (and [`SendTokenSource`](auth::SendTokenSource)), [`AuthToken`] (a token and its lifetime), [`NoAuth`] |
 //! | [`health`] | [`HealthObserver`](health::HealthObserver): per-API figures for a dashboard |
 #![cfg_attr(
     feature = "tracing",
@@ -114,7 +114,7 @@ pub mod time;
 pub mod tracing_observer;
 pub mod transport;
 
-pub use auth::{AuthError, NoAuth, TokenSource};
+pub use auth::{AuthError, AuthToken, NoAuth, TokenSource};
 pub use breaker::BreakerState;
 pub use builder::ClientBuilder;
 pub use client::{CallFuture, Report, ResilientClient};

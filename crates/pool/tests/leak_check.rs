@@ -47,9 +47,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http::HeaderValue;
 use http::header::AUTHORIZATION;
-use http::{HeaderName, HeaderValue};
-use vantage_api_pool::auth::AuthError;
+use vantage_api_pool::auth::{AuthError, AuthToken};
 use vantage_api_pool::{
     BreakerMode, BreakerState, CallPolicy, EventKind, Instant, Jitter, ResilientClient, RetryMode,
     RetryPolicy, TokenSource, TransportErrorKind, TransportEvent, TransportObserver,
@@ -246,7 +246,7 @@ impl Drop for Fetching {
 }
 
 impl TokenSource for Source {
-    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+    fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>> {
         let (tokens, rt) = (self.tokens.clone(), self.rt.clone());
         async move {
             FETCHER.with(|f| f.set(current()));
@@ -259,7 +259,7 @@ impl TokenSource for Source {
             fetching.done = true;
             let n = tokens.current.load(Ordering::Relaxed);
             let value = HeaderValue::from_str(&format!("t{n}")).expect("ascii");
-            Ok((AUTHORIZATION, value))
+            Ok(AuthToken::new(AUTHORIZATION, value))
         }
     }
 }

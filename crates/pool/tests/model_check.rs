@@ -38,7 +38,7 @@ use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use shuttle::sync::Mutex;
 use shuttle::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use shuttle::{Config, Runner};
-use vantage_api_pool::auth::AuthError;
+use vantage_api_pool::auth::{AuthError, AuthToken};
 use vantage_api_pool::breaker::{
     BreakerConfig, CircuitBreaker, Gate, PROBE_RECHECK, ProbeGuard, Transition,
 };
@@ -909,7 +909,7 @@ impl Drop for Running {
 struct ModelSource(Arc<FetchStats>, bool);
 
 impl TokenSource for ModelSource {
-    fn fetch(&self) -> impl Future<Output = Result<(HeaderName, HeaderValue), AuthError>> {
+    fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>> {
         let (stats, fail_refreshes) = (self.0.clone(), self.1);
         async move {
             stats.started.fetch_add(1, SeqCst);
@@ -928,7 +928,7 @@ impl TokenSource for ModelSource {
                 return Err(AuthError::from("identity provider down"));
             }
             let value = HeaderValue::from_str(&format!("t{n}")).unwrap();
-            Ok((AUTHORIZATION, value))
+            Ok(AuthToken::new(AUTHORIZATION, value))
         }
     }
 }

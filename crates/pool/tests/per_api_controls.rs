@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::*;
 use futures::FutureExt;
 use http::{HeaderValue, StatusCode, header::AUTHORIZATION};
-use vantage_api_pool::auth::{AuthError, SharedAuthError, token_fn};
+use vantage_api_pool::auth::{AuthError, AuthToken, SharedAuthError, token_fn};
 use vantage_api_pool::{
     BreakerMode, BreakerState, CallPolicy, ErrorKind, EventKind, ResilientClient, RetryMode,
     TimeLimit, TransportErrorKind, TransportEvent, TransportObserver,
@@ -845,6 +845,202 @@ fn t1_then_failing_tokens(fetches: &Arc<AtomicU32>) -> impl vantage_api_pool::To
             }
         }
     })
+}
+
+/// A token source whose n-th fetch gives `Bearer t{n}`, valid for `lifetime`, after
+/// `delay`; from fetch `fails_from` on (if given), fetches fail ("identity provider
+/// down") instead.
+fn expiring_tokens(
+    rt: &VirtualRuntime,
+    fetches: &Arc<AtomicU32>,
+    delay: Duration,
+    lifetime: Duration,
+    fails_from: Option<u32>,
+) -> impl vantage_api_pool::TokenSource + use<> {
+    let rt = rt.clone();
+    let fetches = Arc::clone(fetches);
+    token_fn(move || {
+        let rt = rt.clone();
+        let n = fetches.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            rt.sleep(delay).await;
+            if fails_from.is_some_and(|first| n >= first) {
+                return Err(AuthError::from("identity provider down"));
+            }
+            Ok(AuthToken::bearer(&format!("t{n}"))?.expires_in(lifetime))
+        }
+    })
+}
+
+/// Every request sent: when, to which path, with which token.
+fn sent_tokens(w: &World) -> Vec<(Duration, String, String)> {
+    w.transport
+        .requests()
+        .iter()
+        .map(|r| {
+            let token = r
+                .headers
+                .get(AUTHORIZATION)
+                .map_or("", |v| v.to_str().unwrap());
+            (r.at.since_origin(), r.path.to_string(), token.to_owned())
+        })
+        .collect()
+}
+
+fn sent(at: Duration, path: &str, token: &str) -> (Duration, String, String) {
+    (at, path.to_owned(), format!("Bearer {token}"))
+}
+
+#[test]
+fn a_token_with_a_lifetime_is_renewed_ahead_by_one_call_while_the_others_send_it() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let source = expiring_tokens(&w.rt, &fetches, secs(1), secs(60), None);
+    let client = w.builder().auth(source).build().unwrap();
+    let get = |path: &'static str| w.spawn_call(&client, CallPolicy::background(), path);
+    // t1, fetched from 0 s to 1 s: renewed from 30 s (a minute's lifetime, so half
+    // of it ahead), expired from 60 s.
+    let first = get("/a");
+    w.rt.run_until(at(secs(29))).unwrap();
+    let before = get("/b");
+    w.rt.run_until(at(secs(31))).unwrap();
+    // Due: this call renews it, and waits for t2 (31 s to 32 s) ...
+    let renewing = get("/c");
+    w.rt.run_until(at(ms(31_500))).unwrap();
+    // ... while this one sends t1 at once.
+    let meanwhile = get("/d");
+    w.rt.run_until(at(secs(40))).unwrap();
+    for call in [first, before, renewing, meanwhile] {
+        assert!(call.is_finished());
+    }
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    // t2 (renewed from 61 s, expired from 91 s) is not used before 95 s: expired,
+    // so that call waits for t3, and t2 never goes out after 91 s.
+    w.rt.run_until(at(secs(95))).unwrap();
+    w.rt.block_on(client.execute(|h| h.get("/e")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        sent_tokens(&w),
+        [
+            sent(secs(1), "/a", "t1"),
+            sent(secs(29), "/b", "t1"),
+            sent(ms(31_500), "/d", "t1"),
+            sent(secs(32), "/c", "t2"),
+            sent(secs(96), "/e", "t3"),
+        ]
+    );
+    assert_eq!(client.token_fetches(), 3);
+    w.assert_contract();
+}
+
+#[test]
+fn a_failed_renewal_sends_the_token_still_valid_and_an_expired_token_is_never_sent() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let source = expiring_tokens(&w.rt, &fetches, ms(100), secs(60), Some(2));
+    let client = w.builder().auth(source).build().unwrap();
+    let get = |path: &'static str| {
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get(path)))
+            .unwrap()
+    };
+    get("/a").unwrap();
+    // Due at 30 s: each call that looks tries to renew it, fails, and sends t1.
+    w.rt.run_until(at(secs(31))).unwrap();
+    get("/b").unwrap();
+    get("/c").unwrap();
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    // Expired from 60 s: the renewal fails and the call ends, nothing sent.
+    w.rt.run_until(at(secs(60))).unwrap();
+    let err = get("/d").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Auth);
+    assert!(err.nothing_sent());
+    assert_eq!(
+        err.auth_error().map(ToString::to_string).as_deref(),
+        Some("identity provider down")
+    );
+    assert_eq!(
+        sent_tokens(&w),
+        [
+            sent(ms(100), "/a", "t1"),
+            sent(ms(31_100), "/b", "t1"),
+            sent(ms(31_200), "/c", "t1"),
+        ]
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn a_replay_that_finds_the_newer_token_due_renews_it_and_keeps_it_if_that_fails() {
+    // A sends t1 at 0 s, answered 401 at 70 s. B renews t1 at 31 s (t2: due from
+    // 61 s, expired from 91 s). A's replay at 70 s finds t2 due, renews it, the
+    // fetch fails, and A replays with t2, which is still valid.
+    let w = World::new();
+    w.transport.respond_with(|req, _| {
+        let token = req.headers().get(AUTHORIZATION).unwrap();
+        if req.path() == "/a" && token == "Bearer t1" {
+            Reply::status(401).after(secs(70))
+        } else {
+            Reply::ok()
+        }
+    });
+    let fetches = Arc::new(AtomicU32::new(0));
+    let source = expiring_tokens(&w.rt, &fetches, Duration::ZERO, secs(60), Some(3));
+    let client = w.builder().auth(source).build().unwrap();
+    let patient = CallPolicy::background()
+        .with_attempt_timeout(secs(120))
+        .unwrap();
+    let a = w.spawn_call(&client, patient, "/a");
+    w.rt.run_until(at(secs(31))).unwrap();
+    let b = w.spawn_call(&client, CallPolicy::background(), "/b");
+    w.rt.run_until(at(secs(80))).unwrap();
+    assert!(b.is_finished());
+    w.rt.block_on(a).unwrap().unwrap();
+    // The replay's renewal failed, and so did the gate's, which looked again before
+    // the send: every look at a due token with no fetch running tries once.
+    assert_eq!(fetches.load(Ordering::SeqCst), 4);
+    assert_eq!(
+        sent_tokens(&w),
+        [
+            sent(secs(0), "/a", "t1"),
+            sent(secs(31), "/b", "t2"),
+            sent(secs(70), "/a", "t2"),
+        ]
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn a_request_whose_token_expires_while_it_waits_for_a_permit_takes_a_new_one() {
+    let w = World::new();
+    w.transport.respond_with(|req, _| {
+        if req.path() == "/slow" {
+            Reply::ok().after(secs(60))
+        } else {
+            Reply::ok()
+        }
+    });
+    let fetches = Arc::new(AtomicU32::new(0));
+    let source = expiring_tokens(&w.rt, &fetches, secs(1), secs(60), None);
+    let client = w.builder().max_parallel(1).auth(source).build().unwrap();
+    // The slow call holds the only permit from 1 s to 61 s. The other is built at
+    // 20 s with t1 (not due yet) and waits for the permit past t1's expiry (60 s):
+    // it fetches t2 (61 s to 62 s) and goes out with it.
+    let patient = CallPolicy::background()
+        .with_attempt_timeout(secs(120))
+        .unwrap();
+    let slow = w.spawn_call(&client, patient, "/slow");
+    w.rt.run_until(at(secs(20))).unwrap();
+    let waiting = w.spawn_call(&client, CallPolicy::background(), "/x");
+    w.rt.run_until(at(secs(70))).unwrap();
+    assert!(slow.is_finished() && waiting.is_finished());
+    assert_eq!(
+        sent_tokens(&w),
+        [sent(secs(1), "/slow", "t1"), sent(secs(62), "/x", "t2")]
+    );
+    w.assert_contract();
 }
 
 /// The builder the tests start from.
