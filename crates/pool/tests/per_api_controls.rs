@@ -847,29 +847,42 @@ fn t1_then_failing_tokens(fetches: &Arc<AtomicU32>) -> impl vantage_api_pool::To
     })
 }
 
-/// A token source whose n-th fetch gives `Bearer t{n}`, valid for `lifetime`, after
-/// `delay`; from fetch `fails_from` on (if given), fetches fail ("identity provider
-/// down") instead.
-fn expiring_tokens(
-    rt: &VirtualRuntime,
-    fetches: &Arc<AtomicU32>,
+/// A client over `w` (`customize` applied to its builder) whose token source's n-th
+/// fetch gives `Bearer t{n}`, valid for a minute, after `delay`; from fetch
+/// `fails_from` on (if given), fetches fail ("identity provider down") instead.
+/// Returns it with the fetch counter.
+fn with_expiring_tokens<F: FnOnce(Builder) -> Builder>(
+    w: &World,
     delay: Duration,
-    lifetime: Duration,
     fails_from: Option<u32>,
-) -> impl vantage_api_pool::TokenSource + use<> {
-    let rt = rt.clone();
-    let fetches = Arc::clone(fetches);
-    token_fn(move || {
+    customize: F,
+) -> (
+    Client<impl vantage_api_pool::TokenSource + use<F>>,
+    Arc<AtomicU32>,
+) {
+    let rt = w.rt.clone();
+    let fetches = Arc::new(AtomicU32::new(0));
+    let counter = Arc::clone(&fetches);
+    let source = token_fn(move || {
         let rt = rt.clone();
-        let n = fetches.fetch_add(1, Ordering::SeqCst) + 1;
+        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
         async move {
             rt.sleep(delay).await;
             if fails_from.is_some_and(|first| n >= first) {
                 return Err(AuthError::from("identity provider down"));
             }
-            Ok(AuthToken::bearer(&format!("t{n}"))?.expires_in(lifetime))
+            Ok(AuthToken::bearer(&format!("t{n}"))?.expires_in(secs(60)))
         }
-    })
+    });
+    let client = customize(w.builder()).auth(source).build().unwrap();
+    (client, fetches)
+}
+
+/// A policy whose sends may take two minutes.
+fn patient() -> CallPolicy {
+    CallPolicy::background()
+        .with_attempt_timeout(secs(120))
+        .unwrap()
 }
 
 /// Every request sent: when, to which path, with which token.
@@ -895,9 +908,7 @@ fn sent(at: Duration, path: &str, token: &str) -> (Duration, String, String) {
 fn a_token_with_a_lifetime_is_renewed_ahead_by_one_call_while_the_others_send_it() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
-    let fetches = Arc::new(AtomicU32::new(0));
-    let source = expiring_tokens(&w.rt, &fetches, secs(1), secs(60), None);
-    let client = w.builder().auth(source).build().unwrap();
+    let (client, fetches) = with_expiring_tokens(&w, secs(1), None, |b| b);
     let get = |path: &'static str| w.spawn_call(&client, CallPolicy::background(), path);
     // t1, fetched from 0 s to 1 s: renewed from 30 s (a minute's lifetime, so half
     // of it ahead), expired from 60 s.
@@ -939,9 +950,7 @@ fn a_token_with_a_lifetime_is_renewed_ahead_by_one_call_while_the_others_send_it
 fn a_failed_renewal_sends_the_token_still_valid_and_an_expired_token_is_never_sent() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
-    let fetches = Arc::new(AtomicU32::new(0));
-    let source = expiring_tokens(&w.rt, &fetches, ms(100), secs(60), Some(2));
-    let client = w.builder().auth(source).build().unwrap();
+    let (client, fetches) = with_expiring_tokens(&w, ms(100), Some(2), |b| b);
     let get = |path: &'static str| {
         w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get(path)))
             .unwrap()
@@ -986,13 +995,8 @@ fn a_replay_that_finds_the_newer_token_due_renews_it_and_keeps_it_if_that_fails(
             Reply::ok()
         }
     });
-    let fetches = Arc::new(AtomicU32::new(0));
-    let source = expiring_tokens(&w.rt, &fetches, Duration::ZERO, secs(60), Some(3));
-    let client = w.builder().auth(source).build().unwrap();
-    let patient = CallPolicy::background()
-        .with_attempt_timeout(secs(120))
-        .unwrap();
-    let a = w.spawn_call(&client, patient, "/a");
+    let (client, fetches) = with_expiring_tokens(&w, Duration::ZERO, Some(3), |b| b);
+    let a = w.spawn_call(&client, patient(), "/a");
     w.rt.run_until(at(secs(31))).unwrap();
     let b = w.spawn_call(&client, CallPolicy::background(), "/b");
     w.rt.run_until(at(secs(80))).unwrap();
@@ -1022,16 +1026,11 @@ fn a_request_whose_token_expires_while_it_waits_for_a_permit_takes_a_new_one() {
             Reply::ok()
         }
     });
-    let fetches = Arc::new(AtomicU32::new(0));
-    let source = expiring_tokens(&w.rt, &fetches, secs(1), secs(60), None);
-    let client = w.builder().max_parallel(1).auth(source).build().unwrap();
+    let (client, _) = with_expiring_tokens(&w, secs(1), None, |b| b.max_parallel(1));
     // The slow call holds the only permit from 1 s to 61 s. The other is built at
     // 20 s with t1 (not due yet) and waits for the permit past t1's expiry (60 s):
     // it fetches t2 (61 s to 62 s) and goes out with it.
-    let patient = CallPolicy::background()
-        .with_attempt_timeout(secs(120))
-        .unwrap();
-    let slow = w.spawn_call(&client, patient, "/slow");
+    let slow = w.spawn_call(&client, patient(), "/slow");
     w.rt.run_until(at(secs(20))).unwrap();
     let waiting = w.spawn_call(&client, CallPolicy::background(), "/x");
     w.rt.run_until(at(secs(70))).unwrap();
