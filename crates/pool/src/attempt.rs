@@ -39,6 +39,27 @@ use crate::transport::{
     PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse,
 };
 
+/// The auth token a request carries: its generation, and when it expires
+/// ([`Instant::FAR_FUTURE`] for a token without a lifetime).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    generation: u64,
+    expires_at: Instant,
+}
+
+impl Held {
+    fn of(token: &Token) -> Self {
+        Held {
+            generation: token.generation,
+            expires_at: token.expires_at.unwrap_or(Instant::FAR_FUTURE),
+        }
+    }
+
+    fn expired(self, now: Instant) -> bool {
+        now >= self.expires_at
+    }
+}
+
 /// What the gate hands to `send_once`.
 struct Ticket<'c> {
     /// The probe slot, when this send is the half-open probe.
@@ -77,8 +98,8 @@ pub(crate) struct Call<'c, T, R, A, P> {
     redialing: bool,
     /// Whether the call already replayed after a 401.
     replayed: bool,
-    /// The token generation of the last send's auth header.
-    token_generation: Option<u64>,
+    /// The auth token of the last send's request.
+    token: Option<Held>,
     /// Whether the call reached the gate yet (the first visit turns the policy's
     /// budget into `deadline`).
     gate_reached: bool,
@@ -288,7 +309,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             reached: false,
             redialing: false,
             replayed: false,
-            token_generation: None,
+            token: None,
             gate_reached: false,
             deadline: None,
             admission_waited: false,
@@ -574,7 +595,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         mut request: T::Request,
         mut now: Instant,
         probe: &mut Option<ProbeGuard<'c>>,
-    ) -> Result<Option<(Permit<'c>, T::Request, Option<u64>, Instant)>, ClientError> {
+    ) -> Result<Option<(Permit<'c>, T::Request, Option<Held>, Instant)>, ClientError> {
         let client = self.client;
         let permit = match held {
             Some(permit) => permit,
@@ -600,7 +621,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // on it; and before the rate token, which stays the last wait. A refresh
         // that fails lowers the rejection, and the request keeps its own token, as
         // the gate would hand it out.
-        if self.rejected(self.newer_token(&mut request, now), now) {
+        if self.refused(self.newer_token(&mut request, now), now) {
             Box::pin(self.fetch_token(None)).await?;
             now = self.now();
             if !self.still_allowed(probe, now) {
@@ -619,18 +640,35 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // cannot drop its old one), or a 401 rejected the token during the rate
         // wait. Through the gate again, with a fresh request; the rate token is not
         // refunded, as for a send the breaker turns back.
-        let generation = self.newer_token(&mut request, now);
-        if self.rejected(generation, now) {
+        let mut held = self.newer_token(&mut request, now);
+        // Expired during the rate wait (a token that lives less than the wait): a new
+        // one now, holding the permit and the rate token, rather than spend another
+        // rate token going back through the gate (which a lifetime shorter than
+        // every rate wait would do for ever). A fetched token is valid when it lands.
+        if held.is_some_and(|h| h.expired(now) && !self.rejected(h)) {
+            Box::pin(self.fetch_token(None)).await?;
+            now = self.now();
+            if !self.still_allowed(probe, now) {
+                return Ok(None);
+            }
+            held = self.newer_token(&mut request, now);
+        }
+        if self.refused(held, now) {
             return Ok(None);
         }
-        Ok(Some((permit, request, generation, now)))
+        Ok(Some((permit, request, held, now)))
     }
 
-    /// Whether the token of `generation` (a request's, after
-    /// [`newer_token`](Self::newer_token)) is one a 401 rejected, with the refresh it
-    /// asked for running or done.
-    fn rejected(&self, generation: Option<u64>, now: Instant) -> bool {
-        generation.is_some_and(|generation| self.client.auth_state.rejected(generation, now))
+    /// Whether a request's token (after [`newer_token`](Self::newer_token)) must not
+    /// go out: a 401 rejected it (with the refresh it asked for running or done), or
+    /// it has expired by `now`.
+    fn refused(&self, held: Option<Held>, now: Instant) -> bool {
+        held.is_some_and(|held| self.rejected(held) || held.expired(now))
+    }
+
+    /// Whether a 401 rejected `held`, with the refresh it asked for running or done.
+    fn rejected(&self, held: Held) -> bool {
+        self.client.auth_state.rejected(held.generation)
     }
 
     /// Asks the breaker again after a wait, since it may have changed meanwhile. A
@@ -674,12 +712,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// name (a request cannot drop a header, so a token under another name would go
     /// out beside the old one, and overwrite a header of that name the request set).
     /// Returns the generation of the token the request now carries.
-    fn newer_token(&self, request: &mut T::Request, now: Instant) -> Option<u64> {
-        let held = self.token_generation?;
-        match self.client.auth_state.newer_under_same_name(held, now) {
+    fn newer_token(&self, request: &mut T::Request, now: Instant) -> Option<Held> {
+        let held = self.token?;
+        match self
+            .client
+            .auth_state
+            .newer_under_same_name(held.generation, now)
+        {
             Some(newer) => {
+                let held = Held::of(&newer);
                 request.set_header(newer.name, newer.value);
-                Some(newer.generation)
+                Some(held)
             }
             None => Some(held),
         }
@@ -771,10 +814,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             let permit = match client.limiter.try_acquire() {
                 Some(permit) if self.rate_token_now(now) => permit,
                 held => match Box::pin(self.wait_to_send(held, request, now, &mut probe)).await {
-                    Ok(Some((permit, waited, generation, after))) => {
+                    Ok(Some((permit, waited, held, after))) => {
                         request = waited;
                         now = after;
-                        self.token_generation = generation;
+                        self.token = held;
                         permit
                     }
                     Ok(None) => continue,
@@ -908,7 +951,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             match self.record_failure(sent, guard, ended, ms, idempotent) {
                 Next::Return(error) => return Err(error),
                 Next::Replay => {
-                    if let Err(error) = self.auth_token(self.token_generation).await {
+                    let stale = self.token.map(|held| held.generation);
+                    if let Err(error) = self.auth_token(stale).await {
                         return Err(self.refuse(error));
                     }
                 }
@@ -959,9 +1003,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         {
             request.set_header(name.clone(), HeaderValue::from(self.retries));
         }
-        self.token_generation = token.map(|t| {
+        self.token = token.map(|t| {
+            let held = Held::of(&t);
             request.set_header(t.name, t.value);
-            t.generation
+            held
         });
         Ok((request, idempotent))
     }

@@ -86,6 +86,10 @@ fn checked(token: AuthToken) -> Result<AuthToken, AuthError> {
 /// while the others go on sending it: one minute.
 pub const REFRESH_AHEAD: Duration = Duration::from_secs(60);
 
+/// After a failed renewal the next is due halfway to the token's expiry, unless less
+/// than this is left: then none before it expires.
+const RENEW_RETRY_FLOOR: Duration = Duration::from_secs(2);
+
 /// A token as a [`TokenSource`] gives it: the header to apply to every send, and how
 /// long it stays valid, when the source knows (an OAuth token response's
 /// `expires_in`, say).
@@ -94,11 +98,20 @@ pub const REFRESH_AHEAD: Duration = Duration::from_secs(60);
 /// token before it expires: once what is left is at most [`REFRESH_AHEAD`] (or half
 /// the lifetime, if less), the first call to look fetches a new token and waits for
 /// it (sending the current one if that fetch fails), while other calls go on sending
-/// the current one. From its expiry on, a token is never sent: calls wait for a
-/// fetch, as for the first token, and a fetch that fails then ends them with
-/// [`ErrorKind::Auth`](crate::ErrorKind::Auth). To renew earlier (a server whose
-/// clock runs ahead), give a shorter lifetime. Without one, a token is used until
-/// the API answers 401.
+/// the current one. After a failed renewal the next is tried halfway to the expiry
+/// (none in the last 2 s), so a provider that is down is not asked once per call.
+/// That call's wait counts toward its budget like any token wait: a source slower
+/// than a call's budget ends that call `TimedOut`, old token or not, so give the
+/// source a timeout shorter than the budgets.
+///
+/// From its expiry on, a token is never sent: calls wait for a fetch, as for the
+/// first token, and a fetch that fails then ends them with
+/// [`ErrorKind::Auth`](crate::ErrorKind::Auth); a request built with it that waited
+/// for a permit or a rate token past the expiry takes a new one first. A token whose
+/// lifetime ran out before its fetch ended (a lifetime of zero, or shorter than the
+/// fetch took) counts as a failed fetch. To renew earlier (a server whose clock runs
+/// ahead), give a shorter lifetime. Without one, a token is used until the API
+/// answers 401.
 ///
 /// A `(HeaderName, HeaderValue)` pair converts into a token without a lifetime.
 ///
@@ -413,7 +426,7 @@ pub(crate) struct Token {
     /// From then on the next caller to look renews it (see [`REFRESH_AHEAD`]).
     renew_at: Option<Instant>,
     /// From then on it is never handed out.
-    expires_at: Option<Instant>,
+    pub(crate) expires_at: Option<Instant>,
 }
 
 impl Token {
@@ -545,16 +558,10 @@ impl AuthState {
     }
 
     /// Whether a 401 rejected generation `held` (or a newer one) and the refresh it
-    /// asked for has not failed, or `held` is the current token and it has expired by
-    /// `now`: the gate hands such a token to nobody now, so a request that carries
-    /// one must not go out with it either.
-    pub(crate) fn rejected(&self, held: u64, now: Instant) -> bool {
-        let inner = self.lock();
-        inner.rejected >= held
-            || inner
-                .token
-                .as_ref()
-                .is_some_and(|t| t.generation == held && t.expired(now))
+    /// asked for has not failed: the gate hands a token of `held` or older to nobody
+    /// now, so a request that carries one must not go out with it either.
+    pub(crate) fn rejected(&self, held: u64) -> bool {
+        self.lock().rejected >= held
     }
 
     /// The current token, fetching it first if there is none (or it has expired),
@@ -737,7 +744,16 @@ impl FetchGuard<'_> {
             let mut inner = self.state.lock();
             inner.fetching = false;
             inner.fetches_done += 1;
-            let outcome = match result.and_then(checked) {
+            // A lifetime that ran out before the fetch ended (zero, or shorter than
+            // the fetch took) gives a token nobody may send: a failed fetch.
+            let result = result.and_then(checked).and_then(|token| match token.lifetime {
+                Some(lifetime) if started.saturating_add(lifetime) <= now => Err(AuthError::from(
+                    "the token source's token expired before its fetch ended (its lifetime is \
+                     shorter than the fetch took)",
+                )),
+                _ => Ok(token),
+            });
+            let outcome = match result {
                 Ok(AuthToken {
                     name,
                     mut value,
@@ -767,6 +783,20 @@ impl FetchGuard<'_> {
                     // No newer token: a call that just needs one sends the cached one
                     // (it may be answered 401 again; its replay then asks again).
                     inner.rejected = 0;
+                    // A cached token due for renewal: the next try is due halfway to
+                    // its expiry (none in its last 2 s), not at the next call's look,
+                    // so an identity provider that is down is not asked once per call.
+                    if let Some(cached) = inner.token.as_mut()
+                        && cached.due(now)
+                        && let Some(expires_at) = cached.expires_at.filter(|&at| now < at)
+                    {
+                        let left = expires_at.saturating_duration_since(now);
+                        cached.renew_at = Some(if left >= RENEW_RETRY_FLOOR {
+                            now.saturating_add(left / 2)
+                        } else {
+                            expires_at
+                        });
+                    }
                     match &inner.token {
                         Some(cached) if fall_back && !cached.expired(now) => Ok(cached.clone()),
                         _ => Err(e),

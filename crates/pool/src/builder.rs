@@ -259,9 +259,10 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     }
 
     /// Fetches a token from `source` on first use, applies it to every send, and
-    /// refreshes it once per call on a 401 (single-flight across the client), or
-    /// when asked ([`ResilientClient::refresh_token`](crate::ResilientClient::refresh_token),
-    /// to refresh ahead of an expiry).
+    /// refreshes it once per call on a 401 (single-flight across the client), ahead
+    /// of its expiry when the source gives its lifetime
+    /// ([`AuthToken::expires_in`](crate::AuthToken::expires_in)), or when asked
+    /// ([`ResilientClient::refresh_token`](crate::ResilientClient::refresh_token)).
     ///
     /// A call's wait for a token counts toward its budget and ends with it
     /// (`TimedOut`); the attempt timeout does not apply (a fetch that one caller

@@ -509,11 +509,14 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     }
 
     /// Fetches a new token from the client's token source now, before the API
-    /// rejects the one in use: call it ahead of a token's expiry (from a timer task,
-    /// say) so that no call meets the 401 and its replay.
+    /// rejects the one in use: for a source that cannot tell its tokens' lifetime
+    /// (one that can gives it with [`AuthToken::expires_in`](crate::AuthToken::expires_in),
+    /// and the client renews ahead by itself), call it ahead of the expiry (from a
+    /// timer task, say) so that no call meets the 401 and its replay.
     ///
     /// The token in use stays in use while the fetch runs: a call that just needs a
-    /// token does not wait for it (one made before any token was fetched does).
+    /// token does not wait for it (one made before any token was fetched, or after
+    /// the token in use expired, does).
     /// Calls that start after it get the new token, and so do sends already built
     /// and waiting for a permit or a rate token, when the new token comes under the
     /// same header name. A fetch already running (the first, or a refresh a 401

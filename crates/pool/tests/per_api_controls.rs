@@ -860,6 +860,20 @@ fn with_expiring_tokens<F: FnOnce(Builder) -> Builder>(
     Client<impl vantage_api_pool::TokenSource + use<F>>,
     Arc<AtomicU32>,
 ) {
+    with_tokens_living(w, secs(60), delay, fails_from, customize)
+}
+
+/// [`with_expiring_tokens`], the tokens living `lifetime`.
+fn with_tokens_living<F: FnOnce(Builder) -> Builder>(
+    w: &World,
+    lifetime: Duration,
+    delay: Duration,
+    fails_from: Option<u32>,
+    customize: F,
+) -> (
+    Client<impl vantage_api_pool::TokenSource + use<F>>,
+    Arc<AtomicU32>,
+) {
     let rt = w.rt.clone();
     let fetches = Arc::new(AtomicU32::new(0));
     let counter = Arc::clone(&fetches);
@@ -871,7 +885,7 @@ fn with_expiring_tokens<F: FnOnce(Builder) -> Builder>(
             if fails_from.is_some_and(|first| n >= first) {
                 return Err(AuthError::from("identity provider down"));
             }
-            Ok(AuthToken::bearer(&format!("t{n}"))?.expires_in(secs(60)))
+            Ok(AuthToken::bearer(&format!("t{n}"))?.expires_in(lifetime))
         }
     });
     let client = customize(w.builder()).auth(source).build().unwrap();
@@ -956,14 +970,19 @@ fn a_failed_renewal_sends_the_token_still_valid_and_an_expired_token_is_never_se
             .unwrap()
     };
     get("/a").unwrap();
-    // Due at 30 s: each call that looks tries to renew it, fails, and sends t1.
+    // Due at 30 s: the call that looks renews it, fails, and sends t1. The next try
+    // is due halfway to the expiry (45.55 s), so the next call sends t1 at once.
     w.rt.run_until(at(secs(31))).unwrap();
     get("/b").unwrap();
     get("/c").unwrap();
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    // The second try fails at 46.1 s (the next would be at 53.05 s).
+    w.rt.run_until(at(secs(46))).unwrap();
+    get("/d").unwrap();
     assert_eq!(fetches.load(Ordering::SeqCst), 3);
-    // Expired from 60 s: the renewal fails and the call ends, nothing sent.
+    // Expired from 60 s: the fetch fails and the call ends, nothing sent.
     w.rt.run_until(at(secs(60))).unwrap();
-    let err = get("/d").unwrap_err();
+    let err = get("/e").unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Auth);
     assert!(err.nothing_sent());
     assert_eq!(
@@ -975,7 +994,8 @@ fn a_failed_renewal_sends_the_token_still_valid_and_an_expired_token_is_never_se
         [
             sent(ms(100), "/a", "t1"),
             sent(ms(31_100), "/b", "t1"),
-            sent(ms(31_200), "/c", "t1"),
+            sent(ms(31_100), "/c", "t1"),
+            sent(ms(46_100), "/d", "t1"),
         ]
     );
     w.assert_contract();
@@ -1002,9 +1022,9 @@ fn a_replay_that_finds_the_newer_token_due_renews_it_and_keeps_it_if_that_fails(
     w.rt.run_until(at(secs(80))).unwrap();
     assert!(b.is_finished());
     w.rt.block_on(a).unwrap().unwrap();
-    // The replay's renewal failed, and so did the gate's, which looked again before
-    // the send: every look at a due token with no fetch running tries once.
-    assert_eq!(fetches.load(Ordering::SeqCst), 4);
+    // The replay's renewal failed; the gate, looking again before the send, finds
+    // the next try not due yet.
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
     assert_eq!(
         sent_tokens(&w),
         [
@@ -1014,6 +1034,139 @@ fn a_replay_that_finds_the_newer_token_due_renews_it_and_keeps_it_if_that_fails(
         ]
     );
     w.assert_contract();
+}
+
+#[test]
+fn a_token_that_expires_before_its_fetch_ends_is_a_failed_fetch() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (client, _) = with_tokens_living(&w, secs(1), secs(2), None, |b| b);
+    let err = w.background_error(&client);
+    assert_eq!(err.kind(), ErrorKind::Auth);
+    assert!(err.nothing_sent());
+    assert!(
+        err.auth_error()
+            .unwrap()
+            .to_string()
+            .contains("expired before its fetch ended")
+    );
+    assert_eq!(w.transport.request_count(), 0);
+}
+
+#[test]
+fn a_token_that_lives_less_than_a_rate_wait_is_renewed_holding_the_permit() {
+    // t1 lives 500 ms; one send a second. B takes t1 at 0 s and waits for its rate
+    // token until 1 s, past t1's expiry: it fetches t2 there and sends it, rather
+    // than go back through the gate and spend another rate token, for ever.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (client, fetches) = with_tokens_living(&w, ms(500), Duration::ZERO, None, |b| {
+        b.rate_limit_with_burst(1.0, 1)
+    });
+    let a = w.spawn_call(&client, CallPolicy::background(), "/a");
+    let b = w.spawn_call(&client, CallPolicy::background(), "/b");
+    w.rt.run_until(at(secs(2))).unwrap();
+    assert!(a.is_finished() && b.is_finished());
+    assert_eq!(
+        sent_tokens(&w),
+        [sent(secs(0), "/a", "t1"), sent(secs(1), "/b", "t2")]
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn a_caller_that_waited_for_a_fetch_takes_its_token_even_when_it_is_due() {
+    // t1 lives 4 s and its fetch takes 3 s: it lands due (renewal from 2 s). The
+    // caller that waited for that fetch sends it, as the fetcher does, and does
+    // not renew it at once.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (client, fetches) = with_tokens_living(&w, secs(4), secs(3), None, |b| b);
+    let a = w.spawn_call(&client, CallPolicy::background(), "/a");
+    let b = w.spawn_call(&client, CallPolicy::background(), "/b");
+    w.rt.run_until(at(secs(10))).unwrap();
+    assert!(a.is_finished() && b.is_finished());
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        sent_tokens(&w),
+        [sent(secs(3), "/a", "t1"), sent(secs(3), "/b", "t1")]
+    );
+}
+
+#[test]
+fn after_the_expiry_callers_wait_for_the_fetch_and_share_its_failure() {
+    // t1 (fetched 0 s to 1 s) expires at 60 s. At 61 s A's fetch runs (it fails at
+    // 62 s); B, at 61.5 s, is not handed the expired t1 meanwhile, nor after the
+    // failure: both end as `Auth`, nothing sent.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (client, _) = with_expiring_tokens(&w, secs(1), Some(2), |b| b);
+    w.rt.block_on(client.execute(|h| h.get("/first")))
+        .unwrap()
+        .unwrap();
+    w.rt.run_until(at(secs(61))).unwrap();
+    let a = w.spawn_call(&client, CallPolicy::background(), "/a");
+    w.rt.run_until(at(ms(61_500))).unwrap();
+    let b = w.spawn_call(&client, CallPolicy::background(), "/b");
+    w.rt.run_until(at(secs(70))).unwrap();
+    for call in [a, b] {
+        let err = w.rt.block_on(call).unwrap().unwrap_err();
+        assert_eq!((err.kind(), err.nothing_sent()), (ErrorKind::Auth, true));
+    }
+    assert_eq!(sent_tokens(&w), [sent(secs(1), "/first", "t1")]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_queued_request_whose_expired_token_was_renewed_under_another_name_is_rebuilt() {
+    // t1 comes under `authorization`, later tokens under `x-api-key`. The queued
+    // request, built with t1 at 20 s, waits for the only permit until 70 s; t1
+    // expired at 60 s and its renewal (31 s) came under the other name, which the
+    // request cannot take: it goes back through the gate and is built again.
+    let w = World::new();
+    w.transport.respond_with(|req, _| {
+        if req.path() == "/slow" {
+            Reply::ok().after(secs(70))
+        } else {
+            Reply::ok()
+        }
+    });
+    let fetches = Arc::new(AtomicU32::new(0));
+    let counter = Arc::clone(&fetches);
+    let source = token_fn(move || {
+        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let name = if n == 1 {
+                AUTHORIZATION
+            } else {
+                http::HeaderName::from_static("x-api-key")
+            };
+            let value = HeaderValue::from_str(&format!("t{n}")).unwrap();
+            Ok::<_, AuthError>(AuthToken::new(name, value).expires_in(secs(60)))
+        }
+    });
+    let client = w.builder().max_parallel(1).auth(source).build().unwrap();
+    let slow = w.spawn_call(&client, patient(), "/slow");
+    w.rt.run_until(at(secs(20))).unwrap();
+    let queued = w.spawn_call(&client, patient(), "/queued");
+    w.rt.run_until(at(secs(31))).unwrap();
+    let renewing = w.spawn_call(&client, patient(), "/c");
+    w.rt.run_until(at(secs(80))).unwrap();
+    for call in [slow, queued, renewing] {
+        w.rt.block_on(call).unwrap().unwrap();
+    }
+    let after_expiry: Vec<_> = w
+        .transport
+        .requests()
+        .iter()
+        .filter(|r| r.at >= at(secs(60)))
+        .map(|r| (r.path.to_string(), r.headers.contains_key(AUTHORIZATION)))
+        .collect();
+    assert_eq!(after_expiry.len(), 2, "{after_expiry:?}");
+    assert!(
+        after_expiry.iter().all(|(_, old)| !old),
+        "t1 went out after its expiry: {after_expiry:?}"
+    );
 }
 
 #[test]
