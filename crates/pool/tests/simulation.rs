@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::{Rng, ms, secs};
 use http::{HeaderValue, header::AUTHORIZATION};
-use vantage_api_pool::auth::{AuthError, token_fn};
+use vantage_api_pool::auth::{AuthError, AuthToken, token_fn};
 use vantage_api_pool::{
     BreakerMode, BreakerState, CallId, CallPolicy, ClientError, ErrorKind, EventKind, Instant,
     Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit, TransportError, TransportErrorKind,
@@ -319,6 +319,17 @@ fn run_seed(seed: u64) -> Result<u64, String> {
         None
     };
     let use_auth = rng.chance(40);
+    // Half the seeds with auth give their tokens a lifetime, 2 s to 20 s (drawn from a
+    // stream of their own, so the other draws stay as they were): renewals ahead of
+    // the expiry, and expiries, join the 401s.
+    let lifetime = {
+        let mut draws = Rng(seed ^ 0x11FE);
+        (use_auth && draws.chance(50)).then(|| secs(2) + draws.ms(18_000))
+    };
+    // Each token's fetch start, to tell when it was due for renewal and when it
+    // expired; and the requests that went out with a token past its expiry.
+    let issued: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let sent_expired: Arc<Mutex<Vec<String>>> = Arc::default();
 
     // The server: faults drawn per send; with auth, the server's valid token changes
     // now and then, so 401s arrive for a token generation.
@@ -333,7 +344,19 @@ fn run_seed(seed: u64) -> Result<u64, String> {
             healthy.clone(),
             got_401.clone(),
         );
+        let (issued, sent_expired, rt) = (issued.clone(), sent_expired.clone(), rt.clone());
         transport.respond_with(move |req, _| {
+            if let (Some(lifetime), Some(token)) = (lifetime, req.headers().get(AUTHORIZATION)) {
+                let token = token.to_str().unwrap();
+                let start = issued.lock().unwrap().get(token).copied();
+                if start.is_some_and(|start| rt.now() >= start.saturating_add(lifetime)) {
+                    let at = rt.now().since_origin();
+                    sent_expired
+                        .lock()
+                        .unwrap()
+                        .push(format!("{token} at {at:?}"));
+                }
+            }
             if healthy.load(Ordering::SeqCst) {
                 return Reply::ok();
             }
@@ -366,8 +389,9 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     });
     let fetches = Arc::new(AtomicUsize::new(0));
     let completed = Arc::new(AtomicUsize::new(0));
-    // The token each completed fetch replaced (`None` for the first), in order.
-    let replaced: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    // The token each completed fetch replaced (`None` for the first), with the
+    // fetch's start, in order.
+    let replaced: Arc<Mutex<Vec<(Option<String>, Instant)>>> = Arc::default();
     let current: Arc<Mutex<Option<String>>> = Arc::default();
     let mut builder = ResilientClient::builder(transport.clone(), rt.clone())
         .max_parallel(max_parallel)
@@ -379,9 +403,12 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     let source = {
         let (fetches, server_token, rt) = (fetches.clone(), server_token.clone(), rt.clone());
         let (completed, replaced, current) = (completed.clone(), replaced.clone(), current.clone());
+        let issued = issued.clone();
         token_fn(move || {
             let fetch = fetches.fetch_add(1, Ordering::SeqCst);
             let previous = current.lock().unwrap().clone();
+            let start = rt.now();
+            let issued = issued.clone();
             // The source hands out the server's current token after a short delay.
             let (server_token, rt, completed) =
                 (server_token.clone(), rt.clone(), completed.clone());
@@ -396,9 +423,15 @@ fn run_seed(seed: u64) -> Result<u64, String> {
                 completed.fetch_add(1, Ordering::SeqCst);
                 let n = server_token.load(Ordering::SeqCst);
                 let token = format!("Bearer t{n}-{fetch}");
-                replaced.lock().unwrap().push(previous);
+                replaced.lock().unwrap().push((previous, start));
                 *current.lock().unwrap() = Some(token.clone());
-                Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_str(&token).unwrap()))
+                issued.lock().unwrap().insert(token.clone(), start);
+                let value = HeaderValue::from_str(&token).unwrap();
+                let token = AuthToken::new(AUTHORIZATION, value);
+                Ok::<_, AuthError>(match lifetime {
+                    Some(lifetime) => token.expires_in(lifetime),
+                    None => token,
+                })
             }
         })
     };
@@ -842,27 +875,45 @@ fn run_seed(seed: u64) -> Result<u64, String> {
             ));
         }
         // Completed fetches: one abandoned by a dropped caller makes no generation.
+        // (With lifetimes, renewals add fetches: the per-token check below holds.)
         let fetched = completed.load(Ordering::SeqCst);
         let generations = got_401.lock().unwrap().len();
-        if fetched > 1 + generations {
+        if lifetime.is_none() && fetched > 1 + generations {
             problems.push(format!(
                 "{fetched} token fetches for {generations} generations that drew a 401"
             ));
         }
-        // Per generation: each completed fetch replaced a token that drew a 401 (or
-        // was the first), and no token was replaced twice.
+        // Per generation: each completed fetch replaced a token that drew a 401, or
+        // was due for renewal when the fetch started (or was the first), and no token
+        // was replaced twice.
         let replaced = replaced.lock().unwrap();
         let got_401 = got_401.lock().unwrap();
+        let issued = issued.lock().unwrap();
+        let due = |token: &str, at: Instant| {
+            lifetime.is_some_and(|lifetime| {
+                let renew_after = lifetime.saturating_sub(secs(60).min(lifetime / 2));
+                issued
+                    .get(token)
+                    .is_some_and(|&start| at >= start.saturating_add(renew_after))
+            })
+        };
         let mut seen = HashSet::new();
-        for previous in replaced.iter() {
+        for (previous, start) in replaced.iter() {
             if !seen.insert(previous.clone()) {
                 problems.push(format!("{previous:?} was replaced twice"));
             }
             if let Some(token) = previous
                 && !got_401.contains(token)
+                && !due(token, *start)
             {
-                problems.push(format!("{token} was replaced without drawing a 401"));
+                problems.push(format!(
+                    "{token} was replaced without drawing a 401 or being due"
+                ));
             }
+        }
+        // No request left with a token past its expiry.
+        for sent in sent_expired.lock().unwrap().iter() {
+            problems.push(format!("sent with an expired token: {sent}"));
         }
     }
 
