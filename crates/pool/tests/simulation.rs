@@ -291,6 +291,10 @@ fn check_probes(events: &[TransportEvent], problems: &mut Vec<String>) {
     }
 }
 
+/// The token each completed fetch replaced (`None` for the first), with the fetch's
+/// start, in order.
+type Replacements = Arc<Mutex<Vec<(Option<String>, Instant)>>>;
+
 struct Both(RecordingObserver, Arc<LiveChecks>);
 
 impl TransportObserver for Both {
@@ -389,9 +393,7 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     });
     let fetches = Arc::new(AtomicUsize::new(0));
     let completed = Arc::new(AtomicUsize::new(0));
-    // The token each completed fetch replaced (`None` for the first), with the
-    // fetch's start, in order.
-    let replaced: Arc<Mutex<Vec<(Option<String>, Instant)>>> = Arc::default();
+    let replaced: Replacements = Arc::default();
     let current: Arc<Mutex<Option<String>>> = Arc::default();
     let mut builder = ResilientClient::builder(transport.clone(), rt.clone())
         .max_parallel(max_parallel)
