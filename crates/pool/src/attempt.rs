@@ -55,8 +55,10 @@ impl Held {
         }
     }
 
+    /// Whether it has expired by `now` (never, for [`Instant::FAR_FUTURE`]: a token
+    /// without a lifetime, or one whose lifetime runs past the clock's range).
     fn expired(self, now: Instant) -> bool {
-        now >= self.expires_at
+        self.expires_at != Instant::FAR_FUTURE && now >= self.expires_at
     }
 }
 
@@ -586,9 +588,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// it. If a 401 rejected the request's own token meanwhile and the refresh is
     /// still running, the send waits for it, holding the permit (a token rejected
     /// while its refresh runs is handed to nobody; a refresh that fails lets the
-    /// request keep its own). Returns the permit, the request, the generation of the
-    /// token it now carries and the clock, or `None` if the breaker turned it back
-    /// or the new token cannot replace the request's (turned back through the gate).
+    /// request keep its own); so does one whose token expired. Returns the permit,
+    /// the request, the token it now carries and the clock, or `None` if the breaker
+    /// turned it back or the new token cannot replace the request's (turned back
+    /// through the gate).
     async fn wait_to_send(
         &self,
         held: Option<Permit<'c>>,
@@ -615,19 +618,27 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             }
         };
         // Another call's 401 may have rejected the request's token while it waited
-        // for the permit. If the refresh has not brought a newer one yet, wait for it
-        // here, holding the permit (whoever gets it next needs the new token too),
-        // rather than send a token the API refused and spend the call's one replay
-        // on it; and before the rate token, which stays the last wait. A refresh
-        // that fails lowers the rejection, and the request keeps its own token, as
-        // the gate would hand it out.
-        if self.refused(self.newer_token(&mut request, now), now) {
+        // for the permit, or the token may have expired. If no newer one is at hand,
+        // wait for the refresh here, holding the permit (whoever gets it next needs
+        // the new token too), rather than send a token the API refused and spend the
+        // call's one replay on it; and before the rate token, which stays the last
+        // wait. A refresh that fails lowers the rejection, and the request keeps its
+        // own token, as the gate would hand it out (not an expired one: the fetch's
+        // failure ends the call). A new token under another header name cannot
+        // replace the request's: back through the gate before taking a rate token.
+        let mut held = self.newer_token(&mut request, now);
+        if self.refused(held, now) {
             Box::pin(self.fetch_token(None)).await?;
             now = self.now();
             if !self.still_allowed(probe, now) {
                 return Ok(None);
             }
+            held = self.newer_token(&mut request, now);
+            if self.refused(held, now) {
+                return Ok(None);
+            }
         }
+        // The rate token, last.
         if let Some(bucket) = &client.bucket
             && let Err(wait) = bucket.try_take(now)
         {
@@ -636,23 +647,15 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 return Ok(None);
             }
         }
-        // Still rejected: the new token came under another header name (a request
-        // cannot drop its old one), or a 401 rejected the token during the rate
-        // wait. Through the gate again, with a fresh request; the rate token is not
-        // refunded, as for a send the breaker turns back.
-        let mut held = self.newer_token(&mut request, now);
-        // Expired during the rate wait (a token that lives less than the wait): a new
-        // one now, holding the permit and the rate token, rather than spend another
-        // rate token going back through the gate (which a lifetime shorter than
-        // every rate wait would do for ever). A fetched token is valid when it lands.
-        if held.is_some_and(|h| h.expired(now) && !self.rejected(h)) {
-            Box::pin(self.fetch_token(None)).await?;
-            now = self.now();
-            if !self.still_allowed(probe, now) {
-                return Ok(None);
-            }
-            held = self.newer_token(&mut request, now);
-        }
+        // Refused now: a 401 rejected the token during the rate wait, or it expired
+        // there (a token that lives less than the wait). Through the gate again,
+        // for a fresh request with a valid token and a fresh rate token, the last
+        // wait again, so sends keep to the rate (renewing here, holding the spent
+        // one, would send everyone who waited for that renewal at once); the rate
+        // token is not refunded, as for a send the breaker turns back. A token that,
+        // once fetched, lives less than a rate interval never goes out: the call
+        // goes round until its budget ends.
+        let held = self.newer_token(&mut request, now);
         if self.refused(held, now) {
             return Ok(None);
         }
@@ -711,7 +714,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// brought one, and every token since the request's own came under its header
     /// name (a request cannot drop a header, so a token under another name would go
     /// out beside the old one, and overwrite a header of that name the request set).
-    /// Returns the generation of the token the request now carries.
+    /// Returns the token the request now carries.
     fn newer_token(&self, request: &mut T::Request, now: Instant) -> Option<Held> {
         let held = self.token?;
         match self

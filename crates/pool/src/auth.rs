@@ -107,7 +107,10 @@ const RENEW_RETRY_FLOOR: Duration = Duration::from_secs(2);
 /// From its expiry on, a token is never sent: calls wait for a fetch, as for the
 /// first token, and a fetch that fails then ends them with
 /// [`ErrorKind::Auth`](crate::ErrorKind::Auth); a request built with it that waited
-/// for a permit or a rate token past the expiry takes a new one first. A token whose
+/// for a permit past the expiry takes a new one first, and one that waited for its
+/// rate token past the expiry is built again with a new one (and waits for a fresh
+/// rate token: sends keep to the rate). A token that, once fetched, lives less than
+/// a rate interval can never go out: such a call ends when its budget does. A token whose
 /// lifetime ran out before its fetch ended (a lifetime of zero, or shorter than the
 /// fetch took) counts as a failed fetch. To renew earlier (a server whose clock runs
 /// ahead), give a shorter lifetime. Without one, a token is used until the API
@@ -430,8 +433,11 @@ pub(crate) struct Token {
 }
 
 impl Token {
+    /// Whether it has expired by `now` (never at [`Instant::FAR_FUTURE`], where a
+    /// lifetime past the clock's range saturates).
     fn expired(&self, now: Instant) -> bool {
-        self.expires_at.is_some_and(|at| now >= at)
+        self.expires_at
+            .is_some_and(|at| at != Instant::FAR_FUTURE && now >= at)
     }
 
     fn due(&self, now: Instant) -> bool {
@@ -484,6 +490,24 @@ impl std::fmt::Debug for AuthState {
 }
 
 impl AuthInner {
+    /// After a fetch that brought no token: if the cached one is due for renewal,
+    /// the next try is due halfway to its expiry (none in its last 2 s), not at the
+    /// next call's look, so an identity provider that is down or hangs is not asked
+    /// once per call.
+    fn back_off_renewal(&mut self, now: Instant) {
+        if let Some(cached) = self.token.as_mut()
+            && cached.due(now)
+            && let Some(expires_at) = cached.expires_at.filter(|&at| now < at)
+        {
+            let left = expires_at.saturating_duration_since(now);
+            cached.renew_at = Some(if left >= RENEW_RETRY_FLOOR {
+                now.saturating_add(left / 2)
+            } else {
+                expires_at
+            });
+        }
+    }
+
     /// The current token, unless a 401 rejected its generation (or it is not newer
     /// than `stale`), or it has expired by `now`.
     fn usable(&self, stale: Option<u64>, now: Instant) -> Option<&Token> {
@@ -705,41 +729,43 @@ impl AuthState {
     /// hands it over if the caller is dropped; on failure, `fall_back` hands out
     /// the cached token instead of the error, if there is one and it has not
     /// expired. A token's lifetime counts from the fetch's start.
-    async fn run_fetch<S: TokenSource>(
+    async fn run_fetch<S: TokenSource, C: Fn() -> Instant>(
         &self,
         source: &S,
         fall_back: bool,
-        clock: &impl Fn() -> Instant,
+        clock: &C,
     ) -> Result<Token, Arc<AuthError>> {
         let started = clock();
         let guard = FetchGuard {
             state: self,
+            clock,
             armed: true,
         };
         let result = source.fetch().await;
-        guard.complete(result, fall_back, started, clock())
+        guard.complete(result, fall_back, started)
     }
 }
 
 /// Clears the `fetching` flag if the fetching caller is dropped, and wakes the
-/// waiters so one of them takes over.
-struct FetchGuard<'a> {
+/// waiters so one of them takes over. `clock` is the runtime's.
+struct FetchGuard<'a, C: Fn() -> Instant> {
     state: &'a AuthState,
+    clock: &'a C,
     armed: bool,
 }
 
-impl FetchGuard<'_> {
-    /// Ends the fetch that started at `started` and ended at `now`. On failure,
-    /// `fall_back` hands out the cached token instead of the error, if there is one
-    /// and it has not expired by `now`.
+impl<C: Fn() -> Instant> FetchGuard<'_, C> {
+    /// Ends the fetch that started at `started`. On failure, `fall_back` hands out
+    /// the cached token instead of the error, if there is one and it has not
+    /// expired.
     fn complete(
         mut self,
         result: Result<AuthToken, AuthError>,
         fall_back: bool,
         started: Instant,
-        now: Instant,
     ) -> Result<Token, Arc<AuthError>> {
         self.armed = false;
+        let now = (self.clock)();
         let (outcome, waiters) = {
             let mut inner = self.state.lock();
             inner.fetching = false;
@@ -783,20 +809,7 @@ impl FetchGuard<'_> {
                     // No newer token: a call that just needs one sends the cached one
                     // (it may be answered 401 again; its replay then asks again).
                     inner.rejected = 0;
-                    // A cached token due for renewal: the next try is due halfway to
-                    // its expiry (none in its last 2 s), not at the next call's look,
-                    // so an identity provider that is down is not asked once per call.
-                    if let Some(cached) = inner.token.as_mut()
-                        && cached.due(now)
-                        && let Some(expires_at) = cached.expires_at.filter(|&at| now < at)
-                    {
-                        let left = expires_at.saturating_duration_since(now);
-                        cached.renew_at = Some(if left >= RENEW_RETRY_FLOOR {
-                            now.saturating_add(left / 2)
-                        } else {
-                            expires_at
-                        });
-                    }
+                    inner.back_off_renewal(now);
                     match &inner.token {
                         Some(cached) if fall_back && !cached.expired(now) => Ok(cached.clone()),
                         _ => Err(e),
@@ -810,12 +823,17 @@ impl FetchGuard<'_> {
     }
 }
 
-impl Drop for FetchGuard<'_> {
+impl<C: Fn() -> Instant> Drop for FetchGuard<'_, C> {
     fn drop(&mut self) {
         if self.armed {
+            let now = (self.clock)();
             let waiters = {
                 let mut inner = self.state.lock();
                 inner.fetching = false;
+                // An abandoned renewal (its caller's budget ended, or it was dropped)
+                // backs off as a failed one does: a provider that hangs is not asked
+                // again by every call that looks.
+                inner.back_off_renewal(now);
                 inner.waiters.take()
             };
             waiters.wake();

@@ -1054,24 +1054,108 @@ fn a_token_that_expires_before_its_fetch_ends_is_a_failed_fetch() {
 }
 
 #[test]
-fn a_token_that_lives_less_than_a_rate_wait_is_renewed_holding_the_permit() {
+fn a_token_that_lives_less_than_a_rate_interval_never_goes_out_and_the_budget_ends_it() {
     // t1 lives 500 ms; one send a second. B takes t1 at 0 s and waits for its rate
-    // token until 1 s, past t1's expiry: it fetches t2 there and sends it, rather
-    // than go back through the gate and spend another rate token, for ever.
+    // token until 1 s, past t1's expiry: it renews and waits for a fresh rate token
+    // (the one it took is spent), and so on, each token dead before the next rate
+    // token. Nothing goes out with an expired token, the rate holds, and B's 3 s
+    // budget ends it.
     let w = World::new();
     w.transport.default_reply(Reply::ok());
     let (client, fetches) = with_tokens_living(&w, ms(500), Duration::ZERO, None, |b| {
         b.rate_limit_with_burst(1.0, 1)
     });
     let a = w.spawn_call(&client, CallPolicy::background(), "/a");
-    let b = w.spawn_call(&client, CallPolicy::background(), "/b");
-    w.rt.run_until(at(secs(2))).unwrap();
-    assert!(a.is_finished() && b.is_finished());
+    let budgeted = CallPolicy::background()
+        .with_attempt_timeout(secs(1))
+        .and_then(|p| p.with_budget(Some(secs(3))))
+        .unwrap();
+    let b = w.spawn_call(&client, budgeted, "/b");
+    w.rt.run_until(at(secs(10))).unwrap();
+    w.rt.block_on(a).unwrap().unwrap();
+    let err = w.rt.block_on(b).unwrap().unwrap_err();
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
+    assert!(err.nothing_sent());
+    assert_eq!(sent_tokens(&w), [sent(secs(0), "/a", "t1")]);
+    assert!(fetches.load(Ordering::SeqCst) >= 3, "renewed each lap");
+    w.assert_contract();
+}
+
+#[test]
+fn a_renewal_its_caller_gave_up_backs_off_as_a_failed_one_does() {
+    // t1 (at once) lives a minute; every later fetch hangs. The renewer at 31 s has
+    // a 2 s budget and gives up at 33 s: the next try is due halfway to the expiry
+    // (46.5 s), so a call at 34 s sends t1 at once instead of hanging in a renewal
+    // of its own; a call at 47 s tries (and gives up) again.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let counter = Arc::clone(&fetches);
+    let source = token_fn(move || {
+        let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if !first {
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, AuthError>(AuthToken::bearer("t1")?.expires_in(secs(60)))
+        }
+    });
+    let client = w.builder().auth(source).build().unwrap();
+    let brief = CallPolicy::background()
+        .with_attempt_timeout(secs(1))
+        .and_then(|p| p.with_budget(Some(secs(2))))
+        .unwrap();
+    let call = |path: &'static str| {
+        w.rt.block_on(client.execute_with(&brief, |h| h.get(path)))
+            .unwrap()
+    };
+    call("/a").unwrap();
+    w.rt.run_until(at(secs(31))).unwrap();
+    assert_eq!(call("/b").unwrap_err().kind(), ErrorKind::TimedOut);
+    w.rt.run_until(at(secs(34))).unwrap();
+    call("/c").unwrap();
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    w.rt.run_until(at(secs(47))).unwrap();
+    assert_eq!(call("/d").unwrap_err().kind(), ErrorKind::TimedOut);
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
     assert_eq!(
         sent_tokens(&w),
-        [sent(secs(0), "/a", "t1"), sent(secs(1), "/b", "t2")]
+        [sent(secs(0), "/a", "t1"), sent(secs(34), "/c", "t1")]
     );
-    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn sends_whose_tokens_expired_in_their_rate_wait_still_keep_to_the_rate() {
+    // One send a second; tokens live 5 s and take 3 s to fetch. Six calls queue for
+    // rate tokens past t1's expiry and wait for one renewal together: each then
+    // takes a fresh rate token, so they still leave a second apart.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (client, _) = with_tokens_living(&w, secs(5), secs(3), None, |b| {
+        b.rate_limit_with_burst(1.0, 1)
+    });
+    let calls: Vec<_> = (0..6)
+        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .collect();
+    w.rt.run_until(at(secs(60))).unwrap();
+    let results: Vec<_> = calls
+        .into_iter()
+        .map(|call| w.rt.block_on(call).unwrap().map_err(|e| e.to_string()))
+        .collect();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    // Renewals at 5 s (t2, landing at 8 s) and 10 s (t3, at 13 s): every send
+    // carries a token that has not expired, a second or more after the one before.
+    assert_eq!(
+        sent_tokens(&w),
+        [
+            sent(secs(3), "/x", "t1"),
+            sent(secs(4), "/x", "t1"),
+            sent(secs(8), "/x", "t2"),
+            sent(secs(9), "/x", "t2"),
+            sent(secs(13), "/x", "t3"),
+            sent(secs(14), "/x", "t3"),
+        ]
+    );
 }
 
 #[test]
