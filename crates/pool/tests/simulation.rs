@@ -405,12 +405,12 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     let source = {
         let (fetches, server_token, rt) = (fetches.clone(), server_token.clone(), rt.clone());
         let (completed, replaced, current) = (completed.clone(), replaced.clone(), current.clone());
-        let issued = issued.clone();
+        let (issued, healthy) = (issued.clone(), healthy.clone());
         token_fn(move || {
             let fetch = fetches.fetch_add(1, Ordering::SeqCst);
             let previous = current.lock().unwrap().clone();
             let start = rt.now();
-            let issued = issued.clone();
+            let (issued, healthy) = (issued.clone(), healthy.clone());
             // The source hands out the server's current token after a short delay.
             let (server_token, rt, completed) =
                 (server_token.clone(), rt.clone(), completed.clone());
@@ -420,8 +420,14 @@ fn run_seed(seed: u64) -> Result<u64, String> {
             let mix = (seed ^ (fetch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
                 .wrapping_mul(0xBF58_476D_1CE4_E5B9);
             let latency = ms(20 + (mix >> 33) % 1_480);
+            // With lifetimes, one fetch in six fails until the API recovers: failed
+            // renewals (and their back-off) and expiries with no new token join in.
+            let fails = lifetime.is_some() && (mix >> 20) % 6 == 0;
             async move {
                 rt.sleep(latency).await;
+                if fails && !healthy.load(Ordering::SeqCst) {
+                    return Err(AuthError::from("identity provider down"));
+                }
                 completed.fetch_add(1, Ordering::SeqCst);
                 let n = server_token.load(Ordering::SeqCst);
                 let token = format!("Bearer t{n}-{fetch}");
