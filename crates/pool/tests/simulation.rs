@@ -422,7 +422,7 @@ fn run_seed(seed: u64) -> Result<u64, String> {
             let latency = ms(20 + (mix >> 33) % 1_480);
             // With lifetimes, one fetch in six fails until the API recovers: failed
             // renewals (and their back-off) and expiries with no new token join in.
-            let fails = lifetime.is_some() && (mix >> 20) % 6 == 0;
+            let fails = lifetime.is_some() && (mix >> 20).is_multiple_of(6);
             async move {
                 rt.sleep(latency).await;
                 if fails && !healthy.load(Ordering::SeqCst) {
