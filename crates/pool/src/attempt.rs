@@ -802,6 +802,16 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     return Err(self.refuse(error));
                 }
             };
+            // A token with a lifetime is looked at again once the request closure
+            // and `prepare` have run (they may take time): one that expired
+            // meanwhile never goes out, and the call goes back through the gate for
+            // a valid one. A token without a lifetime costs no clock reading here.
+            if self.token.is_some_and(|held| {
+                held.expires_at != Instant::FAR_FUTURE && held.expired(self.now())
+            }) {
+                drop(probe);
+                continue;
+            }
 
             // ---- send_once: the permit (its wait counts toward the budget), then
             // the rate token, holding the permit, then Started, the send under its

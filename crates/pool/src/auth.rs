@@ -104,7 +104,8 @@ const RENEW_RETRY_FLOOR: Duration = Duration::from_secs(2);
 /// than a call's budget ends that call `TimedOut`, old token or not, so give the
 /// source a timeout shorter than the budgets.
 ///
-/// From its expiry on, a token is never sent: calls wait for a fetch, as for the
+/// From its expiry on, a token is never sent (it is looked at last after the request
+/// closure has run, before the send's `Started`): calls wait for a fetch, as for the
 /// first token, and a fetch that fails then ends them with
 /// [`ErrorKind::Auth`](crate::ErrorKind::Auth); a request built with it that waited
 /// for a permit past the expiry takes a new one first, and one that waited for its

@@ -1037,6 +1037,31 @@ fn a_replay_that_finds_the_newer_token_due_renews_it_and_keeps_it_if_that_fails(
 }
 
 #[test]
+fn a_token_that_expires_while_the_request_closure_runs_never_goes_out() {
+    // t1 lives 60 s and renewals fail. At 59.995 s the gate hands out t1 (its
+    // renewal failed), and the request closure takes 10 ms: t1 has expired when it
+    // returns, so the call goes back through the gate, where the fetch fails too.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (client, _) = with_expiring_tokens(&w, Duration::ZERO, Some(2), |b| b);
+    w.rt.block_on(client.execute(|h| h.get("/a")))
+        .unwrap()
+        .unwrap();
+    w.rt.run_until(at(ms(59_995))).unwrap();
+    let rt = w.rt.clone();
+    let err =
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), move |h| {
+            rt.advance(ms(10));
+            h.get("/slow-build")
+        }))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!((err.kind(), err.nothing_sent()), (ErrorKind::Auth, true));
+    assert_eq!(sent_tokens(&w), [sent(secs(0), "/a", "t1")]);
+    w.assert_contract();
+}
+
+#[test]
 fn a_token_that_expires_before_its_fetch_ends_is_a_failed_fetch() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
