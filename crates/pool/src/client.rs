@@ -22,7 +22,7 @@ use crate::policy::CallPolicy;
 use crate::rate::TokenBucket;
 use crate::runtime::Runtime;
 use crate::time::Instant;
-use crate::transport::Transport;
+use crate::transport::{Transport, TransportResponse};
 
 /// One resilient HTTP client for one remote API.
 ///
@@ -595,5 +595,31 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     #[must_use]
     pub fn api_name(&self) -> Option<&str> {
         self.shared.events.key()
+    }
+
+    /// The request id of a response the client returned (read from the header the
+    /// builder's [`request_id_header`](crate::ClientBuilder::request_id_header) names,
+    /// `x-request-id` by default), the same way a
+    /// [`ClientError::request_id`](crate::ClientError::request_id) is read from an
+    /// error's response: `None` when it is missing or not visible ASCII.
+    ///
+    /// ```
+    /// use vantage_api_pool::ResilientClient;
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// transport.push(Reply::ok().header("x-request-id", "r-42"));
+    /// let client = ResilientClient::builder(transport, rt.clone()).build()?;
+    /// let response = rt.block_on(client.execute(|http| http.get("/orders")))??;
+    /// assert_eq!(client.request_id(&response), Some("r-42"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn request_id<'r>(&self, response: &'r T::Response) -> Option<&'r str> {
+        response
+            .headers()
+            .get(&self.shared.request_id_header)
+            .and_then(|value| value.to_str().ok())
     }
 }

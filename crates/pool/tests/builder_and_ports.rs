@@ -377,6 +377,25 @@ fn auth_keeps_the_settings_made_before_it() {
         .push(Reply::status(404).header("cf-ray", "ray-1"));
     let err = w.background_error(&client);
     assert_eq!(err.request_id(), Some("ray-1"));
+    // A success's request id comes from the same header; none when it is missing
+    // or not visible ASCII.
+    w.transport.push_many([
+        Reply::ok()
+            .header("cf-ray", "ray-2")
+            .header("x-request-id", "other"),
+        Reply::ok().header("x-request-id", "other"),
+        Reply::ok().header("cf-ray", HeaderValue::from_bytes(b"r\xe9").unwrap()),
+    ]);
+    let ids: Vec<_> = (0..3)
+        .map(|_| {
+            let response =
+                w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+                    .unwrap()
+                    .unwrap();
+            client.request_id(&response).map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(ids, [Some("ray-2".to_owned()), None, None]);
 }
 
 #[test]
