@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::HeaderValue;
 
-use crate::auth::{SharedAuthError, Token, TokenSource};
+use crate::auth::{self, SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
 use crate::breaker::{CircuitBreaker, Gate, PROBE_RECHECK, ProbeGuard, Refusal, Transition};
 use crate::classify::{
@@ -51,14 +51,17 @@ impl Held {
     fn of(token: &Token) -> Self {
         Held {
             generation: token.generation,
-            expires_at: token.expires_at.unwrap_or(Instant::FAR_FUTURE),
+            expires_at: token.expires_at,
         }
     }
 
-    /// Whether it has expired by `now` (never, for [`Instant::FAR_FUTURE`]: a token
-    /// without a lifetime, or one whose lifetime runs past the clock's range).
+    /// Whether it has a lifetime (one that can run out).
+    fn has_lifetime(self) -> bool {
+        self.expires_at != Instant::FAR_FUTURE
+    }
+
     fn expired(self, now: Instant) -> bool {
-        self.expires_at != Instant::FAR_FUTURE && now >= self.expires_at
+        auth::expired(self.expires_at, now)
     }
 }
 
@@ -419,16 +422,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         seen: u64,
     ) -> Result<Instant, ClientError> {
         let wake = self.gate_wake(now, wait)?;
-        let mut sleep = pin!(self.client.runtime.sleep_until(wake));
-        let mut reset = pin!(breaker.reset_since(seen));
-        poll_fn(|cx| {
-            if sleep.as_mut().poll(cx).is_ready() || reset.as_mut().poll(cx).is_ready() {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
+        // Either way ends the wait: the reset, or the cooldown's end (`Elapsed`).
+        let _ = timeout_at(&self.client.runtime, wake, breaker.reset_since(seen)).await;
         Ok(self.now())
     }
 
@@ -806,9 +801,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             // and `prepare` have run (they may take time): one that expired
             // meanwhile never goes out, and the call goes back through the gate for
             // a valid one. A token without a lifetime costs no clock reading here.
-            if self.token.is_some_and(|held| {
-                held.expires_at != Instant::FAR_FUTURE && held.expired(self.now())
-            }) {
+            if self
+                .token
+                .is_some_and(|held| held.has_lifetime() && held.expired(self.now()))
+            {
                 drop(probe);
                 continue;
             }
@@ -1042,10 +1038,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         let client = self.client;
         let headers = response.headers();
         let wait = server_delay(headers, client.runtime.wall_clock());
-        let request_id = headers
-            .get(&client.request_id_header)
-            .and_then(|v| v.to_str().ok())
-            .map(Arc::<str>::from);
+        let request_id = client.request_id_in(headers).map(Arc::<str>::from);
         let (status, credentials_dropped, answered_by_redirect) = (
             response.status(),
             response.credentials_dropped(),

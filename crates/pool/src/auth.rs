@@ -429,16 +429,20 @@ pub(crate) struct Token {
     pub(crate) generation: u64,
     /// From then on the next caller to look renews it (see [`REFRESH_AHEAD`]).
     renew_at: Option<Instant>,
-    /// From then on it is never handed out.
-    pub(crate) expires_at: Option<Instant>,
+    /// From then on it is never handed out ([`Instant::FAR_FUTURE`]: never).
+    pub(crate) expires_at: Instant,
+}
+
+/// Whether a token that expires at `expires_at` has expired by `now`: never for
+/// [`Instant::FAR_FUTURE`], a token without a lifetime (or with one past the clock's
+/// range, which saturates there).
+pub(crate) fn expired(expires_at: Instant, now: Instant) -> bool {
+    expires_at != Instant::FAR_FUTURE && now >= expires_at
 }
 
 impl Token {
-    /// Whether it has expired by `now` (never at [`Instant::FAR_FUTURE`], where a
-    /// lifetime past the clock's range saturates).
     fn expired(&self, now: Instant) -> bool {
-        self.expires_at
-            .is_some_and(|at| at != Instant::FAR_FUTURE && now >= at)
+        expired(self.expires_at, now)
     }
 
     fn due(&self, now: Instant) -> bool {
@@ -498,13 +502,13 @@ impl AuthInner {
     fn back_off_renewal(&mut self, now: Instant) {
         if let Some(cached) = self.token.as_mut()
             && cached.due(now)
-            && let Some(expires_at) = cached.expires_at.filter(|&at| now < at)
+            && !cached.expired(now)
         {
-            let left = expires_at.saturating_duration_since(now);
+            let left = cached.expires_at.saturating_duration_since(now);
             cached.renew_at = Some(if left >= RENEW_RETRY_FLOOR {
                 now.saturating_add(left / 2)
             } else {
-                expires_at
+                cached.expires_at
             });
         }
     }
@@ -773,12 +777,19 @@ impl<C: Fn() -> Instant> FetchGuard<'_, C> {
             inner.fetches_done += 1;
             // A lifetime that ran out before the fetch ended (zero, or shorter than
             // the fetch took) gives a token nobody may send: a failed fetch.
-            let result = result.and_then(checked).and_then(|token| match token.lifetime {
-                Some(lifetime) if started.saturating_add(lifetime) <= now => Err(AuthError::from(
-                    "the token source's token expired before its fetch ended (its lifetime is \
-                     shorter than the fetch took)",
-                )),
-                _ => Ok(token),
+            let expires_at = |lifetime: Option<Duration>| {
+                lifetime.map_or(Instant::FAR_FUTURE, |lifetime| {
+                    started.saturating_add(lifetime)
+                })
+            };
+            let result = result.and_then(checked).and_then(|token| {
+                if expired(expires_at(token.lifetime), now) {
+                    return Err(AuthError::from(
+                        "the token source's token expired before its fetch ended (its \
+                         lifetime is shorter than the fetch took)",
+                    ));
+                }
+                Ok(token)
             });
             let outcome = match result {
                 Ok(AuthToken {
@@ -799,7 +810,7 @@ impl<C: Fn() -> Instant> FetchGuard<'_, C> {
                             let ahead = REFRESH_AHEAD.min(lifetime / 2);
                             started.saturating_add(lifetime - ahead)
                         }),
-                        expires_at: lifetime.map(|lifetime| started.saturating_add(lifetime)),
+                        expires_at: expires_at(lifetime),
                     };
                     inner.token = Some(token.clone());
                     Ok(token)

@@ -85,6 +85,17 @@ pub(crate) struct Shared<T, R, A> {
     pub(crate) next_call: AtomicU64,
 }
 
+impl<T, R, A> Shared<T, R, A> {
+    /// The request id among a response's `headers`, under the configured header
+    /// name: `None` when it is missing or not visible ASCII. Errors and successes
+    /// read it alike.
+    pub(crate) fn request_id_in<'h>(&self, headers: &'h http::HeaderMap) -> Option<&'h str> {
+        headers
+            .get(&self.request_id_header)
+            .and_then(|value| value.to_str().ok())
+    }
+}
+
 /// The observer, if any, and the key it is given.
 pub(crate) struct Events {
     sink: Option<(Arc<str>, Arc<dyn TransportObserver>)>,
@@ -617,9 +628,6 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// ```
     #[must_use]
     pub fn request_id<'r>(&self, response: &'r T::Response) -> Option<&'r str> {
-        response
-            .headers()
-            .get(&self.shared.request_id_header)
-            .and_then(|value| value.to_str().ok())
+        self.shared.request_id_in(response.headers())
     }
 }
