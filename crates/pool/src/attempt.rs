@@ -24,6 +24,7 @@ use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotency_key,
     is_idempotent,
 };
+use crate::client::ReadResponse;
 use crate::client::{Events, Shared};
 use crate::concurrency::Permit;
 use crate::error::{
@@ -32,11 +33,11 @@ use crate::error::{
 use crate::observer::{CallId, EventKind};
 use crate::policy::{BreakerMode, CallPolicy};
 use crate::rate::TokenBucket;
-use crate::runtime::{Runtime, timeout_at};
+use crate::runtime::{Elapsed, Runtime, timeout_at};
 use crate::server_delay::server_delay;
 use crate::time::Instant;
 use crate::transport::{
-    PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse,
+    PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse, read_body,
 };
 
 /// The auth token a request carries: its generation, and when it expires
@@ -81,6 +82,64 @@ struct Ticket<'c> {
 /// task, so the caller can go on to await it.
 async fn poll_once<F: Future + ?Sized>(mut future: Pin<&mut F>) -> Poll<F::Output> {
     poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await
+}
+
+/// Where a call that got a response for the caller ends: at the response head
+/// (`execute` and its kin), or once the body is read, inside the attempt
+/// (`execute_read` and its kin). A type per kind, so the head-only loop carries no
+/// body read.
+pub(crate) trait Ending<Response> {
+    type Output;
+    /// The body's size limit when the attempt reads the body; `None` ends the call
+    /// at the head.
+    fn body_limit(&self) -> Option<usize>;
+    /// The caller's answer from a response whose body is the caller's to read.
+    fn at_head(&self, response: Response) -> Self::Output;
+    /// The caller's answer from a response whose body the attempt read.
+    fn read(&self, response: Response, body: Bytes) -> Self::Output;
+}
+
+/// The call ends at the response head.
+pub(crate) struct AtHead;
+
+impl<Response> Ending<Response> for AtHead {
+    type Output = Response;
+
+    #[inline(always)]
+    fn body_limit(&self) -> Option<usize> {
+        None
+    }
+
+    #[inline(always)]
+    fn at_head(&self, response: Response) -> Response {
+        response
+    }
+
+    fn read(&self, response: Response, _body: Bytes) -> Response {
+        response
+    }
+}
+
+/// The attempt reads the body, up to this many bytes.
+pub(crate) struct ReadBody(pub(crate) usize);
+
+impl<Response> Ending<Response> for ReadBody {
+    type Output = ReadResponse<Response>;
+
+    fn body_limit(&self) -> Option<usize> {
+        Some(self.0)
+    }
+
+    fn at_head(&self, response: Response) -> ReadResponse<Response> {
+        ReadResponse {
+            response,
+            body: Bytes::new(),
+        }
+    }
+
+    fn read(&self, response: Response, body: Bytes) -> ReadResponse<Response> {
+        ReadResponse { response, body }
+    }
 }
 
 /// One call's state, for the life of one `execute_with` future.
@@ -165,6 +224,8 @@ enum Sent {
         error: TransportError,
         limit: Option<TimeLimit>,
         cut_by_budget: bool,
+        /// It failed while the attempt read a success body (`execute_read`).
+        in_body: bool,
     },
 }
 
@@ -741,9 +802,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         transition
     }
 
-    pub(crate) async fn run<F>(mut self, mut build: F) -> Result<T::Response, ClientError>
+    pub(crate) async fn run<F, E>(
+        mut self,
+        mut build: F,
+        ending: E,
+    ) -> Result<E::Output, ClientError>
     where
         F: FnMut(&T::Handle) -> T::Draft,
+        E: Ending<T::Response>,
     {
         let client = self.client;
         loop {
@@ -887,25 +953,35 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     if for_caller(response.status())
                         || self.policy().is_answer_status(response.status()) =>
                 {
-                    // ---- record a response for the caller: tell the breaker, free
-                    // the probe slot, report Succeeded and any transition.
                     self.reached = true;
-                    let status = response.status();
-                    let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
-                    let transition = self.tell_breaker(effect, guard.probe.take(), head_at);
-                    let bytes = response.content_length();
-                    guard.finish(
-                        head_at,
-                        EventKind::Succeeded {
-                            send,
-                            attempt,
-                            status,
-                            ms,
-                            bytes,
+                    let Some(limit) = ending.body_limit() else {
+                        // ---- record a response for the caller: tell the breaker,
+                        // free the probe slot, report Succeeded and any transition.
+                        let bytes = response.content_length();
+                        self.succeeded(guard, response.status(), head_at, ms, bytes);
+                        return Ok(ending.at_head(response));
+                    };
+                    // ---- or read its body first, inside the send's time limit: a
+                    // body that breaks or stalls is a failed send like any other.
+                    // Boxed: only calls that read pay for this state.
+                    let (response, read) =
+                        Box::pin(read_whole(&client.runtime, send_deadline, response, limit)).await;
+                    match read {
+                        Ok(Ok(body)) => {
+                            let done = self.now();
+                            let ms = millis(done.saturating_duration_since(started));
+                            let bytes = u64::try_from(body.len()).ok();
+                            self.succeeded(guard, response.status(), done, ms, bytes);
+                            return Ok(ending.read(response, body));
+                        }
+                        Ok(Err(error)) => Sent::Failed {
+                            error: after_head(error),
+                            limit: None,
+                            cut_by_budget: false,
+                            in_body: true,
                         },
-                        transition,
-                    );
-                    return Ok(response);
+                        Err(_elapsed) => self.cut(send_deadline, started, true),
+                    }
                 }
                 Ok(Ok(response)) => {
                     // Read off by a sync helper, so no borrowed head sits in the
@@ -925,34 +1001,19 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     error,
                     limit: None,
                     cut_by_budget: false,
+                    in_body: false,
                 },
-                Err(_elapsed) => {
-                    client.transport.distrust_connection();
-                    // The time the send was given, read off its deadline (which the
-                    // call keeps anyway; keeping `limit` too would grow every call's
-                    // future): less than the attempt timeout only when it was the rest
-                    // of the budget. Less than half, and the cut says nothing about
-                    // the API.
-                    let given = send_deadline.saturating_duration_since(started);
-                    let timeout = self.policy().attempt_timeout();
-                    Sent::Failed {
-                        error: TransportError::new(
-                            TransportErrorKind::TimedOut,
-                            "time limit reached",
-                        ),
-                        limit: Some(if given < timeout {
-                            TimeLimit::Budget
-                        } else {
-                            TimeLimit::AttemptTimeout
-                        }),
-                        cut_by_budget: given < timeout / 2,
-                    }
-                }
+                Err(_elapsed) => self.cut(send_deadline, started, false),
             };
-            // An error body read after the head moves the clock; otherwise reuse it.
-            let ended = match sent {
-                Sent::ErrorStatus { .. } => self.now(),
-                Sent::Failed { .. } => head_at,
+            // A body read after the head moves the clock; otherwise reuse it. A
+            // success body that failed counts into `ms` as it would have succeeded.
+            let (ended, ms) = match sent {
+                Sent::Failed { in_body: false, .. } => (head_at, ms),
+                Sent::ErrorStatus { .. } => (self.now(), ms),
+                Sent::Failed { in_body: true, .. } => {
+                    let ended = self.now();
+                    (ended, millis(ended.saturating_duration_since(started)))
+                }
             };
 
             // ---- record, then decide (a sync helper: its error and verdict never
@@ -972,6 +1033,55 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     self.redialing = false;
                 }
             }
+        }
+    }
+
+    /// Records a response for the caller: tells the breaker, frees the probe slot,
+    /// reports `Succeeded` at `at` and any transition.
+    #[inline(always)]
+    fn succeeded(
+        &self,
+        mut guard: InFlight<'c, T, R, A>,
+        status: http::StatusCode,
+        at: Instant,
+        ms: u64,
+        bytes: Option<u64>,
+    ) {
+        let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
+        let transition = self.tell_breaker(effect, guard.probe.take(), at);
+        let (send, attempt) = (guard.send, guard.attempt);
+        guard.finish(
+            at,
+            EventKind::Succeeded {
+                send,
+                attempt,
+                status,
+                ms,
+                bytes,
+            },
+            transition,
+        );
+    }
+
+    /// A send the client's time limit cut at `send_deadline` (`in_body`: while its
+    /// success body was being read): the connection is distrusted.
+    fn cut(&self, send_deadline: Instant, started: Instant, in_body: bool) -> Sent {
+        self.client.transport.distrust_connection();
+        // The time the send was given, read off its deadline (which the call keeps
+        // anyway; keeping `limit` too would grow every call's future): less than the
+        // attempt timeout only when it was the rest of the budget. Less than half,
+        // and the cut says nothing about the API.
+        let given = send_deadline.saturating_duration_since(started);
+        let timeout = self.policy().attempt_timeout();
+        Sent::Failed {
+            error: TransportError::new(TransportErrorKind::TimedOut, "time limit reached"),
+            limit: Some(if given < timeout {
+                TimeLimit::Budget
+            } else {
+                TimeLimit::AttemptTimeout
+            }),
+            cut_by_budget: given < timeout / 2,
+            in_body,
         }
     }
 
@@ -1097,6 +1207,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 error: e,
                 limit,
                 cut_by_budget,
+                ..
             } => {
                 let outcome = Outcome::Transport(e.kind());
                 // As the rules judge it: a `NotSent` past the free redials may have
@@ -1208,6 +1319,34 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         let random = self.client.runtime.random();
         apply_jitter(self.policy().jitter(), delay, source, random).max(crate::backoff::MIN_BACKOFF)
     }
+}
+
+/// A success body's read failure as the rules judge it: the answer had begun, so
+/// the request reached the server, and a kind that says it never left (`NotSent`,
+/// `Connect`, `Tls`, `Config`: no transport should give one after a head) counts as
+/// `Interrupted`.
+fn after_head(error: TransportError) -> TransportError {
+    match error.kind() {
+        TransportErrorKind::NotSent
+        | TransportErrorKind::Connect
+        | TransportErrorKind::Tls
+        | TransportErrorKind::Config => {
+            TransportError::new(TransportErrorKind::Interrupted, error.message())
+        }
+        _ => error,
+    }
+}
+
+/// Reads a success body whole, up to `limit` bytes, giving up at `deadline`; hands
+/// the response back with the outcome.
+async fn read_whole<R: Runtime, Response: TransportResponse>(
+    runtime: &R,
+    deadline: Instant,
+    mut response: Response,
+    limit: usize,
+) -> (Response, Result<Result<Bytes, TransportError>, Elapsed>) {
+    let read = timeout_at(runtime, deadline, read_body(&mut response, limit)).await;
+    (response, read)
 }
 
 /// Reads up to [`MAX_ERROR_BODY`] bytes of an error response's body, giving up at

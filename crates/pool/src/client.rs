@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use http::HeaderName;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, StatusCode};
 use pin_project_lite::pin_project;
 
-use crate::attempt::Call;
+use crate::attempt::{AtHead, Call, Ending, ReadBody};
 use crate::auth::{AuthError, AuthState, NoAuth, SharedAuthError, TokenSource};
 use crate::breaker::{BreakerState, CircuitBreaker};
 use crate::builder::ClientBuilder;
@@ -211,6 +212,56 @@ impl<F> fmt::Debug for CallFuture<F> {
     }
 }
 
+/// A response whose body the call read whole
+/// ([`execute_read`](ResilientClient::execute_read)): the transport's response, its
+/// body already taken, and the body.
+#[derive(Debug)]
+pub struct ReadResponse<R> {
+    pub(crate) response: R,
+    pub(crate) body: Bytes,
+}
+
+impl<R> ReadResponse<R> {
+    /// The transport's response, for what else it tells (its status and headers,
+    /// and whatever the transport's own type adds); its body has been read.
+    #[must_use]
+    pub fn response(&self) -> &R {
+        &self.response
+    }
+
+    /// The body.
+    #[must_use]
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The body, the rest dropped.
+    #[must_use]
+    pub fn into_body(self) -> Bytes {
+        self.body
+    }
+
+    /// The transport's response (its body read) and the body.
+    #[must_use]
+    pub fn into_parts(self) -> (R, Bytes) {
+        (self.response, self.body)
+    }
+}
+
+impl<R: TransportResponse> ReadResponse<R> {
+    /// The response's status.
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        self.response.status()
+    }
+
+    /// The response's headers.
+    #[must_use]
+    pub fn headers(&self) -> &HeaderMap {
+        self.response.headers()
+    }
+}
+
 /// What a caller can report through [`ResilientClient::report`] once it knows.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,7 +305,8 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     ///
     /// The call ends at the response head: a success body that breaks or stalls
     /// while the caller reads it is not retried, and neither the breaker nor the
-    /// policy's time limits hear of it.
+    /// policy's time limits hear of it. For a body read inside the call, and retried
+    /// with it, use [`execute_read_with`](ResilientClient::execute_read_with).
     pub fn execute_with<'a, F>(
         &'a self,
         policy: &'a CallPolicy,
@@ -263,7 +315,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     where
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
-        self.call(policy, build)
+        self.call(policy, build, AtHead)
     }
 
     /// [`execute_with`](ResilientClient::execute_with), with a policy the future keeps
@@ -296,7 +348,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     where
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
-        self.call(policy, build)
+        self.call(policy, build, AtHead)
     }
 
     /// [`execute`](ResilientClient::execute) as a future that owns its client
@@ -359,7 +411,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         let id = self.next_call_id();
         CallFuture {
             id,
-            call: async move { Call::new(&self.shared, policy, id).run(build).await },
+            call: async move { Call::new(&self.shared, policy, id).run(build, AtHead).await },
         }
     }
 
@@ -368,20 +420,22 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         CallId(self.shared.next_call.fetch_add(1, Ordering::Relaxed) + 1)
     }
 
-    /// One call under a policy the future borrows or keeps.
-    fn call<'a, P, F>(
+    /// One call under a policy the future borrows or keeps, ending as `ending` says.
+    fn call<'a, P, F, E>(
         &'a self,
         policy: P,
         build: F,
-    ) -> CallFuture<impl Future<Output = Result<T::Response, ClientError>> + 'a>
+        ending: E,
+    ) -> CallFuture<impl Future<Output = Result<E::Output, ClientError>> + 'a>
     where
         P: Borrow<CallPolicy> + 'a,
         F: FnMut(&T::Handle) -> T::Draft + 'a,
+        E: Ending<T::Response> + 'a,
     {
         let id = self.next_call_id();
         CallFuture {
             id,
-            call: Call::new(&self.shared, policy, id).run(build),
+            call: Call::new(&self.shared, policy, id).run(build, ending),
         }
     }
 
@@ -404,7 +458,83 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     where
         F: FnMut(&T::Handle) -> T::Draft + 'a,
     {
-        self.call(&self.shared.default_policy, build)
+        self.call(&self.shared.default_policy, build, AtHead)
+    }
+
+    /// [`execute`](ResilientClient::execute) that reads the body too, inside the
+    /// attempt: the call succeeds once the whole body, at most `limit` bytes, has
+    /// been read, so a body that breaks or stalls is a failed send like one that
+    /// failed before its head.
+    ///
+    /// - The read runs under the send's own time limit (the smaller of the policy's
+    ///   attempt timeout and the budget left): a body that stalls is cut there
+    ///   (`TimedOut`, naming that limit; the connection is distrusted).
+    /// - A body that breaks (the transport's read fails, `Interrupted` for a reset)
+    ///   or stalls counts as a failure for the breaker, and the policy retries it as
+    ///   any failed send: only a request that is safe to send again (an idempotent
+    ///   method, an `Idempotency-Key`, or marked idempotent). A POST whose answer
+    ///   broke off is not sent again: the server has processed it. (A read failure
+    ///   of a kind that says the request never left, `NotSent`, `Connect`, `Tls` or
+    ///   `Config`, counts as `Interrupted`: the answer had begun.)
+    /// - A body longer than `limit` ends the call at once with `TooLarge` (final;
+    ///   the breaker is not told, as for any `TooLarge`); what was read is dropped.
+    /// - `Succeeded` is reported once the body is read: its `ms` runs from just
+    ///   before the send to the body's end, and `bytes` is the body's length. A half-open
+    ///   probe is judged on the whole body too. A body that fails reports `Failed`, its
+    ///   `ms` to the failure.
+    /// - The permit still goes back at the response head, as for every call: it
+    ///   bounds requests waiting for their heads, not bodies being read.
+    /// - An error response ends the call as it does for `execute` (its body, up to
+    ///   [`MAX_ERROR_BODY`](crate::MAX_ERROR_BODY) bytes, in the error).
+    ///
+    /// For a body read piece by piece, or one larger than memory should hold, use
+    /// `execute` and read the body from the response: that read is the caller's, and
+    /// neither the breaker nor the policy hears of it.
+    ///
+    /// ```
+    /// use vantage_api_pool::{ResilientClient, TransportErrorKind};
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// // The first answer's body breaks off after 5 bytes; the GET is sent again.
+    /// transport.push(
+    ///     Reply::ok()
+    ///         .body(r#"{"orders": []}"#)
+    ///         .body_fails_after(5, TransportErrorKind::Interrupted, "connection reset"),
+    /// );
+    /// transport.push(Reply::ok().body(r#"{"orders": []}"#));
+    /// let client = ResilientClient::builder(transport.clone(), rt.clone()).build()?;
+    ///
+    /// let read = rt.block_on(client.execute_read(64 * 1024, |http| http.get("/orders")))??;
+    /// assert_eq!(read.status(), 200);
+    /// assert_eq!(read.body().as_ref(), br#"{"orders": []}"#);
+    /// assert_eq!(transport.request_count(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn execute_read<'a, F>(
+        &'a self,
+        limit: usize,
+        build: F,
+    ) -> CallFuture<impl Future<Output = Result<ReadResponse<T::Response>, ClientError>> + 'a>
+    where
+        F: FnMut(&T::Handle) -> T::Draft + 'a,
+    {
+        self.call(&self.shared.default_policy, build, ReadBody(limit))
+    }
+
+    /// [`execute_read`](ResilientClient::execute_read) under `policy`, which the
+    /// future borrows (as [`execute_with`](ResilientClient::execute_with) does).
+    pub fn execute_read_with<'a, F>(
+        &'a self,
+        policy: &'a CallPolicy,
+        limit: usize,
+        build: F,
+    ) -> CallFuture<impl Future<Output = Result<ReadResponse<T::Response>, ClientError>> + 'a>
+    where
+        F: FnMut(&T::Handle) -> T::Draft + 'a,
+    {
+        self.call(policy, build, ReadBody(limit))
     }
 
     /// Reports something only the caller knows (rows parsed, a write acknowledged) to
@@ -485,7 +615,8 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// Permits held right now: sends in flight up to their response head, and sends
     /// about to leave that wait for their rate token (a send holds its permit
     /// through that wait, and through a wait for a token refresh a 401 started
-    /// meanwhile). A send reading an error body has given its permit back, and
+    /// meanwhile). A send reading an error body, or a success body for
+    /// [`execute_read`](Self::execute_read), has given its permit back, and
     /// calls in a back-off, a cooldown, an admission or a wait for a token at the
     /// gate hold none, so this is not a count of live calls: the client keeps none
     /// (to drain at shutdown, keep the calls' tasks and await or abort them).

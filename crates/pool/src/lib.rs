@@ -117,7 +117,7 @@ pub mod transport;
 pub use auth::{AuthError, AuthToken, NoAuth, TokenSource};
 pub use breaker::BreakerState;
 pub use builder::ClientBuilder;
-pub use client::{CallFuture, Report, ResilientClient};
+pub use client::{CallFuture, ReadResponse, Report, ResilientClient};
 pub use error::{ClientError, ConfigError, ErrorKind, MAX_ERROR_BODY, TimeLimit};
 pub use observer::{
     CallId, EventKind, Fanout, MaybeSendSync, NullObserver, TransportEvent, TransportObserver,

@@ -43,6 +43,14 @@ fn the_call_future_is_send_over_send_ports() {
     assert_send(&plain);
     assert!(w.rt.block_on(call).unwrap().is_ok());
     drop(plain);
+    // So is a call that reads the body, and what it returns.
+    let read = client.execute_read_with(&policy, 64, |h| h.get("/x"));
+    assert_send(&read);
+    let body = client.execute_read(64, |h| h.get("/x"));
+    assert_send(&body);
+    let read = w.rt.block_on(read).unwrap().unwrap();
+    assert_send(&read);
+    drop(body);
 
     // A Send token source keeps the future Send.
     let authed = w

@@ -19,18 +19,23 @@ use std::time::Duration;
 use common::{Rng, ms, secs};
 use http::{HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, AuthToken, token_fn};
+use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::{
     BreakerMode, BreakerState, CallId, CallPolicy, ClientError, ErrorKind, EventKind, Instant,
     Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit, TransportError, TransportErrorKind,
     TransportEvent, TransportObserver,
 };
-use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
+use vantage_api_pool_testkit::{
+    RecordingObserver, Reply, ScriptedHttp, ScriptedTransport, VirtualRuntime,
+};
 
 /// One call's plan and what became of it.
 struct CallPlan {
     policy: CallPolicy,
     /// A POST (idempotent only if the policy says so), else a GET.
     post: bool,
+    /// `execute_read_with` with this body limit, else `execute_with`.
+    read: Option<usize>,
     start: Duration,
     drop_at: Option<Duration>,
 }
@@ -42,7 +47,12 @@ struct CallRecord {
     started: Option<Instant>,
     ended: Option<Instant>,
     result: Option<Result<(), ClientError>>,
+    /// The body a call that read it (`execute_read_with`) returned.
+    body: Option<Bytes>,
 }
+
+/// The success body the fault schedule sends whole, or breaks off or stalls part-way.
+const FULL_BODY: [u8; 3000] = [b'z'; 3000];
 
 /// The bodies of the two replies that ask for a delay, so the checks know what each
 /// asked from the generator, not from the client's own parse of its headers.
@@ -64,7 +74,19 @@ fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
         return Reply::status(401).after(rng.ms(50));
     }
     let reply = match rng.below(23) {
-        0..=5 => Reply::ok(),
+        0..=4 => Reply::ok(),
+        // A success body: whole, broken off part-way as a reset would, or stalled.
+        5 => {
+            let body = Reply::ok()
+                .body(Bytes::from_static(&FULL_BODY))
+                .chunk_size(1024);
+            let at = rng.below(FULL_BODY.len() as u64) as usize;
+            match rng.below(3) {
+                0 => body,
+                1 => body.body_fails_after(at, TransportErrorKind::Interrupted, "reset mid-body"),
+                _ => body.body_stalls_after(at),
+            }
+        }
         6 => Reply::status(500),
         7 => Reply::status(502),
         8 => Reply::status(503),
@@ -456,10 +478,14 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     let n_calls = 1 + rng.below(32) as usize;
     // Methods from a stream of their own, so they leave the other draws unchanged.
     let mut methods = Rng(seed ^ 0x9057);
+    // And whether a call reads its body (with what limit: some under the whole body),
+    // from another.
+    let mut reads = Rng(seed ^ 0x4EAD);
     let plans: Vec<CallPlan> = (0..n_calls)
         .map(|_| {
             let policy = policy(&mut rng);
             let post = methods.chance(30);
+            let read = reads.chance(40).then(|| 2000 + reads.below(2000) as usize);
             // Half the calls start within 300 ms of each other, so they meet at the
             // gate (a token fetch, the permits, the probe).
             let start = if rng.chance(50) {
@@ -480,6 +506,7 @@ fn run_seed(seed: u64) -> Result<u64, String> {
             CallPlan {
                 policy,
                 post,
+                read,
                 start,
                 drop_at,
             }
@@ -489,14 +516,7 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     let mut handles = Vec::new();
     let ids = Arc::new(AtomicU64::new(0));
     for (plan, record) in plans.iter().zip(&records) {
-        let fut = client.call(
-            plan.policy.clone(),
-            plan.post,
-            plan.start,
-            record.clone(),
-            ids.clone(),
-            rt.clone(),
-        );
+        let fut = client.call(plan, record.clone(), ids.clone(), rt.clone());
         handles.push((rt.spawn(fut), plan.drop_at));
     }
     // Drop callers at their planned times, then let the rest finish (`run` returns
@@ -695,6 +715,28 @@ fn run_seed(seed: u64) -> Result<u64, String> {
             problems.push(format!(
                 "{call:?}: {e} after an answer says nothing was sent"
             ));
+        }
+        // A call that read its body returned one whole, never the part of one that
+        // broke off or stalled, within its limit; its `Succeeded` counts it.
+        if let (Some(limit), Ok(())) = (plan.read, result) {
+            let body = record.body.as_deref().unwrap_or_default();
+            let whole = body.is_empty() || body == b"gone" || body == FULL_BODY;
+            if !whole || body.len() > limit {
+                problems.push(format!(
+                    "{call:?}: read a body of {} bytes (limit {limit}), not a whole one",
+                    body.len()
+                ));
+            }
+            let counted = evs.iter().rev().find_map(|e| match e.kind {
+                EventKind::Succeeded { bytes, .. } => Some(bytes),
+                _ => None,
+            });
+            if counted != Some(u64::try_from(body.len()).ok()) {
+                problems.push(format!(
+                    "{call:?}: read {} bytes, its Succeeded counts {counted:?}",
+                    body.len()
+                ));
+            }
         }
     }
     for (call, evs) in &by_call {
@@ -929,15 +971,15 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     healthy.store(true, Ordering::SeqCst);
     rt.run_for(max_cooldown).map_err(|e| e.to_string())?;
     let probe: Arc<Mutex<CallRecord>> = Arc::default();
-    rt.block_on(client.call(
-        CallPolicy::essential().with_breaker_mode(BreakerMode::WaitForProbe),
-        false,
-        Duration::ZERO,
-        probe.clone(),
-        ids.clone(),
-        rt.clone(),
-    ))
-    .map_err(|e| e.to_string())?;
+    let plan = CallPlan {
+        policy: CallPolicy::essential().with_breaker_mode(BreakerMode::WaitForProbe),
+        post: false,
+        read: None,
+        start: Duration::ZERO,
+        drop_at: None,
+    };
+    rt.block_on(client.call(&plan, probe.clone(), ids.clone(), rt.clone()))
+        .map_err(|e| e.to_string())?;
     if !matches!(probe.lock().unwrap().result, Some(Ok(()))) {
         problems.push("the call after recovery did not succeed".into());
     }
@@ -981,9 +1023,7 @@ fn digest(transport: &ScriptedTransport, recorder: &RecordingObserver) -> u64 {
 trait SimClient {
     fn call(
         &self,
-        policy: CallPolicy,
-        post: bool,
-        start: Duration,
+        plan: &CallPlan,
         record: Arc<Mutex<CallRecord>>,
         ids: Arc<AtomicU64>,
         rt: VirtualRuntime,
@@ -998,14 +1038,13 @@ impl<A: vantage_api_pool::TokenSource + 'static> SimClient
 {
     fn call(
         &self,
-        policy: CallPolicy,
-        post: bool,
-        start: Duration,
+        plan: &CallPlan,
         record: Arc<Mutex<CallRecord>>,
         ids: Arc<AtomicU64>,
         rt: VirtualRuntime,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> {
         let client = self.clone();
+        let (policy, post, read, start) = (plan.policy.clone(), plan.post, plan.read, plan.start);
         Box::pin(async move {
             rt.sleep(start).await;
             {
@@ -1013,16 +1052,22 @@ impl<A: vantage_api_pool::TokenSource + 'static> SimClient
                 r.started = Some(rt.now());
                 r.call = Some(CallId(ids.fetch_add(1, Ordering::SeqCst) + 1));
             }
-            let result = client
-                .execute_with(
-                    &policy,
-                    |h| if post { h.post("/sim") } else { h.get("/sim") },
-                )
-                .await
-                .map(|_| ());
+            let build = |h: &ScriptedHttp| if post { h.post("/sim") } else { h.get("/sim") };
+            let result = match read {
+                None => client.execute_with(&policy, build).await.map(|_| None),
+                Some(limit) => client
+                    .execute_read_with(&policy, limit, build)
+                    .await
+                    .map(|read| Some(read.into_body())),
+            };
+            let (result, body) = match result {
+                Ok(body) => (Ok(()), body),
+                Err(error) => (Err(error), None),
+            };
             let mut r = record.lock().unwrap();
             r.ended = Some(rt.now());
             r.result = Some(result);
+            r.body = body;
         })
     }
     fn in_flight(&self) -> usize {

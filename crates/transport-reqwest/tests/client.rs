@@ -168,6 +168,89 @@ async fn a_reset_mid_body_reaches_the_reader_of_a_success_as_interrupted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execute_read_sends_a_get_again_when_its_body_is_reset_mid_way() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n";
+    let server = FaultServer::start(move |n, _| match n {
+        0 => Act::WriteThenReset(format!("{head}{}", "x".repeat(100))),
+        _ => Act::Respond(ok("done")),
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let read = client
+        .execute_read_with(&policy(2), 4096, |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+    assert_eq!(read.body().as_ref(), b"done");
+    assert_eq!(
+        trace(&observer),
+        [
+            "started s1 a1",
+            "failed s1 a1 transport:interrupted",
+            "retry a2 after 5ms",
+            "started s2 a2",
+            "ok s2 a2 200",
+        ]
+    );
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execute_read_does_not_send_a_post_again_after_its_answer_broke_off() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n";
+    let server =
+        FaultServer::start(move |_, _| Act::WriteThenReset(format!("{head}{}", "x".repeat(100))))
+            .await;
+    let observer = RecordingObserver::new();
+    let client = client(ReqwestTransport::new(reqwest_client()), &observer);
+    let url = server.url(PATH);
+    let error = client
+        .execute_read_with(&policy(2), 4096, |http| http.post(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted)
+    );
+    assert!(!error.nothing_sent());
+    assert_no_url(&error);
+    assert_eq!(
+        trace(&observer),
+        ["started s1 a1", "failed s1 a1 transport:interrupted"]
+    );
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execute_read_cuts_a_stalled_success_body_at_the_attempt_timeout() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n";
+    let server = FaultServer::start(move |n, _| match n {
+        0 => Act::WriteThenStall(format!("{head}{}", "x".repeat(100))),
+        _ => Act::Respond(ok("done")),
+    })
+    .await;
+    let observer = RecordingObserver::new();
+    let transport = ReqwestTransport::new(reqwest_client());
+    let client = client(transport, &observer);
+    let url = server.url(PATH);
+    let policy = policy_with_timeout(1, Duration::from_millis(300));
+    let read = client
+        .execute_read_with(&policy, 4096, |http| http.get(&url))
+        .await
+        .unwrap();
+    assert_eq!(read.into_body().as_ref(), b"done");
+    let trace = trace(&observer);
+    assert_eq!(trace[1], "failed s1 a1 timed_out");
+    assert_eq!(trace.last().map(String::as_str), Some("ok s2 a2 200"));
+    // The stalled connection was distrusted: the retry came on a new one.
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert_ne!(requests[0].connection, requests[1].connection);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_mid_body_of_an_error_keeps_the_status_and_the_bytes_read() {
     let head = "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 1000\r\n\r\n";
     let server =

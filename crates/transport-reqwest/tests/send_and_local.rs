@@ -97,11 +97,15 @@ async fn a_call_over_reqwest_and_tokio_can_be_spawned() {
             let policy = policy(2);
             let response = client.execute_with(&policy, |http| http.get(&url)).await?;
             let text = response.into_inner().text().await.unwrap();
-            Ok::<_, ClientError>((text, fetch_status(&client, &url).await?))
+            let status = fetch_status(&client, &url).await?;
+            // A call that reads the body inside the attempt is Send too.
+            let read = client.execute_read(1024, |http| http.get(&url)).await?;
+            Ok::<_, ClientError>((text, status, read.into_body()))
         }
     });
-    let (text, status) = handle.await.unwrap().unwrap();
+    let (text, status, body) = handle.await.unwrap().unwrap();
     assert_eq!((text.as_str(), status), ("spawned", StatusCode::OK));
+    assert_eq!(body.as_ref(), b"spawned");
     assert_eq!(
         trace(&observer),
         [
@@ -112,9 +116,11 @@ async fn a_call_over_reqwest_and_tokio_can_be_spawned() {
             "ok s2 a2 200",
             "started s1 a1",
             "ok s1 a1 200",
+            "started s1 a1",
+            "ok s1 a1 200",
         ]
     );
-    assert_eq!(server.requests().len(), 3);
+    assert_eq!(server.requests().len(), 4);
 }
 
 /// A call that owns its client handle goes to `tokio::spawn` as it is, made outside
