@@ -12,7 +12,7 @@
 //!
 //! | API | server script | client |
 //! |---|---|---|
-//! | `orders-api` → `/orders` | healthy, then an outage of 503s (6 s → 14 s), then recovery | `CallPolicy::essential()` (retry until dropped, wait for the breaker's probe), the default breaker (5 failures, 5 s doubling), 4 in parallel |
+//! | `orders-api` → `/orders` | healthy, then an outage of 503s (6 s → 14 s), then recovery; one 200 in 20 breaks off mid-body (the connection closes) | `CallPolicy::essential()` (retry until dropped, wait for the breaker's probe), the default breaker (5 failures, 5 s doubling), 4 in parallel |
 //! | `search-api` → `/search` | a quota of 12 requests a second, cut to 4 (10 s → 20 s): above it, `429` with `Retry-After: 1` | `CallPolicy::bounded` (2 retries), its own rate limit of 8/s |
 //! | `profile-api` → `/profile` | tokens from `/token` live 5 s, then `401`; a spell of 500s (17 s → 21 s) | `CallPolicy::background()` (one attempt, fail fast), a breaker of 3 failures, auth through `auth::token_fn` |
 //!
@@ -20,7 +20,9 @@
 //! and the waiting calls go through once it closes; search calls slow down on 429s and
 //! leave no earlier than the server asked, without touching the breaker; profile calls
 //! refresh their token once per 401 (single-flight) and are refused at once, nothing
-//! sent, while the breaker is open.
+//! sent, while the breaker is open. Every call reads its body with `execute_read`, so
+//! an orders body cut off mid-way is a failed send, and the GET goes again: no call
+//! gets a part of a body.
 //!
 //! The health view is built only from the observer events and `breaker_state()`: the
 //! shipped [`HealthObserver`] keeps the figures per API (breaker, in flight, success
@@ -55,8 +57,8 @@ use vantage_api_pool::health::{ApiHealth, BreakerView, HealthObserver};
 use vantage_api_pool::http::{HeaderName, HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::tracing_observer::TracingObserver;
 use vantage_api_pool::{
-    BreakerState, CallId, CallPolicy, ClientError, EventKind, Fanout, Instant, ResilientClient,
-    RetryPolicy, Runtime, TransportEvent, TransportObserver,
+    BreakerState, CallId, CallPolicy, ClientError, EventKind, Fanout, Instant, ReadResponse,
+    ResilientClient, RetryPolicy, Runtime, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_reqwest::{ReqwestResponse, ReqwestTransport, reqwest};
 use vantage_api_pool_tokio::TokioRuntime;
@@ -81,6 +83,12 @@ const SEARCH_QUOTA_TIGHT: u32 = 4;
 const PROFILE_BROKEN: (f64, f64) = (17.0, 21.0);
 /// How long a token from `/token` is accepted, in script seconds.
 const TOKEN_TTL: f64 = 5.0;
+/// The bodies of the three APIs' successes: a call must read one whole.
+const ORDERS_BODY: &str = r#"{"orders":[{"id":1,"total":42}]}"#;
+const SEARCH_BODY: &str = r#"{"hits":3}"#;
+const PROFILE_BODY: &str = r#"{"name":"Ada"}"#;
+/// The most any call reads of a body.
+const BODY_LIMIT: usize = 64 * 1024;
 
 #[derive(Debug, Clone, Copy)]
 struct Settings {
@@ -245,6 +253,9 @@ struct Reply {
     headers: Vec<(&'static str, String)>,
     body: String,
     delay: Duration,
+    /// Only the head and half the body go out, then the connection closes: a body
+    /// cut off mid-way.
+    cut: bool,
 }
 
 impl Reply {
@@ -254,7 +265,13 @@ impl Reply {
             headers: Vec::new(),
             body: body.into(),
             delay: Duration::from_millis(delay_ms),
+            cut: false,
         }
+    }
+
+    fn cut(mut self) -> Reply {
+        self.cut = true;
+        self
     }
 
     fn header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
@@ -282,7 +299,9 @@ impl Reply {
         }
         head.push_str("\r\n");
         let mut bytes = head.into_bytes();
-        bytes.extend_from_slice(self.body.as_bytes());
+        let body = self.body.as_bytes();
+        let sent = if self.cut { body.len() / 2 } else { body.len() };
+        bytes.extend_from_slice(&body[..sent]);
         bytes
     }
 }
@@ -297,6 +316,9 @@ struct ServerState {
     tokens: Vec<Duration>,
     /// Per endpoint, per status: how many answers.
     seen: BTreeMap<&'static str, BTreeMap<u16, u64>>,
+    /// The 200s of `/orders` so far, and how many of them were cut off mid-body.
+    orders_ok: u64,
+    cut: u64,
 }
 
 impl ServerState {
@@ -330,6 +352,8 @@ impl FlakyServer {
                 search_count: 0,
                 tokens: Vec::new(),
                 seen: BTreeMap::new(),
+                orders_ok: 0,
+                cut: 0,
             }),
             requests: AtomicU64::new(0),
         }
@@ -356,7 +380,15 @@ impl FlakyServer {
                     } else {
                         st.ms(20, 80)
                     };
-                    Reply::new(200, r#"{"orders":[{"id":1,"total":42}]}"#, ms)
+                    let reply = Reply::new(200, ORDERS_BODY, ms);
+                    // One in 20 breaks off mid-body, as a dropped connection would.
+                    st.orders_ok += 1;
+                    if st.orders_ok % 20 == 7 {
+                        st.cut += 1;
+                        reply.cut()
+                    } else {
+                        reply
+                    }
                 };
                 ("/orders", reply)
             }
@@ -375,7 +407,7 @@ impl FlakyServer {
                     } else {
                         st.ms(30, 150)
                     };
-                    Reply::new(200, r#"{"hits":3}"#, ms)
+                    Reply::new(200, SEARCH_BODY, ms)
                 };
                 ("/search", reply)
             }
@@ -396,7 +428,7 @@ impl FlakyServer {
                 let reply = if Script::profile_broken(t) {
                     Reply::new(500, "profile store crashed", ms)
                 } else if valid {
-                    Reply::new(200, r#"{"name":"Ada"}"#, ms)
+                    Reply::new(200, PROFILE_BODY, ms)
                 } else {
                     Reply::new(401, "token expired", 2)
                         .header("www-authenticate", r#"Bearer error="invalid_token""#)
@@ -420,6 +452,10 @@ impl FlakyServer {
 
     fn tokens_issued(&self) -> usize {
         self.lock().tokens.len()
+    }
+
+    fn bodies_cut(&self) -> u64 {
+        self.lock().cut
     }
 }
 
@@ -488,7 +524,7 @@ async fn connection(stream: TcpStream, server: Arc<FlakyServer>) -> std::io::Res
         let reply = server.answer(&method, &target, auth.as_deref());
         tokio::time::sleep(reply.delay).await;
         write.write_all(&reply.encode(id)).await?;
-        if close {
+        if close || reply.cut {
             return Ok(());
         }
     }
@@ -698,6 +734,9 @@ enum BreakerNow {
 #[derive(Default)]
 struct Tally {
     ok: AtomicU64,
+    /// Successful calls whose body was not the API's whole body (never, if reads
+    /// are whole).
+    partial: AtomicU64,
     failed: AtomicU64,
     abandoned: AtomicU64,
     reasons: Mutex<BTreeMap<String, u64>>,
@@ -730,16 +769,18 @@ struct Api {
 
 /// Starts `workers` tasks that make calls with `call` until `stop_at`, pausing `think`
 /// between calls. A call still running at `stop_at` is dropped, which cancels it.
+/// Each call reads its body (`execute_read`), which must be `whole`.
 fn spawn_workers<F, Fut>(
     tasks: &mut JoinSet<()>,
     workers: u32,
     think: Duration,
     stop_at: tokio::time::Instant,
     tally: &Arc<Tally>,
+    whole: &'static str,
     call: F,
 ) where
     F: Fn() -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<ReqwestResponse, ClientError>> + Send + 'static,
+    Fut: Future<Output = Result<ReadResponse<ReqwestResponse>, ClientError>> + Send + 'static,
 {
     for i in 0..workers {
         let call = call.clone();
@@ -753,11 +794,11 @@ fn spawn_workers<F, Fut>(
                         tally.abandoned.fetch_add(1, Ordering::Relaxed);
                         break;
                     }
-                    Ok(Ok(response)) => {
-                        // Read the body so the connection can be reused.
-                        let body = response.into_inner().bytes();
-                        let _ = tokio::time::timeout(Duration::from_secs(2), body).await;
+                    Ok(Ok(read)) => {
                         tally.ok.fetch_add(1, Ordering::Relaxed);
+                        if read.body() != whole.as_bytes() {
+                            tally.partial.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     Ok(Err(error)) => tally.failed(&error),
                 }
@@ -1307,11 +1348,14 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
         Duration::from_millis(150),
         stop_at,
         &tallies[0],
+        ORDERS_BODY,
         move || {
             let (client, url) = (orders.clone(), orders_url.clone());
             async move {
                 let policy = CallPolicy::essential();
-                client.execute_with(&policy, |http| http.get(&url)).await
+                client
+                    .execute_read_with(&policy, BODY_LIMIT, |http| http.get(&url))
+                    .await
             }
         },
     );
@@ -1322,9 +1366,14 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
         Duration::ZERO,
         stop_at,
         &tallies[1],
+        SEARCH_BODY,
         move || {
             let (client, url, policy) = (search.clone(), search_url.clone(), search_policy.clone());
-            async move { client.execute_with(&policy, |http| http.get(&url)).await }
+            async move {
+                client
+                    .execute_read_with(&policy, BODY_LIMIT, |http| http.get(&url))
+                    .await
+            }
         },
     );
     let profile_url = format!("{base}/profile");
@@ -1334,10 +1383,15 @@ async fn run(settings: Settings, log: Option<PathBuf>) -> Result<bool, BoxError>
         Duration::from_millis(200),
         stop_at,
         &tallies[2],
+        PROFILE_BODY,
         move || {
             let (client, url, policy) =
                 (profile.clone(), profile_url.clone(), profile_policy.clone());
-            async move { client.execute_with(&policy, |http| http.get(&url)).await }
+            async move {
+                client
+                    .execute_read_with(&policy, BODY_LIMIT, |http| http.get(&url))
+                    .await
+            }
         },
     );
 
@@ -1507,6 +1561,17 @@ fn summary(
         let label = if i == 0 { "server answered" } else { "" };
         let _ = writeln!(out, "{label:<16} {endpoint:<12} {statuses}");
     }
+    let cut = server.bodies_cut();
+    let partial: u64 = view
+        .apis
+        .iter()
+        .map(|api| api.tally.partial.load(Ordering::Relaxed))
+        .sum();
+    let _ = writeln!(
+        out,
+        "bodies           {cut} of the /orders 200s were cut off mid-body; each was read\n                 \
+         again (execute_read, a GET); calls that got a part of a body: {partial}",
+    );
     let fetches = server.tokens_issued();
     let _ = writeln!(
         out,
@@ -1589,6 +1654,10 @@ fn summary(
         (
             totals.get("profile-api").unauthorized > 0 && totals.get("profile-api").replays > 0,
             "a 401 made profile-api refresh its token",
+        ),
+        (
+            cut > 0 && partial == 0,
+            "bodies cut off mid-way were read again: every call got a whole body",
         ),
     ];
     for (happened, what) in story {
