@@ -16,6 +16,7 @@
 //! | `GET /flaky/<id>` | first request `503` with `Retry-After: 1`, later ones `200 ok` |
 //! | `GET /missing/<id>` | `404` with the body `no such order` |
 //! | `GET /stall-body/<id>` | `200` announcing 100 body bytes, sends 10 (`0123456789`), then nothing until the client closes |
+//! | `GET /cut-once/<id>` | first request `200` announcing 100 body bytes, sends 10 (`0123456789`), then closes the connection; later ones `200` with 100 `x` |
 //! | `GET /stall-head/<id>` | nothing at all until the client closes (counted as a request) |
 //! | `GET /stall-error/<id>` | `503` announcing 100 body bytes, sends 10 (`0123456789`), then nothing until the client closes |
 //! | `GET /long-error/<id>` | `503` announcing 1,000,000 body bytes, sends 4,096 (`e`), then nothing until the client closes |
@@ -141,10 +142,24 @@ fn serve(stream: TcpStream, counts: &Shared) -> std::io::Result<()> {
 
         let reply = answer(&method, &target, &headers, counts);
         let stalls = method != "OPTIONS" && STALLING.iter().any(|p| target.starts_with(p));
+        // A body cut off: the connection closes after the part that was sent.
+        let path = target.split_once('?').map_or(target.as_str(), |(p, _)| p);
+        let cut = method != "OPTIONS"
+            && path.starts_with("/cut-once/")
+            && counts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .requests
+                .get(path)
+                == Some(&1);
         // A stalled head is counted, never answered.
         if !target.starts_with("/stall-head/") || !stalls {
             writer.write_all(&reply)?;
             writer.flush()?;
+        }
+        if cut {
+            eprintln!("fault_server: cut {path}'s body off");
+            return Ok(());
         }
         if stalls {
             // The rest never comes: wait for the client to give up, and count it when
@@ -240,6 +255,13 @@ fn answer(
         )
     } else if path.starts_with("/missing/") {
         response("404 Not Found", &[id], "no such order")
+    } else if path.starts_with("/cut-once/") {
+        let whole = response("200 OK", &[id], &"x".repeat(100));
+        if n == 1 {
+            part_of(whole, 100, b"0123456789")
+        } else {
+            whole
+        }
     } else if path.starts_with("/stall-body/") {
         part_of(
             response("200 OK", &[id], &"x".repeat(100)),

@@ -562,6 +562,69 @@ async fn a_credential_a_browser_would_drop_is_config_there_and_goes_out_in_node(
 }
 
 #[wasm_bindgen_test]
+async fn execute_read_sends_a_get_again_when_its_body_is_cut_off() {
+    // The first answer's body breaks off after 10 of 100 bytes (the connection
+    // closes): fetch reports it mid-body, the adapter as `Interrupted`, and the loop,
+    // reading the body inside the attempt, sends the GET again.
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let path = fresh("cut-once");
+    let url = format!("{}{path}", server());
+    let policy = CallPolicy::bounded(vantage_api_pool::RetryPolicy {
+        max_retries: 2,
+        base: Duration::from_millis(5),
+        max: Duration::from_millis(5),
+    });
+    let read = client
+        .execute_read_with(&policy, 1000, |http| http.get(&url))
+        .await
+        .expect("the second answer is read whole");
+    assert_eq!(read.status(), StatusCode::OK);
+    assert_eq!(read.body().as_ref(), &[b'x'; 100][..]);
+    assert_eq!(counted("count", &path).await, 2);
+    assert_eq!(
+        observer.kinds(),
+        [
+            "started",
+            "failed",
+            "retry_scheduled",
+            "started",
+            "succeeded"
+        ]
+    );
+    observer.check_contract().expect("observer contract");
+    let broke = events(&observer).into_iter().find_map(|e| match e.kind {
+        EventKind::Failed { error, sent, .. } => Some((error.kind(), sent)),
+        _ => None,
+    });
+    assert_eq!(
+        broke,
+        Some((ErrorKind::Transport(TransportErrorKind::Interrupted), true))
+    );
+}
+
+#[wasm_bindgen_test]
+async fn execute_read_cuts_a_stalled_body_at_the_attempt_timeout() {
+    let observer = RecordingObserver::new();
+    let client = client(&observer);
+    let path = fresh("stall-body");
+    let url = format!("{}{path}", server());
+    let policy = CallPolicy::background()
+        .with_attempt_timeout(Duration::from_millis(300))
+        .expect("a valid attempt timeout");
+    let err = client
+        .execute_read_with(&policy, 1000, |http| http.get(&url))
+        .await
+        .expect_err("the body stalls");
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err:?}");
+    assert_eq!(err.time_limit(), Some(TimeLimit::AttemptTimeout));
+    assert_eq!(client.runtime().pending_timers(), 0);
+    let closed = closed_by_client(client.runtime(), &path).await;
+    assert_eq!(closed, 1, "the fetch was aborted: the server saw it close");
+    observer.check_contract().expect("observer contract");
+}
+
+#[wasm_bindgen_test]
 async fn a_body_cut_by_the_requests_timeout_is_timed_out() {
     // The head comes at once, then 10 of 100 body bytes, then nothing: the request's
     // own 500 ms timeout aborts the fetch mid-body, which reqwest reports as a decode
