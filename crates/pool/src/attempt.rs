@@ -225,8 +225,14 @@ enum Sent {
         limit: Option<TimeLimit>,
         cut_by_budget: bool,
         /// It failed while the attempt read a success body (`execute_read`).
-        in_body: bool,
+        in_body: Option<AfterHead>,
     },
+}
+
+/// What a send that failed in its success body's read keeps of the head.
+struct AfterHead {
+    /// The head's request id: the last response the call got.
+    request_id: Option<Arc<str>>,
 }
 
 /// Emits `Cancelled` for a send whose future is dropped before its terminal event.
@@ -966,6 +972,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     // Boxed: only calls that read pay for this state.
                     let (response, read) =
                         Box::pin(read_whole(&client.runtime, send_deadline, response, limit)).await;
+                    let after_head = |response: &T::Response| AfterHead {
+                        request_id: client.request_id_in(response.headers()).map(Arc::from),
+                    };
                     match read {
                         Ok(Ok(body)) => {
                             let done = self.now();
@@ -975,12 +984,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                             return Ok(ending.read(response, body));
                         }
                         Ok(Err(error)) => Sent::Failed {
-                            error: after_head(error),
+                            error: judged_after_head(error),
                             limit: None,
                             cut_by_budget: false,
-                            in_body: true,
+                            in_body: Some(after_head(&response)),
                         },
-                        Err(_elapsed) => self.cut(send_deadline, started, true),
+                        Err(_elapsed) => {
+                            self.cut(send_deadline, started, Some(after_head(&response)))
+                        }
                     }
                 }
                 Ok(Ok(response)) => {
@@ -1001,16 +1012,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     error,
                     limit: None,
                     cut_by_budget: false,
-                    in_body: false,
+                    in_body: None,
                 },
-                Err(_elapsed) => self.cut(send_deadline, started, false),
+                Err(_elapsed) => self.cut(send_deadline, started, None),
             };
             // A body read after the head moves the clock; otherwise reuse it. A
             // success body that failed counts into `ms` as it would have succeeded.
             let (ended, ms) = match sent {
-                Sent::Failed { in_body: false, .. } => (head_at, ms),
+                Sent::Failed { in_body: None, .. } => (head_at, ms),
                 Sent::ErrorStatus { .. } => (self.now(), ms),
-                Sent::Failed { in_body: true, .. } => {
+                Sent::Failed {
+                    in_body: Some(_), ..
+                } => {
                     let ended = self.now();
                     (ended, millis(ended.saturating_duration_since(started)))
                 }
@@ -1065,7 +1078,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
     /// A send the client's time limit cut at `send_deadline` (`in_body`: while its
     /// success body was being read): the connection is distrusted.
-    fn cut(&self, send_deadline: Instant, started: Instant, in_body: bool) -> Sent {
+    fn cut(&self, send_deadline: Instant, started: Instant, in_body: Option<AfterHead>) -> Sent {
         self.client.transport.distrust_connection();
         // The time the send was given, read off its deadline (which the call keeps
         // anyway; keeping `limit` too would grow every call's future): less than the
@@ -1207,7 +1220,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 error: e,
                 limit,
                 cut_by_budget,
-                ..
+                in_body,
             } => {
                 let outcome = Outcome::Transport(e.kind());
                 // As the rules judge it: a `NotSent` past the free redials may have
@@ -1219,10 +1232,16 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 } else {
                     ClientError::transport(e, self.attempt)
                 };
+                // A failure in a success body's read has a response of its own, the
+                // last the call got: its request id, never an older one's.
+                let error = match in_body {
+                    Some(AfterHead { request_id }) => error.with_request_id(request_id),
+                    None => self.with_last_request_id(error),
+                };
                 (
                     outcome,
                     None,
-                    self.with_last_request_id(error).with_reached(self.reached),
+                    error.with_reached(self.reached),
                     cut_by_budget,
                 )
             }
@@ -1325,7 +1344,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 /// the request reached the server, and a kind that says it never left (`NotSent`,
 /// `Connect`, `Tls`, `Config`: no transport should give one after a head) counts as
 /// `Interrupted`.
-fn after_head(error: TransportError) -> TransportError {
+fn judged_after_head(error: TransportError) -> TransportError {
     match error.kind() {
         TransportErrorKind::NotSent
         | TransportErrorKind::Connect

@@ -214,8 +214,8 @@ impl<F> fmt::Debug for CallFuture<F> {
 
 /// A response whose body the call read whole
 /// ([`execute_read`](ResilientClient::execute_read)): the transport's response, its
-/// body already taken, and the body.
-#[derive(Debug)]
+/// body already taken, and the body. Its `Debug` shows the body's length, never
+/// the body (which may hold a token or personal data).
 pub struct ReadResponse<R> {
     pub(crate) response: R,
     pub(crate) body: Bytes,
@@ -245,6 +245,15 @@ impl<R> ReadResponse<R> {
     #[must_use]
     pub fn into_parts(self) -> (R, Bytes) {
         (self.response, self.body)
+    }
+}
+
+impl<R: fmt::Debug> fmt::Debug for ReadResponse<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadResponse")
+            .field("response", &self.response)
+            .field("body_len", &self.body.len())
+            .finish()
     }
 }
 
@@ -408,10 +417,54 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     where
         F: FnMut(&T::Handle) -> T::Draft,
     {
+        self.into_call_ending(policy, build, AtHead)
+    }
+
+    /// [`execute_read`](ResilientClient::execute_read) as a future that owns its
+    /// client handle, as [`into_call`](ResilientClient::into_call) is for
+    /// `execute`: `tokio::spawn(client.clone().into_read_call(limit, move |http|
+    /// http.get(&url)))`.
+    pub fn into_read_call<F>(
+        self,
+        limit: usize,
+        build: F,
+    ) -> CallFuture<impl Future<Output = Result<ReadResponse<T::Response>, ClientError>>>
+    where
+        F: FnMut(&T::Handle) -> T::Draft,
+    {
+        let policy = self.shared.default_policy.clone();
+        self.into_call_ending(policy, build, ReadBody(limit))
+    }
+
+    /// [`into_read_call`](ResilientClient::into_read_call) under `policy`, which the
+    /// future keeps.
+    pub fn into_read_call_with<F>(
+        self,
+        policy: CallPolicy,
+        limit: usize,
+        build: F,
+    ) -> CallFuture<impl Future<Output = Result<ReadResponse<T::Response>, ClientError>>>
+    where
+        F: FnMut(&T::Handle) -> T::Draft,
+    {
+        self.into_call_ending(policy, build, ReadBody(limit))
+    }
+
+    /// A call that owns its client handle and its policy, ending as `ending` says.
+    fn into_call_ending<F, E>(
+        self,
+        policy: CallPolicy,
+        build: F,
+        ending: E,
+    ) -> CallFuture<impl Future<Output = Result<E::Output, ClientError>>>
+    where
+        F: FnMut(&T::Handle) -> T::Draft,
+        E: Ending<T::Response>,
+    {
         let id = self.next_call_id();
         CallFuture {
             id,
-            call: async move { Call::new(&self.shared, policy, id).run(build, AtHead).await },
+            call: async move { Call::new(&self.shared, policy, id).run(build, ending).await },
         }
     }
 

@@ -63,7 +63,8 @@ pub struct ApiHealth {
     /// `Succeeded`: an answer for the caller means the breaker let a send through).
     pub breaker: BreakerView,
     /// Sends started and not yet ended (from their `Started` to their terminal
-    /// event, an error body's read included). Not the client's
+    /// event, an error body's read included, and a success body's for a call that
+    /// reads it). Not the client's
     /// [`ResilientClient::in_flight`](crate::ResilientClient::in_flight), which
     /// counts permits: those are held from before the rate wait to the response
     /// head.

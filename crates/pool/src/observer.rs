@@ -99,8 +99,9 @@ pub struct TransportEvent {
     /// (taken before the request closure ran, or after a permit or rate wait), so
     /// neither the closure nor the callback counts into `ms`; for a send's outcome
     /// and what it caused (`Succeeded`, `Failed`, `RetryScheduled`, a breaker
-    /// transition), the reading at its response head, or at the end of its error
-    /// body or failure; otherwise the reading as the event was emitted.
+    /// transition), the reading at its response head, at the end of its error body
+    /// or failure, or (a call that reads its body) at the end of its success body;
+    /// otherwise the reading as the event was emitted.
     pub at: Instant,
     /// The call the event is about; `None` for events reported through
     /// `ResilientClient::report`, and for `BreakerReset`.
@@ -144,9 +145,12 @@ pub enum EventKind {
         attempt: u32,
         /// The response status.
         status: StatusCode,
-        /// Milliseconds from just before the send to the response head.
+        /// Milliseconds from just before the send to the response head; for a call
+        /// that reads its body ([`execute_read`](crate::ResilientClient::execute_read)),
+        /// to the body's end.
         ms: u64,
-        /// The response's `Content-Length`, when known.
+        /// The response's `Content-Length`, when known; for a call that reads its
+        /// body, the body's length.
         bytes: Option<u64>,
     },
     /// The send failed; the call may still retry.
@@ -158,8 +162,8 @@ pub enum EventKind {
         /// What went wrong, with the attempts made so far. On a call's last `Failed`,
         /// the same error the call returns.
         error: ClientError,
-        /// Milliseconds from just before the send to the response head or failure;
-        /// 0 for a synthetic failure.
+        /// Milliseconds from just before the send to the response head or failure
+        /// (a failure in a success body's read included); 0 for a synthetic failure.
         ms: u64,
         /// `false` for a synthetic pair (fail-fast rejection, auth failure, budget
         /// ending at the gate or before the send, in its permit or rate wait, a

@@ -448,3 +448,166 @@ fn a_body_failure_that_says_nothing_left_counts_as_interrupted() {
         w.assert_contract();
     }
 }
+
+#[test]
+fn a_broken_body_carries_its_own_heads_request_id_never_an_older_one() {
+    let w = World::new();
+    w.transport.push(
+        Reply::ok()
+            .header("x-request-id", "r-pay")
+            .body(BODY)
+            .body_fails_after(5, TransportErrorKind::Interrupted, "reset"),
+    );
+    let client = w.client();
+    let policy = bounded(1, ms(10));
+    // A POST whose answer broke off: its id is how to ask whether it went through.
+    let err = read(&w, &client, &policy, 1024, |h| h.post("/pay")).unwrap_err();
+    assert_eq!(err.request_id(), Some("r-pay"));
+
+    // After a 503 with an id of its own, the broken 200's id, or none if it had none.
+    for (id, want) in [(Some("r-2"), Some("r-2")), (None, None)] {
+        let broken =
+            Reply::ok()
+                .body(BODY)
+                .body_fails_after(5, TransportErrorKind::Interrupted, "reset");
+        let broken = match id {
+            Some(id) => broken.header("x-request-id", id),
+            None => broken,
+        };
+        w.transport
+            .push_many([Reply::status(503).header("x-request-id", "r-1"), broken]);
+        let err = read(&w, &client, &policy, 1024, |h| h.get("/orders")).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            ErrorKind::Transport(TransportErrorKind::Interrupted)
+        );
+        assert_eq!(err.request_id(), want);
+        w.assert_last_failed_is(&err);
+    }
+    // A body cut by the time limit keeps its head's id too.
+    w.transport.push(
+        Reply::ok()
+            .header("x-request-id", "r-3")
+            .body(BODY)
+            .body_stalls_after(5),
+    );
+    let short = bounded_within(0, ms(10), secs(1), secs(1));
+    let err = read(&w, &client, &short, 1024, |h| h.get("/orders")).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.request_id(), Some("r-3"));
+    w.assert_contract();
+}
+
+#[test]
+fn the_retry_after_a_broken_body_waits_from_the_break() {
+    let w = World::new();
+    w.transport.push(
+        Reply::ok()
+            .after(ms(100))
+            .body("abcdef")
+            .chunk_size(2)
+            .chunk_delay(ms(50))
+            .body_fails_after(4, TransportErrorKind::Interrupted, "reset"),
+    );
+    w.transport.push(Reply::ok().body("abcdef"));
+    let client = w.client();
+    let got = read(&w, &client, &bounded(1, ms(250)), 1024, |h| h.get("/o")).unwrap();
+    assert_eq!(got.body(), "abcdef");
+    // Head at 100 ms, two chunks by 200 ms, the break at 250 ms: the retry 250 ms on.
+    assert_eq!(w.sent_at(), [ms(0), ms(500)]);
+    assert_eq!(
+        failures(&w.events()),
+        [(
+            ErrorKind::Transport(TransportErrorKind::Interrupted),
+            true,
+            250
+        )]
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn a_post_whose_body_stalls_is_cut_and_not_sent_again() {
+    let w = World::new();
+    w.transport
+        .push(Reply::ok().body(BODY).body_stalls_after(4));
+    w.transport.push(Reply::ok().body(BODY));
+    let client = w.client();
+    let policy = bounded_within(3, ms(10), secs(1), secs(30));
+    let err = read(&w, &client, &policy, 1024, |h| h.post("/pay")).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::AttemptTimeout));
+    assert_eq!(w.transport.request_count(), 1);
+    assert_eq!(w.transport.distrusted(), 1);
+    w.assert_contract();
+}
+
+#[test]
+fn a_body_cut_by_a_short_rest_of_the_budget_says_nothing_about_the_api() {
+    let w = World::new();
+    // A 500 at 900 ms; the retry leaves at 910 ms with 90 ms of the budget left, less
+    // than half the attempt timeout: its cut is not counted by the breaker.
+    w.transport.push(Reply::status(500).after(ms(900)));
+    w.transport
+        .push(Reply::ok().body(BODY).body_stalls_after(4));
+    let client = w.builder().breaker(2, secs(5), secs(60)).build().unwrap();
+    let policy = bounded_within(2, ms(10), secs(1), secs(1));
+    let err = read(&w, &client, &policy, 1024, |h| h.get("/o")).unwrap_err();
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    // One more failure opens it: the run was one, not two.
+    w.transport.push(Reply::status(500));
+    read(&w, &client, &bounded(0, ms(1)), 1024, |h| h.get("/o")).unwrap_err();
+    assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+    w.assert_contract();
+}
+
+#[test]
+fn a_probe_whose_body_is_too_large_or_dropped_frees_the_probe_slot() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(500),
+        // The probe's body is over the limit: no verdict on the API.
+        Reply::ok().body(BODY),
+        // The next probe is dropped while its body stalls.
+        Reply::ok().body(BODY).body_stalls_after(4),
+        Reply::ok().body("x"),
+    ]);
+    let client = w.builder().breaker(1, secs(1), secs(60)).build().unwrap();
+    let policy = bounded(0, ms(250));
+    read(&w, &client, &policy, 4, |h| h.get("/o")).unwrap_err();
+    w.rt.advance(secs(1));
+    let err = read(&w, &client, &policy, 4, |h| h.get("/o")).unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::TooLarge)
+    );
+    assert_eq!(client.breaker_state(), BreakerState::HalfOpen);
+
+    let call = {
+        let (client, policy) = (client.clone(), policy.clone());
+        w.rt.spawn(async move {
+            client
+                .execute_read_with(&policy, 4, |h| h.get("/o"))
+                .await
+                .map(|_| ())
+        })
+    };
+    w.rt.run_for(ms(100)).unwrap();
+    assert_eq!(client.breaker_state(), BreakerState::HalfOpen);
+    call.abort();
+    w.rt.run_until_idle().unwrap();
+    assert_eq!(
+        w.transport.distrusted(),
+        0,
+        "a dropped send distrusts nothing"
+    );
+
+    // The slot is free again: the next call is the probe, and its whole body closes
+    // the breaker.
+    let got = read(&w, &client, &policy, 4, |h| h.get("/o")).unwrap();
+    assert_eq!(got.body(), "x");
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    assert_eq!(w.transport.request_count(), 4);
+    w.assert_contract();
+}

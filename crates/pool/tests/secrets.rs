@@ -60,6 +60,12 @@ fn the_canary_token_never_appears_in_any_output() {
     let _ =
         w.rt.block_on(client2.execute_with(&CallPolicy::background(), |h| h.get("/x")))
             .unwrap();
+    // A body read whole that echoes the token: its `Debug` shows the length only.
+    w.transport.push(Reply::ok().body(format!("echo {bearer}")));
+    let read =
+        w.rt.block_on(client2.execute_read(1024, |h| h.get("/echo")))
+            .unwrap()
+            .unwrap();
 
     // The token did reach the server, marked sensitive.
     let requests = w.transport.requests();
@@ -80,6 +86,7 @@ fn the_canary_token_never_appears_in_any_output() {
         format!("{:?}", health.snapshots()),
         format!("{requests:?}"),
         format!("{:?}", CallPolicy::essential()),
+        format!("{read:?}"),
     ];
     for (i, e) in w.observer.events().iter().enumerate() {
         outputs.push(format!("{i}: {:?} {:?}", e.event, e.event.kind));
@@ -92,4 +99,5 @@ fn the_canary_token_never_appears_in_any_output() {
     }
     // The body stays reachable on purpose, through `body()` only.
     assert!(failed.body_text().unwrap().contains(&canary));
+    assert!(String::from_utf8_lossy(read.body()).contains(&canary));
 }

@@ -107,6 +107,23 @@ where
     client.into_call_with(bounded(2, ms(100)), build)
 }
 
+/// The same for a call that reads the body.
+#[cfg(not(target_arch = "wasm32"))]
+fn spawnable_read<T, R, A>(
+    client: ResilientClient<T, R, A>,
+    build: fn(&T::Handle) -> T::Draft,
+) -> impl Future<
+    Output = Result<vantage_api_pool::ReadResponse<T::Response>, vantage_api_pool::ClientError>,
+> + Send
++ 'static
+where
+    T: vantage_api_pool::transport::SendTransport + 'static,
+    R: vantage_api_pool::runtime::SendRuntime + 'static,
+    A: vantage_api_pool::auth::SendTokenSource + 'static,
+{
+    client.into_read_call_with(bounded(2, ms(100)), 64, build)
+}
+
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn a_call_that_owns_its_client_is_send_and_static_and_runs() {
@@ -126,6 +143,35 @@ fn a_call_that_owns_its_client_is_send_and_static_and_runs() {
     assert!(w.rt.block_on(plain).unwrap().is_ok());
     assert_eq!(w.transport.requests()[2].path, "/y");
     assert_eq!(w.observer.for_call(id).len(), 2, "its id is the call's");
+
+    // A call that reads its body: a body that breaks is sent again, under the policy
+    // the future keeps (100 ms), or under the client's default (250 ms, jittered).
+    let client = w.client();
+    let broken = || {
+        Reply::ok().body("whole").body_fails_after(
+            2,
+            vantage_api_pool::TransportErrorKind::Interrupted,
+            "reset",
+        )
+    };
+    w.transport.clear_requests();
+    w.observer.clear(); // the new client numbers its calls from 1 again
+    w.transport
+        .push_many([broken(), Reply::ok().body("whole"), broken()]);
+    w.transport.push(Reply::ok().body("whole"));
+    let read = spawnable_read(client.clone(), |h| h.get("/r"));
+    assert_eq!(w.rt.block_on(read).unwrap().unwrap().body(), "whole");
+    let start = w.now();
+    let read = client.clone().into_read_call(64, |h| h.get("/d"));
+    assert_send_static(&read);
+    let id = read.id();
+    drop(client);
+    assert_eq!(w.rt.block_on(read).unwrap().unwrap().into_body(), "whole");
+    let sent = w.sent_at();
+    assert_eq!(sent.len(), 4);
+    assert_eq!(sent[1] - sent[0], ms(100));
+    assert!((ms(250)..=ms(313)).contains(&(sent[3] - start)), "{sent:?}");
+    assert_eq!(w.observer.for_call(id).len(), 5, "its id is the call's");
 }
 
 /// The testkit implements the Send variants, so service code generic over them runs
