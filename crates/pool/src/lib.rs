@@ -56,6 +56,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! `execute_with` ends the call at the response head, its body streaming to the
+//! caller. [`ResilientClient::execute_read`] reads the body too, inside the attempt,
+//! so a body that breaks off or stalls is retried like any failed send (when the
+//! request is safe to repeat) and a half-open probe is judged on the whole body.
+//!
 //! Modules, one per concept (see ARCHITECTURE.md):
 //!
 //! | module | concept |
