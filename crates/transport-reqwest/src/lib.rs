@@ -371,6 +371,60 @@ impl<T> ReqwestLike for T where
 {
 }
 
+/// [`ReqwestLike`] for code that spawns its calls: reqwest's types at the port of a
+/// [`SendTransport`](vantage_api_pool::transport::SendTransport), whose futures are
+/// `Send`. [`ReqwestTransport`] is one on native targets, and so is `ScriptedReqwest`
+/// (feature `testkit`). Bind a transport on this alone (not on [`ReqwestLike`] or
+/// `Transport` as well, which leaves the compiler two ways to the send and no proof
+/// of `Send`), with the runtime and token source on
+/// [`SendRuntime`](vantage_api_pool::runtime::SendRuntime) and
+/// [`SendTokenSource`](vantage_api_pool::auth::SendTokenSource), and the call's future
+/// is `Send`. Native targets only: no transport is `Send` on wasm32.
+///
+/// ```
+/// use vantage_api_pool::auth::SendTokenSource;
+/// use vantage_api_pool::runtime::SendRuntime;
+/// use vantage_api_pool::{ClientError, ResilientClient};
+/// use vantage_api_pool_reqwest::{SendReqwestLike, TokioRuntime, ReqwestTransport};
+///
+/// /// Starts a refresh of the open orders on a task of its own.
+/// fn spawn_refresh<T, R, A>(
+///     api: &ResilientClient<T, R, A>,
+///     url: String,
+/// ) -> tokio::task::JoinHandle<Result<u16, ClientError>>
+/// where
+///     T: SendReqwestLike + 'static,
+///     R: SendRuntime + 'static,
+///     A: SendTokenSource + 'static,
+/// {
+///     let call = api.clone().into_read_call(1 << 20, move |http| http.get(&url));
+///     tokio::spawn(async move { Ok(call.await?.status().as_u16()) })
+/// }
+///
+/// fn takes(_: &impl SendReqwestLike) {}
+/// takes(&ReqwestTransport::new(vantage_api_pool_reqwest::reqwest::Client::new()));
+/// # let _ = spawn_refresh::<ReqwestTransport, TokioRuntime, vantage_api_pool::NoAuth>;
+/// ```
+#[cfg(not(target_arch = "wasm32"))]
+pub trait SendReqwestLike:
+    vantage_api_pool::transport::SendTransport<
+        Handle = reqwest::Client,
+        Draft = reqwest::RequestBuilder,
+        Response = ReqwestResponse,
+    >
+{
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl<T> SendReqwestLike for T where
+    T: vantage_api_pool::transport::SendTransport<
+            Handle = reqwest::Client,
+            Draft = reqwest::RequestBuilder,
+            Response = ReqwestResponse,
+        >
+{
+}
+
 use std::fmt;
 use std::future::Future;
 #[cfg(not(target_arch = "wasm32"))]

@@ -760,3 +760,34 @@ async fn a_scripted_answer_reads_as_the_same_answer_from_a_real_server() {
         assert_eq!(scripted, from_server, "{method} {names:?}");
     }
 }
+
+/// Code bound on `SendReqwestLike` makes `Send + 'static` calls over either transport:
+/// the compiler proves it in the signature.
+fn spawnable_read<T, R, A>(
+    api: ResilientClient<T, R, A>,
+) -> impl std::future::Future<Output = Result<Bytes, vantage_api_pool::ClientError>> + Send + 'static
+where
+    T: vantage_api_pool_reqwest::SendReqwestLike + 'static,
+    R: vantage_api_pool::runtime::SendRuntime + 'static,
+    A: vantage_api_pool::auth::SendTokenSource + 'static,
+{
+    let call = api.into_read_call(1024, |http| http.get(URL));
+    async move { Ok(call.await?.into_body()) }
+}
+
+#[test]
+fn code_bound_on_send_reqwest_like_reads_a_body_that_broke_off_again() {
+    let (rt, script, client) = set_up();
+    script.push(Reply::ok().body("[1, 2, 3]").body_fails_after(
+        4,
+        TransportErrorKind::Interrupted,
+        "reset",
+    ));
+    script.push(Reply::ok().body("[1, 2, 3]"));
+    let body = rt.block_on(spawnable_read(client)).unwrap().unwrap();
+    assert_eq!(body, "[1, 2, 3]");
+    assert_eq!(script.request_count(), 2);
+    // The production transport has the bound too.
+    fn bound<T: vantage_api_pool_reqwest::SendReqwestLike>(_: &T) {}
+    bound(&ReqwestTransport::new(reqwest::Client::new()));
+}
