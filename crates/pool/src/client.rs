@@ -214,7 +214,8 @@ impl<F> fmt::Debug for CallFuture<F> {
 
 /// A response whose body the call read whole
 /// ([`execute_read`](ResilientClient::execute_read)): the transport's response, its
-/// body already taken, and the body. Its `Debug` shows the body's length, never
+/// body already taken, and the body. Its request id:
+/// `client.request_id(read.response())`. Its `Debug` shows the body's length, never
 /// the body (which may hold a token or personal data).
 pub struct ReadResponse<R> {
     pub(crate) response: R,
@@ -796,7 +797,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// builder's [`request_id_header`](crate::ClientBuilder::request_id_header) names,
     /// `x-request-id` by default), the same way a
     /// [`ClientError::request_id`](crate::ClientError::request_id) is read from an
-    /// error's response: `None` when it is missing or not visible ASCII.
+    /// error's response: `None` when it is missing or not visible ASCII. For the
+    /// result of [`execute_read`](Self::execute_read):
+    /// `client.request_id(read.response())`.
     ///
     /// ```
     /// use vantage_api_pool::ResilientClient;

@@ -74,7 +74,9 @@ pub struct ApiHealth {
     /// window.
     /// A `NotSent` failure (a pooled connection the server had closed; the call
     /// redials it for free) is a sent `Failed` in the event contract, so it counts
-    /// here as a failed send, and its few milliseconds in the latency.
+    /// here as a failed send, and its few milliseconds in the latency. So does a
+    /// body over an [`execute_read`](crate::ResilientClient::execute_read) limit
+    /// (`TooLarge`), which the breaker is not told of.
     pub sends_in_window: u32,
     /// Of those, the ones that succeeded.
     pub successes_in_window: u32,

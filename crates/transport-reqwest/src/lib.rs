@@ -376,7 +376,8 @@ impl<T> ReqwestLike for T where
 /// `Send`. [`ReqwestTransport`] is one on native targets, and so is `ScriptedReqwest`
 /// (feature `testkit`). Bind a transport on this alone (not on [`ReqwestLike`] or
 /// `Transport` as well, which leaves the compiler two ways to the send and no proof
-/// of `Send`), with the runtime and token source on
+/// of `Send`: rustc then suggests bounding `<T as Transport>::Request: Send`, a dead
+/// end; drop the extra bound instead), with the runtime and token source on
 /// [`SendRuntime`](vantage_api_pool::runtime::SendRuntime) and
 /// [`SendTokenSource`](vantage_api_pool::auth::SendTokenSource), and the call's future
 /// is `Send`. Native targets only: no transport is `Send` on wasm32.
