@@ -93,6 +93,18 @@ pub struct ApiHealth {
     pub mean_latency_ms: Option<f64>,
     /// The slowest send in the window.
     pub max_latency_ms: Option<u64>,
+    /// The median send latency over the window, estimated (see
+    /// [`p99_latency_ms`](ApiHealth::p99_latency_ms)); `None` with no sends in it.
+    pub p50_latency_ms: Option<u64>,
+    /// The latency 90 % of the window's sends took at most, estimated.
+    pub p90_latency_ms: Option<u64>,
+    /// The latency 99 % of the window's sends took at most, estimated from a
+    /// histogram of two buckets per doubling (0, 1, 2, 3, 4, 6, 8, 12, 16, 24 ms
+    /// and on, to 35 minutes): the nearest-rank send's place in its bucket, spread
+    /// evenly over the bucket and kept within the window's fastest and slowest
+    /// send. So it is off by less than its bucket's width (under half the value),
+    /// and exact when every send in the window took the same time.
+    pub p99_latency_ms: Option<u64>,
     /// The status of the last answered send.
     pub last_status: Option<StatusCode>,
     /// The last failure reported, real or synthetic: after an outage whose calls
@@ -126,8 +138,47 @@ const SLICES: usize = 60;
 /// [`SLICES`] divides it into whole nanoseconds.
 const FEWEST_EVEN_SLICES: u128 = 30;
 
+/// Latency buckets: `[0, 1)` and `[1, 2)` ms, then two a doubling, `[2^k, 1.5 ×
+/// 2^k)` and `[1.5 × 2^k, 2^(k+1))` for k from 1 to 20, then one for 2^21 ms (about
+/// 35 minutes) and more.
+const BUCKETS: usize = 43;
+
+/// The bucket of a latency of `ms`.
+fn bucket(ms: u64) -> usize {
+    match ms {
+        0 | 1 => ms as usize,
+        _ => {
+            let k = ms.ilog2(); // at least 1
+            if k > 20 {
+                return BUCKETS - 1;
+            }
+            let upper_half = (ms >> (k - 1)) & 1; // the bit below the top one
+            2 + 2 * (k as usize - 1) + upper_half as usize
+        }
+    }
+}
+
+/// The latencies bucket `b` holds: from `lo` up to but not including `hi` (`None`
+/// for the last bucket, which has no end).
+fn bucket_range(b: usize) -> (u64, Option<u64>) {
+    match b {
+        0 | 1 => (b as u64, Some(b as u64 + 1)),
+        _ if b == BUCKETS - 1 => (1 << 21, None),
+        _ => {
+            let k = (b - 2) / 2 + 1;
+            let octave = 1u64 << k;
+            let half = octave >> 1;
+            if (b - 2).is_multiple_of(2) {
+                (octave, Some(octave + half))
+            } else {
+                (octave + half, Some(octave << 1))
+            }
+        }
+    }
+}
+
 /// The figures of the sends whose `at` falls in one slice of time.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Slice {
     /// Which slice of time this is (`at / width`), `None` while the slot is unused.
     index: Option<u64>,
@@ -141,6 +192,60 @@ struct Slice {
     total_ms: u128,
     /// The slowest send.
     max_ms: Option<u64>,
+    /// The fastest send.
+    min_ms: Option<u64>,
+    /// How many sends took a latency in each bucket.
+    latencies: [u32; BUCKETS],
+}
+
+impl Default for Slice {
+    fn default() -> Self {
+        Slice {
+            index: None,
+            sends: 0,
+            successes: 0,
+            refused: 0,
+            total_ms: 0,
+            max_ms: None,
+            min_ms: None,
+            latencies: [0; BUCKETS],
+        }
+    }
+}
+
+/// The latency at quantile `q` of the sends in `sum` (`sends > 0`): the
+/// nearest-rank send's place in its bucket, spread evenly over the bucket, within
+/// the fastest and the slowest send.
+fn quantile(sum: &Slice, q: f64) -> Option<u64> {
+    let (min, max) = (sum.min_ms?, sum.max_ms?);
+    let total: u64 = sum.latencies.iter().map(|&n| u64::from(n)).sum();
+    if total == 0 {
+        return None;
+    }
+    // 1-based nearest rank; `q` is one of this module's constants, in (0, 1].
+    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    let mut below = 0u64;
+    for (b, &n) in sum.latencies.iter().enumerate() {
+        let n = u64::from(n);
+        if n == 0 || below + n < rank {
+            below += n;
+            continue;
+        }
+        let (lo, hi) = bucket_range(b);
+        let estimate = match hi {
+            // The i-th of the bucket's n sends (0-based) at the middle of the i-th
+            // of n equal parts of the bucket.
+            Some(hi) => {
+                let i = u128::from(rank - below - 1);
+                let width = u128::from(hi - lo);
+                let offset = (width * (2 * i + 1)) / (2 * u128::from(n));
+                lo + u64::try_from(offset).unwrap_or(u64::MAX)
+            }
+            None => max,
+        };
+        return Some(estimate.clamp(min, max));
+    }
+    None
 }
 
 /// How a window is cut: slices of `width` nanoseconds, `span` of them (at most
@@ -274,6 +379,9 @@ impl ApiState {
             slice.successes += u64::from(ok);
             slice.total_ms += u128::from(ms);
             slice.max_ms = slice.max_ms.max(Some(ms));
+            slice.min_ms = Some(slice.min_ms.map_or(ms, |min| min.min(ms)));
+            let count = &mut slice.latencies[bucket(ms)];
+            *count = count.saturating_add(1);
         }
     }
 
@@ -335,7 +443,8 @@ impl HealthObserver {
     /// therefore cover a little less than the window ([`ApiHealth::covered`] says
     /// how much).
     ///
-    /// Memory is fixed per API (60 slices, about 5 KB) whatever the rate, and an
+    /// Memory is fixed per API (60 slices, about 16 KB with their latency
+    /// histograms) whatever the rate, and an
     /// event or a snapshot, which both hold the lock every client's events take,
     /// costs the same at ten sends a second or a hundred thousand.
     /// `Duration::MAX` counts every send for ever. A zero window holds no send: its
@@ -449,6 +558,13 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
             sum.refused += slice.refused;
             sum.total_ms += slice.total_ms;
             sum.max_ms = sum.max_ms.max(slice.max_ms);
+            sum.min_ms = match (sum.min_ms, slice.min_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            for (total, &n) in sum.latencies.iter_mut().zip(&slice.latencies) {
+                *total = total.saturating_add(n);
+            }
         }
     }
     let saturating = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
@@ -462,6 +578,9 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
         success_rate: sends.map(|sends| sum.successes as f64 / sends),
         mean_latency_ms: sends.map(|sends| sum.total_ms as f64 / sends),
         max_latency_ms: sum.max_ms,
+        p50_latency_ms: quantile(&sum, 0.5),
+        p90_latency_ms: quantile(&sum, 0.9),
+        p99_latency_ms: quantile(&sum, 0.99),
         last_status: state.last_status.map(|(status, _)| status),
         last_error: state.last_error.clone(),
         last_send_error: state.last_send_error.clone(),
@@ -600,9 +719,9 @@ mod tests {
     #[test]
     fn memory_is_fixed_and_the_figures_count_the_last_window() {
         // What an API keeps is one ring of slices, whatever the rate (the docs say
-        // about 5 KB).
+        // about 16 KB, most of it the latency histograms).
         let kept = std::mem::size_of::<ApiState>() + std::mem::size_of::<[Slice; SLICES]>();
-        assert!(kept <= 6 * 1024, "{kept} bytes");
+        assert!(kept <= 17 * 1024, "{kept} bytes");
         // 10,000 sends and as many refusals over 100 windows of 1 s (50 slices of
         // 20 ms): the figures count only the last window.
         let h = HealthObserver::new(Duration::from_secs(1));
@@ -930,6 +1049,103 @@ mod tests {
             send: 1,
             attempt: 1,
         }
+    }
+
+    #[test]
+    fn every_latency_falls_in_the_bucket_whose_range_holds_it() {
+        let mut edges = vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 23, 24, 1 << 20];
+        edges.extend([(1 << 21) - 1, 1 << 21, u64::MAX]);
+        for ms in edges.into_iter().chain(0..5000) {
+            let b = bucket(ms);
+            let (lo, hi) = bucket_range(b);
+            assert!(
+                lo <= ms && hi.is_none_or(|hi| ms < hi),
+                "{ms} in {b}: {lo}..{hi:?}"
+            );
+        }
+        // The buckets tile the latencies: each starts where the one before ends.
+        for b in 1..BUCKETS {
+            assert_eq!(Some(bucket_range(b).0), bucket_range(b - 1).1, "{b}");
+        }
+        assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+        assert_eq!(bucket_range(0), (0, Some(1)));
+    }
+
+    /// The percentiles of one window holding sends of these latencies.
+    fn percentiles(latencies: impl IntoIterator<Item = u64>) -> (u64, u64, u64) {
+        let h = HealthObserver::new(Duration::from_secs(60));
+        for (i, ms) in latencies.into_iter().enumerate() {
+            let at = i as u64;
+            h.on_event("a", &ev(at, started()));
+            h.on_event("a", &ev(at, ok(ms, StatusCode::OK)));
+        }
+        let a = h.snapshot("a").unwrap();
+        (
+            a.p50_latency_ms.unwrap(),
+            a.p90_latency_ms.unwrap(),
+            a.p99_latency_ms.unwrap(),
+        )
+    }
+
+    #[test]
+    fn percentiles_land_in_the_bucket_of_the_nearest_rank_send() {
+        // 1 to 1000 ms, one send each: the exact nearest-rank values are 500, 900
+        // and 990; each estimate lies in the same bucket ([384, 512), [768, 1024)).
+        let (p50, p90, p99) = percentiles(1..=1000);
+        assert!((384..512).contains(&p50), "{p50}");
+        assert!((768..1024).contains(&p90), "{p90}");
+        assert!((768..=1000).contains(&p99), "{p99}");
+        // Spread over the bucket by rank, so they keep their order.
+        assert!(p50 < p90 && p90 < p99);
+        // The 900th of 1000 is the 133rd of the 233 sends in [768, 1024): at the
+        // middle of the 133rd of 233 parts of the bucket, 768 + 145; the 990th's
+        // place, 1012, is past the slowest send, 1000.
+        assert_eq!((p50, p90, p99), (500, 913, 1000));
+        // Every send the same: exact, whatever the bucket.
+        assert_eq!(percentiles([40; 7]), (40, 40, 40));
+        assert_eq!(percentiles([0; 3]), (0, 0, 0));
+        assert_eq!(percentiles([1 << 30]), (1 << 30, 1 << 30, 1 << 30));
+        // One slow send in a hundred shows at the 99th percentile, not below it.
+        let mut mostly_fast = vec![10; 98];
+        mostly_fast.extend([5000, 5000]);
+        let (p50, p90, p99) = percentiles(mostly_fast);
+        // In the bucket of 10 ms, [8, 12), spread by rank over it.
+        assert!(
+            (10..12).contains(&p50) && (p50..12).contains(&p90),
+            "{p50} {p90}"
+        );
+        assert!((4096..=5000).contains(&p99), "{p99}");
+    }
+
+    #[test]
+    fn percentiles_count_the_window_and_failed_sends_but_not_refusals() {
+        let h = HealthObserver::new(Duration::from_secs(1));
+        let err = ClientError::new(ErrorKind::Status(StatusCode::BAD_GATEWAY), 1);
+        // Slow sends in the first second; fast ones and a slow failure in the
+        // third; refusals (ms 0, never sent) in between.
+        for i in 0..10 {
+            h.on_event("a", &ev(i, started()));
+            h.on_event("a", &ev(i, ok(900, StatusCode::OK)));
+        }
+        for i in 0..20 {
+            h.on_event("a", &ev(1500 + i, started()));
+            h.on_event("a", &ev(1500 + i, failed(0, false, err.clone())));
+        }
+        for i in 0..9 {
+            h.on_event("a", &ev(2100 + i, started()));
+            h.on_event("a", &ev(2100 + i, ok(20, StatusCode::OK)));
+        }
+        h.on_event("a", &ev(2200, started()));
+        h.on_event("a", &ev(2200, failed(300, true, err)));
+        let a = h.snapshot("a").unwrap();
+        assert_eq!(a.sends_in_window, 10);
+        assert_eq!((a.p50_latency_ms, a.max_latency_ms), (Some(20), Some(300)));
+        // Nine sends of 20 ms in [16, 24): the 9th is placed near the bucket's end.
+        assert!(a.p90_latency_ms.is_some_and(|p| (20..24).contains(&p)));
+        assert!(a.p99_latency_ms.is_some_and(|p| (256..=300).contains(&p)));
+        // Later, nothing in the window: no percentiles.
+        let later = h.snapshot_at("a", at(10_000)).unwrap();
+        assert_eq!((later.p50_latency_ms, later.p99_latency_ms), (None, None));
     }
 
     fn ok(ms: u64, status: StatusCode) -> EventKind {

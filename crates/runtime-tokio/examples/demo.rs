@@ -926,9 +926,10 @@ impl View {
         }
     }
 
-    /// The window's mean and max latency in milliseconds, once it holds a send.
-    fn latency(health: Option<&ApiHealth>) -> Option<(f64, u64)> {
-        health.and_then(|h| Some((h.mean_latency_ms?, h.max_latency_ms?)))
+    /// The window's median, 99th percentile and slowest latency in milliseconds,
+    /// once it holds a send.
+    fn latency(health: Option<&ApiHealth>) -> Option<(u64, u64, u64)> {
+        health.and_then(|h| Some((h.p50_latency_ms?, h.p99_latency_ms?, h.max_latency_ms?)))
     }
 
     /// The breaker cell: state from `breaker_state()`, the cooldown from the events.
@@ -977,7 +978,7 @@ impl View {
 
     fn latency_cell(health: Option<&ApiHealth>) -> String {
         match View::latency(health) {
-            Some((mean, max)) => format!("{mean:.0} / {max}"),
+            Some((p50, p99, _)) => format!("{p50} / {p99}"),
             None => "-".to_owned(),
         }
     }
@@ -1044,7 +1045,7 @@ impl View {
             BOLD,
             &format!(
                 "{:<11} {:<17} {:>4} {:<14} {:>13} {:>7} {:>5}",
-                "API", "BREAKER left/cd", "INFL", window, "MEAN/MAX ms", refused, "RETRY"
+                "API", "BREAKER left/cd", "INFL", window, "P50/P99 ms", refused, "RETRY"
             ),
         ));
         for api in &self.apis {
@@ -1118,7 +1119,7 @@ impl View {
             ));
             let (success, _) = View::success_cell(h);
             let latency = match View::latency(h) {
-                Some((mean, max)) => format!("{mean:.0} ms mean, {max} ms max"),
+                Some((p50, p99, max)) => format!("p50 {p50} ms, p99 {p99} ms, max {max} ms"),
                 None => "-".to_owned(),
             };
             lines.push(format!(
