@@ -540,6 +540,12 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     ///   bounds requests waiting for their heads, not bodies being read.
     /// - An error response ends the call as it does for `execute` (its body, up to
     ///   [`MAX_ERROR_BODY`](crate::MAX_ERROR_BODY) bytes, in the error).
+    /// - The error of a body that broke off, stalled or ran past the limit names the
+    ///   request id of its own head ([`ClientError::request_id`]), none if that head
+    ///   had none: it is the last response the call got.
+    /// - Dropping the returned future cancels the call, as for
+    ///   [`execute_with`](ResilientClient::execute_with); dropped during the body
+    ///   read, the send reports `Cancelled`.
     ///
     /// For a body read piece by piece, or one larger than memory should hold, use
     /// `execute` and read the body from the response: that read is the caller's, and
