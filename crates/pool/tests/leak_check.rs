@@ -466,11 +466,11 @@ fn a_hundred_thousand_cancelled_calls_leave_nothing_behind() {
         let mut drops: Vec<(Instant, usize)> = Vec::new();
         let mut handles = Vec::with_capacity(n);
         let results: Arc<Mutex<[usize; 2]>> = Arc::default();
-        let mut reads = vec![false; n];
+        let mut reads = Vec::with_capacity(n);
         for task in 0..n {
             let policy = policy(&mut rng);
             let read = rng.below(3) == 0;
-            reads[task] = read;
+            reads.push(read);
             let start = rng.ms(40_000);
             let forever = matches!(policy.retry(), RetryMode::UntilCancelled { .. });
             if forever || rng.below(10) < 8 {
