@@ -93,10 +93,9 @@ pub(crate) trait Ending<Response> {
     /// The body's size limit when the attempt reads the body; `None` ends the call
     /// at the head.
     fn body_limit(&self) -> Option<usize>;
-    /// The caller's answer from a response whose body is the caller's to read.
-    fn at_head(&self, response: Response) -> Self::Output;
-    /// The caller's answer from a response whose body the attempt read.
-    fn read(&self, response: Response, body: Bytes) -> Self::Output;
+    /// The caller's answer: the response, and the body the attempt read (empty when
+    /// it read none).
+    fn output(response: Response, body: Bytes) -> Self::Output;
 }
 
 /// The call ends at the response head.
@@ -111,11 +110,7 @@ impl<Response> Ending<Response> for AtHead {
     }
 
     #[inline(always)]
-    fn at_head(&self, response: Response) -> Response {
-        response
-    }
-
-    fn read(&self, response: Response, _body: Bytes) -> Response {
+    fn output(response: Response, _unread: Bytes) -> Response {
         response
     }
 }
@@ -130,14 +125,7 @@ impl<Response> Ending<Response> for ReadBody {
         Some(self.0)
     }
 
-    fn at_head(&self, response: Response) -> ReadResponse<Response> {
-        ReadResponse {
-            response,
-            body: Bytes::new(),
-        }
-    }
-
-    fn read(&self, response: Response, body: Bytes) -> ReadResponse<Response> {
+    fn output(response: Response, body: Bytes) -> ReadResponse<Response> {
         ReadResponse { response, body }
     }
 }
@@ -965,7 +953,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                         // free the probe slot, report Succeeded and any transition.
                         let bytes = response.content_length();
                         self.succeeded(guard, response.status(), head_at, ms, bytes);
-                        return Ok(ending.at_head(response));
+                        return Ok(E::output(response, Bytes::new()));
                     };
                     // ---- or read its body first, inside the send's time limit: a
                     // body that breaks or stalls is a failed send like any other.
@@ -981,7 +969,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                             let ms = millis(done.saturating_duration_since(started));
                             let bytes = u64::try_from(body.len()).ok();
                             self.succeeded(guard, response.status(), done, ms, bytes);
-                            return Ok(ending.read(response, body));
+                            return Ok(E::output(response, body));
                         }
                         Ok(Err(error)) => Sent::Failed {
                             error: judged_after_head(error),

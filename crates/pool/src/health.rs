@@ -220,13 +220,11 @@ impl Default for Slice {
 /// nearest-rank send's place in its bucket, spread evenly over the bucket, within
 /// the fastest and the slowest send.
 fn quantile(sum: &Slice, q: f64) -> Option<u64> {
+    // No send, no fastest or slowest.
     let (min, max) = (sum.min_ms?, sum.max_ms?);
-    let total: u64 = sum.latencies.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    // 1-based nearest rank; `q` is one of this module's constants, in (0, 1].
-    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    // 1-based nearest rank; `q` is one of this module's constants, in (0, 1]. The
+    // buckets hold `sends` between them.
+    let rank = ((q * sum.sends as f64).ceil() as u64).clamp(1, sum.sends);
     let mut below = 0u64;
     for (b, &n) in sum.latencies.iter().enumerate() {
         if n == 0 || below + n < rank {
@@ -556,10 +554,7 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
             sum.refused += slice.refused;
             sum.total_ms += slice.total_ms;
             sum.max_ms = sum.max_ms.max(slice.max_ms);
-            sum.min_ms = match (sum.min_ms, slice.min_ms) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            sum.min_ms = sum.min_ms.into_iter().chain(slice.min_ms).min();
             for (total, &n) in sum.latencies.iter_mut().zip(&slice.latencies) {
                 *total += n;
             }
