@@ -30,7 +30,7 @@ use crate::concurrency::Permit;
 use crate::error::{
     ClientError, ErrorKind, ErrorResponseHead, MAX_ERROR_BODY, TimeLimit, trim_unfinished_char,
 };
-use crate::observer::{CallId, EventKind};
+use crate::observer::{CallEnd, CallId, CallOutcome, EventKind};
 use crate::policy::{BreakerMode, CallPolicy};
 use crate::rate::TokenBucket;
 use crate::runtime::{Elapsed, Runtime, timeout_at};
@@ -130,8 +130,10 @@ impl<Response> Ending<Response> for ReadBody {
     }
 }
 
-/// One call's state, for the life of one `execute_with` future.
-pub(crate) struct Call<'c, T, R, A, P> {
+/// One call's state, for the life of one `execute_with` future. Dropped before
+/// [`run`](Call::run) reported its end (the caller dropped the call's future, or an
+/// observer's panic unwinds through it), it reports the end as `Cancelled`.
+pub(crate) struct Call<'c, T, R: Runtime, A, P> {
     client: &'c Shared<T, R, A>,
     /// The call's policy, borrowed (`&CallPolicy`) or kept (`CallPolicy`).
     policy: P,
@@ -153,8 +155,15 @@ pub(crate) struct Call<'c, T, R, A, P> {
     /// The auth token of the last send's request.
     token: Option<Held>,
     /// Whether the call reached the gate yet (the first visit turns the policy's
-    /// budget into `deadline`).
+    /// budget into `deadline`) and has not reported its end: whether an end is
+    /// still to be reported.
     gate_reached: bool,
+    /// The clock at the call's first visit to the gate.
+    began: Instant,
+    /// The clock at the `Succeeded` of the response the call returns, and its
+    /// status.
+    succeeded_at: Instant,
+    succeeded_with: http::StatusCode,
     /// When the budget ends; pushed later by time spent in `admit()`.
     deadline: Option<Instant>,
     /// Whether an admission of this call waited (so `deadline` may move again).
@@ -262,6 +271,7 @@ impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
 }
 
 impl<T, R: Runtime, A> Drop for InFlight<'_, T, R, A> {
+    #[inline]
     fn drop(&mut self) {
         if self.armed {
             // The permit and the probe slot go back before the observer hears of it.
@@ -275,6 +285,48 @@ impl<T, R: Runtime, A> Drop for InFlight<'_, T, R, A> {
                 || rt.now(),
                 || EventKind::Cancelled { send, attempt },
             );
+        }
+    }
+}
+
+impl<T, R: Runtime, A, P> Call<'_, T, R, A, P> {
+    /// Tells the observer the call ended at `at` with `outcome`. Not inlined: the
+    /// loop pays a call for it, not its body.
+    #[inline(never)]
+    fn report_end(&self, at: Instant, outcome: CallOutcome) {
+        self.client.events.end(|| CallEnd {
+            call: self.id,
+            began: self.began,
+            at,
+            sends: self.send,
+            attempts: self.attempt,
+            outcome,
+        });
+    }
+}
+
+impl<T, R: Runtime, A, P> Drop for Call<'_, T, R, A, P> {
+    #[inline]
+    fn drop(&mut self) {
+        // Dropped before the call reported its end: the caller dropped the call (its
+        // send in flight, if any, reported `Cancelled` first), or a panic unwinds
+        // through it.
+        if std::mem::take(&mut self.gate_reached) && self.client.events.is_listening() {
+            self.dropped();
+        }
+    }
+}
+
+impl<T, R: Runtime, A, P> Call<'_, T, R, A, P> {
+    /// Reports the end of a call dropped before it ended.
+    #[cold]
+    fn dropped(&self) {
+        let at = self.client.runtime.now();
+        if std::thread::panicking() {
+            let report = AssertUnwindSafe(|| self.report_end(at, CallOutcome::Cancelled));
+            let _second_panic = std::panic::catch_unwind(report);
+        } else {
+            self.report_end(at, CallOutcome::Cancelled);
         }
     }
 }
@@ -371,6 +423,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             replayed: false,
             token: None,
             gate_reached: false,
+            began: Instant::ORIGIN,
+            succeeded_at: Instant::ORIGIN,
+            succeeded_with: http::StatusCode::OK,
             deadline: None,
             admission_waited: false,
             last_failure: None,
@@ -396,7 +451,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     }
 
     /// Ends the call before a send: a synthetic `Started` + `Failed { sent: false }`
-    /// pair carrying `error`, which is returned.
+    /// pair carrying `error`, then the call's end; `error` is returned.
     fn refuse(&mut self, error: ClientError) -> ClientError {
         let error = self.after_last_failure(error);
         let attempt = if self.redialing {
@@ -405,6 +460,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             self.attempt.saturating_add(1)
         };
         let send = self.send.saturating_add(1);
+        // The pair is the call's last `Started`, for its end.
+        (self.send, self.attempt) = (send, attempt);
         let events = &self.client.events;
         if events.is_listening() {
             // One reading for the pair. The `Failed` is told even if the observer
@@ -414,7 +471,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             self.emit_at(at, || EventKind::Started { send, attempt });
             drop(failed);
         }
-        error
+        self.end_failed(error)
     }
 
     /// A refusal (time limit, open breaker, auth failure, a request that could not
@@ -533,6 +590,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // The budget starts when the call first reaches the gate.
         if !self.gate_reached {
             self.gate_reached = true;
+            self.began = now;
             self.deadline = self
                 .policy()
                 .budget()
@@ -796,6 +854,33 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         transition
     }
 
+    /// Reports the end of a call that returns the response of its `Succeeded`.
+    #[inline(always)]
+    fn end_succeeded(&mut self) {
+        // Taken first: a panic in the observer does not report the end again as
+        // the call unwinds.
+        if std::mem::take(&mut self.gate_reached) && self.client.events.is_listening() {
+            let status = self.succeeded_with;
+            self.report_end(self.succeeded_at, CallOutcome::Succeeded { status });
+        }
+    }
+
+    /// Reports the end of a call that returns `error`, and returns it.
+    #[cold]
+    fn end_failed(&mut self, error: ClientError) -> ClientError {
+        if std::mem::take(&mut self.gate_reached) && self.client.events.is_listening() {
+            let at = self.now();
+            let outcome = CallOutcome::Failed {
+                error: error.clone(),
+            };
+            self.report_end(at, outcome);
+        }
+        error
+    }
+
+    /// The call: its sends, its end reported as it returns (a drop before that
+    /// reports its own). Each return reports in place, so the response is moved
+    /// no more than before.
     pub(crate) async fn run<F, E>(
         mut self,
         mut build: F,
@@ -953,6 +1038,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                         // free the probe slot, report Succeeded and any transition.
                         let bytes = response.content_length();
                         self.succeeded(guard, response.status(), head_at, ms, bytes);
+                        self.end_succeeded();
                         return Ok(E::output(response, Bytes::new()));
                     };
                     // ---- or read its body first, inside the send's time limit: a
@@ -969,6 +1055,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                             let ms = millis(done.saturating_duration_since(started));
                             let bytes = u64::try_from(body.len()).ok();
                             self.succeeded(guard, response.status(), done, ms, bytes);
+                            self.end_succeeded();
                             return Ok(E::output(response, body));
                         }
                         Ok(Err(error)) => Sent::Failed {
@@ -1020,7 +1107,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             // ---- record, then decide (a sync helper: its error and verdict never
             // sit in the call's state across a wait).
             match self.record_failure(sent, guard, ended, ms, idempotent) {
-                Next::Return(error) => return Err(error),
+                Next::Return(error) => return Err(self.end_failed(error)),
                 Next::Replay => {
                     let stale = self.token.map(|held| held.generation);
                     if let Err(error) = self.auth_token(stale).await {
@@ -1041,13 +1128,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// reports `Succeeded` at `at` and any transition.
     #[inline(always)]
     fn succeeded(
-        &self,
+        &mut self,
         mut guard: InFlight<'c, T, R, A>,
         status: http::StatusCode,
         at: Instant,
         ms: u64,
         bytes: Option<u64>,
     ) {
+        (self.succeeded_at, self.succeeded_with) = (at, status);
         let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
         let transition = self.tell_breaker(effect, guard.probe.take(), at);
         let (send, attempt) = (guard.send, guard.attempt);
@@ -1132,15 +1220,16 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     }
 
     /// Ends a send that found no time left before it went out (its permit and
-    /// probe slot already given back): its `Failed` is `TimedOut` with `sent: false`.
+    /// probe slot already given back): its `Failed` is `TimedOut` with `sent: false`,
+    /// then the call's end.
     #[cold]
-    fn no_time_left(&self, send: u32, attempt: u32, at: Instant) -> ClientError {
+    fn no_time_left(&mut self, send: u32, attempt: u32, at: Instant) -> ClientError {
         let before = if self.redialing { attempt } else { attempt - 1 };
         let error = self.after_last_failure(
             ClientError::timed_out(TimeLimit::Budget, before).with_reached(self.reached),
         );
         self.failed_unsent(at, send, attempt, &error);
-        error
+        self.end_failed(error)
     }
 
     /// What the call keeps of an error response's head. Hands the response back for

@@ -18,7 +18,7 @@ use crate::breaker::{BreakerState, CircuitBreaker};
 use crate::builder::ClientBuilder;
 use crate::concurrency::Limiter;
 use crate::error::ClientError;
-use crate::observer::{CallId, EventKind, TransportEvent, TransportObserver};
+use crate::observer::{CallEnd, CallId, EventKind, TransportEvent, TransportObserver};
 use crate::policy::CallPolicy;
 use crate::rate::TokenBucket;
 use crate::runtime::Runtime;
@@ -126,6 +126,15 @@ impl Events {
     ) {
         if let Some((key, observer)) = &self.sink {
             observer.on_event(key, &TransportEvent::new(at(), call, kind()));
+        }
+    }
+
+    /// Reports a call's end built by `end`, which runs only when an observer
+    /// listens.
+    #[inline]
+    pub(crate) fn end(&self, end: impl FnOnce() -> CallEnd) {
+        if let Some((key, observer)) = &self.sink {
+            observer.on_call_end(key, &end());
         }
     }
 }

@@ -26,7 +26,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 use crate::error::ClientError;
-use crate::observer::{EventKind, TransportEvent, TransportObserver};
+use crate::observer::{CallEnd, CallOutcome, EventKind, TransportEvent, TransportObserver};
 use crate::time::Instant;
 
 /// The breaker as the events describe it.
@@ -122,6 +122,23 @@ pub struct ApiHealth {
     pub redials: u64,
     /// Sends cancelled by their callers, all time.
     pub cancelled: u64,
+    /// Calls that ended in the window ([`TransportObserver::on_call_end`]) with a
+    /// response or an error, whatever their sends did: what callers saw. A call
+    /// the breaker refused counts as a failed call; a call its caller dropped
+    /// does not count here ([`calls_cancelled`](ApiHealth::calls_cancelled)).
+    pub calls_in_window: u32,
+    /// Of those, the ones that returned a response.
+    pub call_successes_in_window: u32,
+    /// `call_successes / calls` over the window; `None` with no call in it. Next to
+    /// [`success_rate`](ApiHealth::success_rate) (per send), it shows what retries
+    /// hid from the callers.
+    pub call_success_rate: Option<f64>,
+    /// The mean time those calls kept their callers waiting, from the call's first
+    /// reading at the gate to its end: every wait, send, retry and back-off.
+    pub mean_call_ms: Option<f64>,
+    /// Calls dropped by their callers before they ended, all time (a call dropped
+    /// mid-send also counts its send in [`cancelled`](ApiHealth::cancelled)).
+    pub calls_cancelled: u64,
     /// The time of the latest event seen for this API, or, before any, when the
     /// first client of it was built.
     pub updated_at: Instant,
@@ -199,6 +216,12 @@ struct Slice {
     /// How many sends took a latency in each bucket (as wide as `sends`, so the
     /// two always agree).
     latencies: [u64; BUCKETS],
+    /// Calls that ended with a response or an error.
+    calls: u64,
+    /// Of those, the ones that returned a response.
+    call_successes: u64,
+    /// The sum of their times, in milliseconds.
+    call_total_ms: u64,
 }
 
 impl Default for Slice {
@@ -212,6 +235,9 @@ impl Default for Slice {
             max_ms: None,
             min_ms: None,
             latencies: [0; BUCKETS],
+            calls: 0,
+            call_successes: 0,
+            call_total_ms: 0,
         }
     }
 }
@@ -314,6 +340,7 @@ struct ApiState {
     retries: u64,
     redials: u64,
     cancelled: u64,
+    calls_cancelled: u64,
     updated_at: Instant,
 }
 
@@ -330,6 +357,7 @@ impl ApiState {
             retries: 0,
             redials: 0,
             cancelled: 0,
+            calls_cancelled: 0,
             updated_at: at,
         }
     }
@@ -381,6 +409,15 @@ impl ApiState {
         }
     }
 
+    /// Counts a call that ended with a response (`ok`) or an error, after `ms`.
+    fn saw_call(&mut self, slicing: Option<Slicing>, at: Instant, ok: bool, ms: u64) {
+        if let Some(slice) = self.slice_at(slicing, at) {
+            slice.calls += 1;
+            slice.call_successes += u64::from(ok);
+            slice.call_total_ms = slice.call_total_ms.saturating_add(ms);
+        }
+    }
+
     /// Counts a send that never went out.
     fn saw_refusal(&mut self, slicing: Option<Slicing>, at: Instant) {
         if let Some(slice) = self.slice_at(slicing, at) {
@@ -410,6 +447,8 @@ impl ApiState {
 /// let orders = health.snapshot("orders-api").unwrap();
 /// assert_eq!((orders.sends_in_window, orders.successes_in_window), (2, 1));
 /// assert_eq!(orders.success_rate, Some(0.5));
+/// // One call, which succeeded on its retry: what the caller saw.
+/// assert_eq!((orders.calls_in_window, orders.call_success_rate), (1, Some(1.0)));
 /// assert_eq!(orders.last_status.map(|s| s.as_u16()), Some(200));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -439,7 +478,7 @@ impl HealthObserver {
     /// therefore cover a little less than the window ([`ApiHealth::covered`] says
     /// how much).
     ///
-    /// Memory is fixed per API (60 slices, about 26 KB with their latency
+    /// Memory is fixed per API (60 slices, about 28 KB with their latency
     /// histograms) whatever the rate, and an
     /// event or a snapshot, which both hold the lock every client's events take,
     /// costs the same at ten sends a second or a hundred thousand.
@@ -558,10 +597,14 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
             for (total, &n) in sum.latencies.iter_mut().zip(&slice.latencies) {
                 *total += n;
             }
+            sum.calls += slice.calls;
+            sum.call_successes += slice.call_successes;
+            sum.call_total_ms = sum.call_total_ms.saturating_add(slice.call_total_ms);
         }
     }
     let saturating = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
     let sends = (sum.sends > 0).then_some(sum.sends as f64);
+    let calls = (sum.calls > 0).then_some(sum.calls as f64);
     ApiHealth {
         breaker: state.breaker,
         in_flight: u32::try_from(state.in_flight.max(0)).unwrap_or(u32::MAX),
@@ -580,6 +623,11 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
         retries: state.retries,
         redials: state.redials,
         cancelled: state.cancelled,
+        calls_in_window: saturating(sum.calls),
+        call_successes_in_window: saturating(sum.call_successes),
+        call_success_rate: calls.map(|calls| sum.call_successes as f64 / calls),
+        mean_call_ms: calls.map(|calls| sum.call_total_ms as f64 / calls),
+        calls_cancelled: state.calls_cancelled,
         updated_at: state.updated_at,
         covered: slicing.map_or(Duration::ZERO, |slicing| slicing.covered(end)),
     }
@@ -595,15 +643,38 @@ impl TransportObserver for HealthObserver {
         }
     }
 
+    /// Counts the call in the window of its end, or as cancelled.
+    fn on_call_end(&self, api: &str, end: &CallEnd) {
+        let ms = u64::try_from(end.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.update(api, end.at, |state| match end.outcome {
+            CallOutcome::Succeeded { .. } => state.saw_call(self.slicing, end.at, true, ms),
+            CallOutcome::Failed { .. } => state.saw_call(self.slicing, end.at, false, ms),
+            CallOutcome::Cancelled => state.calls_cancelled += 1,
+        });
+    }
+
     fn on_event(&self, api: &str, event: &TransportEvent) {
+        self.update(api, event.at, |state| self.count(state, event));
+    }
+}
+
+impl HealthObserver {
+    /// Runs `update` on the state of `api` (listed now if it was not), its latest
+    /// time first moved on to `at`.
+    fn update(&self, api: &str, at: Instant, update: impl FnOnce(&mut ApiState)) {
         let mut apis = self.lock();
         let state = match apis.get_mut(api) {
             Some(state) => state,
             None => apis
                 .entry(Arc::from(api))
-                .or_insert_with(|| ApiState::new(event.at)),
+                .or_insert_with(|| ApiState::new(at)),
         };
-        state.updated_at = state.updated_at.max(event.at);
+        state.updated_at = state.updated_at.max(at);
+        update(state);
+    }
+
+    /// Counts `event` into `state`.
+    fn count(&self, state: &mut ApiState, event: &TransportEvent) {
         match &event.kind {
             EventKind::Started { .. } => state.in_flight += 1,
             EventKind::Succeeded { status, ms, .. } => {
@@ -655,7 +726,7 @@ impl TransportObserver for HealthObserver {
 mod tests {
     use super::*;
     use crate::error::ErrorKind;
-    use crate::observer::CallId;
+    use crate::observer::{CallEnd, CallId, CallOutcome};
 
     fn at(ms: u64) -> Instant {
         Instant::from_origin(Duration::from_millis(ms))
@@ -712,9 +783,9 @@ mod tests {
     #[test]
     fn memory_is_fixed_and_the_figures_count_the_last_window() {
         // What an API keeps is one ring of slices, whatever the rate (the docs say
-        // about 26 KB, most of it the latency histograms).
+        // about 28 KB, most of it the latency histograms).
         let kept = std::mem::size_of::<ApiState>() + std::mem::size_of::<[Slice; SLICES]>();
-        assert!(kept <= 26 * 1024, "{kept} bytes");
+        assert!(kept <= 28 * 1024, "{kept} bytes");
         // 10,000 sends and as many refusals over 100 windows of 1 s (50 slices of
         // 20 ms): the figures count only the last window.
         let h = HealthObserver::new(Duration::from_secs(1));
@@ -1479,5 +1550,50 @@ mod tests {
                 cooldown: Duration::from_secs(5),
             }
         );
+    }
+
+    fn call_end(began_ms: u64, ms: u64, outcome: CallOutcome) -> CallEnd {
+        CallEnd::new(CallId(1), at(began_ms), at(ms), 1, 1, outcome)
+    }
+
+    #[test]
+    fn calls_are_counted_where_they_end_apart_from_their_sends() {
+        let h = HealthObserver::new(Duration::from_secs(1));
+        let ok = || CallOutcome::Succeeded {
+            status: StatusCode::OK,
+        };
+        let failed = || CallOutcome::Failed {
+            error: ClientError::new(ErrorKind::BreakerOpen, 0),
+        };
+        // A call's end lists its API like an event does.
+        h.on_call_end("a", &call_end(1_000, 2_100, ok()));
+        let a = h.snapshot("a").unwrap();
+        assert_eq!((a.calls_in_window, a.call_successes_in_window), (1, 1));
+        assert_eq!(
+            (a.call_success_rate, a.mean_call_ms),
+            (Some(1.0), Some(1100.0))
+        );
+        assert_eq!((a.sends_in_window, a.success_rate), (0, None));
+        assert_eq!(a.updated_at, at(2_100));
+        h.on_call_end("a", &call_end(2_280, 2_300, failed()));
+        h.on_call_end("a", &call_end(2_340, 2_400, failed()));
+        h.on_call_end("a", &call_end(2_000, 2_500, CallOutcome::Cancelled));
+        let a = h.snapshot("a").unwrap();
+        assert_eq!((a.calls_in_window, a.call_successes_in_window), (3, 1));
+        assert_eq!(a.call_success_rate, Some(1.0 / 3.0));
+        assert_eq!(a.mean_call_ms, Some(1180.0 / 3.0));
+        assert_eq!((a.calls_cancelled, a.cancelled), (1, 0));
+        // A second later the first call has left the window (50 slices of 20 ms);
+        // the cancelled count stays, all time.
+        let a = h.snapshot_at("a", at(3_150)).unwrap();
+        assert_eq!((a.calls_in_window, a.call_success_rate), (2, Some(0.0)));
+        assert_eq!(a.mean_call_ms, Some(40.0));
+        let a = h.snapshot_at("a", at(4_000)).unwrap();
+        assert_eq!((a.calls_in_window, a.call_success_rate), (0, None));
+        assert_eq!((a.mean_call_ms, a.calls_cancelled), (None, 1));
+        // A zero window counts no call.
+        let zero = HealthObserver::new(Duration::ZERO);
+        zero.on_call_end("a", &call_end(90, 100, ok()));
+        assert_eq!(zero.snapshot("a").unwrap().call_success_rate, None);
     }
 }

@@ -8,7 +8,9 @@
 //! checks); in short:
 //! every `Started` is followed by exactly one `Succeeded`, `Failed` or `Cancelled`
 //! for the same (call, send), the last `Failed` of a call carries the error the call
-//! returns, and no lock is held while the callback runs.
+//! returns, every call that reached the gate ends with one
+//! [`on_call_end`](TransportObserver::on_call_end) after its last event, and no lock
+//! is held while the callback runs.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -81,6 +83,125 @@ pub trait TransportObserver: MaybeSendSync {
     /// not: they are the same client). A panic here unwinds out of `build`.
     fn on_attach(&self, api: &str, at: Instant) {
         let _ = (api, at);
+    }
+
+    /// Called once per call, after its last event, when the call ends: it returned
+    /// a response or an error, or its caller dropped it (see [`CallEnd`]). A call
+    /// dropped before its first poll never reached the gate, and reports neither
+    /// events nor an end. Does nothing unless implemented.
+    ///
+    /// This is where call-level figures come from (the latency a caller waited,
+    /// retries and back-off included; how many calls failed, not sends): the events
+    /// are per send, and no event marks a call's end. The same rules as for
+    /// [`on_event`](TransportObserver::on_event) apply; a panic here unwinds out of
+    /// the call's future as it returns.
+    fn on_call_end(&self, api: &str, end: &CallEnd) {
+        let _ = (api, end);
+    }
+}
+
+/// How a call ended, as [`TransportObserver::on_call_end`] hears it.
+///
+/// ```
+/// use std::sync::Mutex;
+/// use vantage_api_pool::{CallEnd, CallOutcome, TransportEvent, TransportObserver};
+///
+/// /// Milliseconds each failed call kept its caller waiting, retries included.
+/// #[derive(Default)]
+/// struct FailedCallTimes(Mutex<Vec<u128>>);
+///
+/// impl TransportObserver for FailedCallTimes {
+///     fn on_event(&self, _api: &str, _event: &TransportEvent) {}
+///     fn on_call_end(&self, _api: &str, end: &CallEnd) {
+///         if let CallOutcome::Failed { .. } = end.outcome {
+///             self.0.lock().unwrap().push(end.elapsed().as_millis());
+///         }
+///     }
+/// }
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct CallEnd {
+    /// The call.
+    pub call: CallId,
+    /// When it began: its first reading at the gate (where its budget starts).
+    pub began: Instant,
+    /// When it ended: for a call that returned a response, the `at` of its
+    /// `Succeeded`; for one that returned an error, a reading taken after its last
+    /// `Failed`; for one its caller dropped, a reading taken as it was dropped.
+    pub at: Instant,
+    /// The `send` of the call's last `Started`: every send counts, redials, 401
+    /// replays and a synthetic `Started` + `Failed` pair (a refusal) included; 0
+    /// for a call dropped before its first `Started`.
+    pub sends: u32,
+    /// The `attempt` of the call's last `Started` (0 before any).
+    pub attempts: u32,
+    /// What the caller got.
+    pub outcome: CallOutcome,
+}
+
+impl CallEnd {
+    /// The end of call `call`, which began at `began` (its first reading at the
+    /// gate) and ended at `at`, after `sends` sends and `attempts` attempts (its
+    /// last `Started`'s numbers), with `outcome`: for an observer fed by hand, as
+    /// in a test.
+    #[must_use]
+    pub fn new(
+        call: CallId,
+        began: Instant,
+        at: Instant,
+        sends: u32,
+        attempts: u32,
+        outcome: CallOutcome,
+    ) -> Self {
+        CallEnd {
+            call,
+            began,
+            at,
+            sends,
+            attempts,
+            outcome,
+        }
+    }
+
+    /// From [`began`](CallEnd::began) to [`at`](CallEnd::at): everything the
+    /// caller waited for, every send, wait, retry and back-off included.
+    #[must_use]
+    pub fn elapsed(&self) -> Duration {
+        self.at.saturating_duration_since(self.began)
+    }
+}
+
+/// What a call's caller got.
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub enum CallOutcome {
+    /// A response: its status.
+    Succeeded {
+        /// The response status.
+        status: StatusCode,
+    },
+    /// An error: the same one the call returned, and the call's last `Failed`
+    /// carried.
+    Failed {
+        /// The error.
+        error: ClientError,
+    },
+    /// The caller dropped the call's future before it ended: mid-send (its send
+    /// reported `Cancelled` first), in a wait at the gate, or in a back-off.
+    Cancelled,
+}
+
+impl CallOutcome {
+    /// A stable snake_case name of the variant: `succeeded`, `failed` or
+    /// `cancelled`.
+    #[must_use]
+    pub const fn name(&self) -> &'static str {
+        match self {
+            CallOutcome::Succeeded { .. } => "succeeded",
+            CallOutcome::Failed { .. } => "failed",
+            CallOutcome::Cancelled => "cancelled",
+        }
     }
 }
 
@@ -198,11 +319,9 @@ pub enum EventKind {
     /// Its reason is the call's `Failed` just before it among that call's events
     /// (the same [`call`](TransportEvent::call); a breaker transition that failure
     /// caused may sit between): to log a retry with its reason, keep each call's
-    /// latest `Failed`. No event marks a call's end: a `Failed` that no
-    /// `RetryScheduled`, `Redialing` or `Started` of the same call follows was the
-    /// call's last (a 401's replay follows its `Failed` with a `Started` at once),
-    /// and a call dropped in its back-off reports nothing more, so a per-call record
-    /// is best closed where the call's future is awaited or dropped.
+    /// latest `Failed`. No event marks a call's end (a call dropped in its back-off
+    /// reports no event more): [`TransportObserver::on_call_end`] does, once per
+    /// call, after its last event.
     RetryScheduled {
         /// The attempt number the retry will have.
         attempt: u32,
@@ -332,7 +451,7 @@ impl std::fmt::Debug for Fanout {
     }
 }
 
-/// Every observer hears the event (or the attachment), in order, even when one
+/// Every observer hears the event (or the attachment, or the call's end), in order, even when one
 /// before it panics; the first panic then goes on (the others' are dropped).
 impl TransportObserver for Fanout {
     fn on_event(&self, api: &str, event: &TransportEvent) {
@@ -341,6 +460,10 @@ impl TransportObserver for Fanout {
 
     fn on_attach(&self, api: &str, at: Instant) {
         self.each(|observer| observer.on_attach(api, at));
+    }
+
+    fn on_call_end(&self, api: &str, end: &CallEnd) {
+        self.each(|observer| observer.on_call_end(api, end));
     }
 }
 

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `WARN` | a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built) |
 //! | `INFO` | a breaker closing (`breaker_closed`): the API answers again; a breaker reset by hand (`breaker_reset`) |
-//! | `DEBUG` | a call refused because the breaker is open (`failed`, `sent=false`, `kind="breaker_open"`: its opening was a `WARN`, and during an outage there is one such refusal per call), a success, a retry, a redial, a cancellation, reported rows and writes |
+//! | `DEBUG` | a call's end (`call_end`), a call refused because the breaker is open (`failed`, `sent=false`, `kind="breaker_open"`: its opening was a `WARN`, and during an outage there is one such refusal per call), a success, a retry, a redial, a cancellation, reported rows and writes |
 //! | `TRACE` | a send starting (`started`) |
 //!
 //! Fields (all events have `api`, `event`, its snake_case name, and `at_ms`; an
@@ -21,6 +21,7 @@
 //! | `retry_scheduled` | `attempt` (the retry's), `after_ms` |
 //! | `breaker_opened` | `cooldown_ms` |
 //! | `rows_pulled` | `n` |
+//! | `call_end` ([`TransportObserver::on_call_end`]) | `call`, `outcome` (`succeeded`, `failed` or `cancelled`), `sends`, `attempts`, `elapsed_ms` (the caller's wait, a float), `status` (a response's, or a failure's HTTP status), `kind` (a failure's `kind_name()`) |
 //!
 //! `at_ms` is the event's time in milliseconds since the client's runtime began (its
 //! [`Instant`](crate::Instant) origin), not wall-clock time; it, `after_ms` and
@@ -29,7 +30,7 @@
 //! are logged through their `Display`.
 
 use crate::error::ErrorKind;
-use crate::observer::{EventKind, TransportEvent, TransportObserver};
+use crate::observer::{CallEnd, CallOutcome, EventKind, TransportEvent, TransportObserver};
 
 /// Emits every event as a `tracing` event (target `vantage_api_pool`).
 ///
@@ -127,5 +128,25 @@ impl TransportObserver for TracingObserver {
                 tracing::debug!(target: "vantage_api_pool", api, event = name, call, n, at_ms);
             }
         }
+    }
+
+    /// A `DEBUG` event named `call_end`: a failed call's error was already a
+    /// `WARN` (its last `Failed`), or a `DEBUG` for a breaker's refusal.
+    fn on_call_end(&self, api: &str, end: &CallEnd) {
+        let call = end.call.0;
+        let at_ms = end.at.since_origin().as_secs_f64() * 1000.0;
+        let elapsed_ms = end.elapsed().as_secs_f64() * 1000.0;
+        let (sends, attempts, outcome) = (end.sends, end.attempts, end.outcome.name());
+        let (status, kind) = match &end.outcome {
+            CallOutcome::Succeeded { status } => (Some(status.as_u16()), None),
+            CallOutcome::Failed { error } => {
+                (error.status().map(|s| s.as_u16()), Some(error.kind_name()))
+            }
+            CallOutcome::Cancelled => (None, None),
+        };
+        tracing::debug!(
+            target: "vantage_api_pool",
+            api, event = "call_end", call, outcome, sends, attempts, elapsed_ms, status, kind, at_ms
+        );
     }
 }

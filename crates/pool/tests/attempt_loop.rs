@@ -1858,6 +1858,10 @@ impl TransportObserver for AdvanceOnFirstFailure {
         }
         self.recorder.on_event(api, event);
     }
+
+    fn on_call_end(&self, api: &str, end: &vantage_api_pool::CallEnd) {
+        self.recorder.on_call_end(api, end);
+    }
 }
 
 /// A call under a 5 s budget whose first send is `NotSent` at 1 s, on a client with a

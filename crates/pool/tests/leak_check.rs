@@ -54,8 +54,8 @@ use http::HeaderValue;
 use http::header::AUTHORIZATION;
 use vantage_api_pool::auth::{AuthError, AuthToken};
 use vantage_api_pool::{
-    BreakerMode, BreakerState, CallPolicy, EventKind, Instant, Jitter, ResilientClient, RetryMode,
-    RetryPolicy, TokenSource, TransportErrorKind, TransportEvent, TransportObserver,
+    BreakerMode, BreakerState, CallEnd, CallPolicy, EventKind, Instant, Jitter, ResilientClient,
+    RetryMode, RetryPolicy, TokenSource, TransportErrorKind, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
 
@@ -214,6 +214,10 @@ impl TransportObserver for Observers {
     fn on_event(&self, api: &str, event: &TransportEvent) {
         self.0.on_event(api, event);
         self.1.on_event(api, event);
+    }
+
+    fn on_call_end(&self, api: &str, end: &CallEnd) {
+        self.0.on_call_end(api, end);
     }
 }
 

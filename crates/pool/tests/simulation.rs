@@ -21,9 +21,9 @@ use http::{HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, AuthToken, token_fn};
 use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::{
-    BreakerMode, BreakerState, CallId, CallPolicy, ClientError, ErrorKind, EventKind, Instant,
-    Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit, TransportError, TransportErrorKind,
-    TransportEvent, TransportObserver,
+    BreakerMode, BreakerState, CallEnd, CallId, CallPolicy, ClientError, ErrorKind, EventKind,
+    Instant, Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit, TransportError,
+    TransportErrorKind, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::{
     RecordingObserver, Reply, ScriptedHttp, ScriptedTransport, VirtualRuntime,
@@ -323,6 +323,10 @@ impl TransportObserver for Both {
     fn on_event(&self, api: &str, event: &TransportEvent) {
         self.0.on_event(api, event);
         self.1.on_event(api, event);
+    }
+
+    fn on_call_end(&self, api: &str, end: &CallEnd) {
+        self.0.on_call_end(api, end);
     }
 }
 

@@ -82,9 +82,25 @@ fn events_become_tracing_events_with_the_api_key() {
         ("DEBUG", "\"retry_scheduled\""),
         ("TRACE", "\"started\""),
         ("DEBUG", "\"succeeded\""),
+        ("DEBUG", "\"call_end\""),
     ]
     .map(|(l, e)| (l.to_owned(), e.to_owned()));
     assert_eq!(names, want);
+    let ended = &lines[5].1;
+    assert_eq!(
+        [
+            &ended["outcome"],
+            &ended["sends"],
+            &ended["attempts"],
+            &ended["status"]
+        ],
+        ["\"succeeded\"", "2", "2", "200"]
+    );
+    assert_eq!(
+        (&ended["elapsed_ms"], &ended["at_ms"]),
+        (&"5.0".to_owned(), &"5.0".to_owned())
+    );
+    assert!(!ended.contains_key("kind"));
     assert!(
         lines
             .iter()
@@ -146,7 +162,37 @@ fn every_kind_of_event_has_its_level_and_fields() {
         let _ = w.rt.block_on(call()).unwrap().unwrap_err();
         assert!(client.reset_breaker());
     });
-    let lines = capture.0.lock().unwrap().clone();
+    // The calls' ends apart: each call's last line, a DEBUG.
+    let (ends, lines): (Vec<_>, Vec<_>) = capture
+        .0
+        .lock()
+        .unwrap()
+        .clone()
+        .into_iter()
+        .partition(|(_, f)| f["event"] == "\"call_end\"");
+    let ends: Vec<_> = ends
+        .iter()
+        .map(|(level, f)| {
+            let get = |name: &str| f.get(name).map_or("-".to_owned(), |v| v.replace('"', ""));
+            format!(
+                "{level} {} {} {} {}",
+                get("call"),
+                get("outcome"),
+                get("status"),
+                get("kind")
+            )
+        })
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            "DEBUG 1 failed 503 status",
+            "DEBUG 2 failed - breaker_open",
+            "DEBUG 3 succeeded 200 -",
+            "DEBUG 4 cancelled - -",
+            "DEBUG 5 failed 503 status",
+        ]
+    );
     let names: Vec<_> = lines
         .iter()
         .map(|(level, f)| format!("{level} {}", f["event"].trim_matches('"')))

@@ -1095,8 +1095,8 @@ impl View {
     }
 
     /// Three plain lines per API, for logs and CI (and a terminal too small for the
-    /// live view): the breaker and the sends in flight; the figures over the window;
-    /// the retries so far and the last error.
+    /// live view): the breaker and the sends in flight; the figures over the window
+    /// (sends, and the calls they served); the retries so far and the last error.
     fn snapshot_lines(&self) -> Vec<String> {
         let now = self.now().since_origin();
         let w = self.settings.window().as_secs();
@@ -1122,8 +1122,18 @@ impl View {
                 Some((p50, p99, max)) => format!("p50 {p50} ms, p99 {p99} ms, max {max} ms"),
                 None => "-".to_owned(),
             };
+            // What the callers saw: calls, retries and waits included.
+            let calls = match h.and_then(|h| Some((h.call_success_rate?, h.mean_call_ms?, h))) {
+                Some((rate, mean, h)) => format!(
+                    "{:.0}% {}/{}, {mean:.0} ms mean",
+                    rate * 100.0,
+                    h.call_successes_in_window,
+                    h.calls_in_window
+                ),
+                None => "-".to_owned(),
+            };
             lines.push(format!(
-                "{:9}last {w}s: ok {}; latency {latency}; refused {}",
+                "{:9}last {w}s: ok {}; latency {latency}; refused {}; calls ok {calls}",
                 "",
                 success.trim(),
                 h.map_or(0, |h| h.refused_in_window),

@@ -9,7 +9,9 @@
 //! both keep. A *per-send event* is `Started`,
 //! `Succeeded`, `Failed`, `Cancelled` or `Redialing`; a *terminal* is `Succeeded`,
 //! `Failed` or `Cancelled`. Other kinds (`RetryScheduled`, breaker events, reports)
-//! are only checked where a rule names them.
+//! are only checked where a rule names them. A call's end (reported through
+//! [`TransportObserver::on_call_end`], kept beside the events: see
+//! [`RecordingObserver::call_ends`]) is checked in its place among them.
 //!
 //! | rule ([`ContractRule`]) | what must hold |
 //! |---|---|
@@ -33,6 +35,10 @@
 //! | `ReportWithCall` | `RowsPulled` and `WritePushed` (from `ResilientClient::report`) carry no call id |
 //! | `ResetWithCall` | `BreakerReset` (from `ResilientClient::reset_breaker`) carries no call id; it may come at any point |
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
+//! | `SecondCallEnd` | a call's end ([`TransportObserver::on_call_end`]) is reported once |
+//! | `EventAfterCallEnd` | no event of a call (breaker transitions included) after its end |
+//! | `CallEndMismatch` | a call's end agrees with its events: it comes with no send in flight; its `sends` and `attempts` are its last `Started`'s (0 with none); `Succeeded` carries the status and the `at` of the call's last terminal, a `Succeeded`; `Failed` carries the error (its `Display`) of the call's last terminal, a `Failed`; its `at` is no earlier than the call's last event, and its `began` no later than the call's first event or its own `at` |
+//! | `CallNeverEnded` | (end of the record) every call that has an event has its end |
 //!
 //! Whether the breaker's transitions alternate is not checked: two sends on two
 //! threads can report theirs in either order. Across calls, time order is checked per
@@ -62,7 +68,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use http::StatusCode;
 use vantage_api_pool::classify::MAX_REDIALS;
 use vantage_api_pool::{
-    CallId, ErrorKind, EventKind, Instant, TransportErrorKind, TransportEvent, TransportObserver,
+    CallEnd, CallId, CallOutcome, ErrorKind, EventKind, Instant, TransportErrorKind,
+    TransportEvent, TransportObserver,
 };
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -92,10 +99,57 @@ pub struct RecordedEvent {
     pub thread: std::thread::ThreadId,
 }
 
+/// One call's end as the observer received it ([`TransportObserver::on_call_end`]).
+///
+/// ```
+/// use vantage_api_pool::{CallOutcome, ResilientClient};
+/// use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
+///
+/// let rt = VirtualRuntime::new();
+/// let transport = ScriptedTransport::new(&rt);
+/// transport.push(Reply::status(404));
+/// let observer = RecordingObserver::new();
+/// let client = ResilientClient::builder(transport, rt.clone())
+///     .observer("orders", std::sync::Arc::new(observer.clone()))
+///     .build()?;
+/// let _ = rt.block_on(client.execute(|r| r.get("/orders/7")));
+/// let ended = &observer.call_ends()[0];
+/// assert_eq!((&*ended.api, ended.after), ("orders", 2)); // after Started and Failed
+/// assert!(matches!(ended.end.outcome, CallOutcome::Failed { .. }));
+/// # Ok::<(), vantage_api_pool::ConfigError>(())
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct RecordedCallEnd {
+    /// The api name of the client that reported it.
+    pub api: Arc<str>,
+    /// The end.
+    pub end: CallEnd,
+    /// Its place among the events: how many were recorded before it.
+    pub after: usize,
+    /// The thread that reported it.
+    pub thread: std::thread::ThreadId,
+}
+
 #[derive(Default)]
 struct ObserverState {
     events: Vec<RecordedEvent>,
+    ends: Vec<RecordedCallEnd>,
     last_api: Option<Arc<str>>,
+}
+
+impl ObserverState {
+    /// `api`, sharing one allocation per run of the same key.
+    fn api(&mut self, api: &str) -> Arc<str> {
+        match &self.last_api {
+            Some(last) if **last == *api => Arc::clone(last),
+            _ => {
+                let fresh: Arc<str> = Arc::from(api);
+                self.last_api = Some(Arc::clone(&fresh));
+                fresh
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -114,8 +168,10 @@ struct ObserverShared {
 ///
 /// ```
 /// use std::time::Duration;
-/// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent, TransportObserver};
-/// use vantage_api_pool_testkit::RecordingObserver;
+/// use vantage_api_pool::{
+///     CallEnd, CallId, CallOutcome, EventKind, Instant, TransportEvent, TransportObserver,
+/// };
+/// use vantage_api_pool_testkit::{ContractRule, RecordingObserver};
 ///
 /// let observer = RecordingObserver::new();
 /// let t = |ms| Instant::ORIGIN + Duration::from_millis(ms);
@@ -123,6 +179,10 @@ struct ObserverShared {
 /// observer.on_event("api", &TransportEvent::new(t(0), call, EventKind::Started { send: 1, attempt: 1 }));
 /// observer.on_event("api", &TransportEvent::new(t(40), call, EventKind::Cancelled { send: 1, attempt: 1 }));
 /// assert_eq!(observer.kinds(), ["started", "cancelled"]);
+/// // Every call ends, after its events:
+/// assert_eq!(observer.check_contract().unwrap_err().rule, ContractRule::CallNeverEnded);
+/// let dropped = CallEnd::new(CallId(1), t(0), t(40), 1, 1, CallOutcome::Cancelled);
+/// observer.on_call_end("api", &dropped);
 /// assert!(observer.check_contract().is_ok());
 /// ```
 #[derive(Clone, Default)]
@@ -147,18 +207,25 @@ impl TransportObserver for RecordingObserver {
             return;
         }
         let mut state = self.state();
-        // Keys repeat: share one allocation per run of the same key.
-        let api = match &state.last_api {
-            Some(last) if **last == *api => Arc::clone(last),
-            _ => {
-                let fresh: Arc<str> = Arc::from(api);
-                state.last_api = Some(Arc::clone(&fresh));
-                fresh
-            }
-        };
+        let api = state.api(api);
         state.events.push(RecordedEvent {
             api,
             event: event.clone(),
+            thread: crate::runtime::current_thread(),
+        });
+    }
+
+    fn on_call_end(&self, api: &str, end: &CallEnd) {
+        if self.shared.off.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut state = self.state();
+        let api = state.api(api);
+        let after = state.events.len();
+        state.ends.push(RecordedCallEnd {
+            api,
+            end: end.clone(),
+            after,
             thread: crate::runtime::current_thread(),
         });
     }
@@ -205,6 +272,48 @@ impl RecordingObserver {
     #[must_use]
     pub fn events(&self) -> Vec<RecordedEvent> {
         self.state().events.clone()
+    }
+
+    /// Every recorded call end ([`TransportObserver::on_call_end`]), in order, each
+    /// with its place among the [`events`](RecordingObserver::events).
+    ///
+    /// ```
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    /// assert!(RecordingObserver::new().call_ends().is_empty());
+    /// ```
+    #[must_use]
+    pub fn call_ends(&self) -> Vec<RecordedCallEnd> {
+        self.state().ends.clone()
+    }
+
+    /// The recorded end of call `call` (of any api name; the first, if it has
+    /// several), or `None` while it has none.
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallId, ResilientClient};
+    /// use vantage_api_pool_testkit::{RecordingObserver, Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// transport.push(Reply::ok());
+    /// let observer = RecordingObserver::new();
+    /// let client = ResilientClient::builder(transport, rt.clone())
+    ///     .observer("orders", std::sync::Arc::new(observer.clone()))
+    ///     .build()?;
+    /// let call = client.execute(|r| r.get("/orders"));
+    /// let id = call.id();
+    /// assert!(observer.call_end(id).is_none());
+    /// rt.block_on(call).unwrap();
+    /// assert_eq!(observer.call_end(id).unwrap().outcome.name(), "succeeded");
+    /// # Ok::<(), vantage_api_pool::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn call_end(&self, call: CallId) -> Option<CallEnd> {
+        self.state()
+            .ends
+            .iter()
+            .find(|e| e.end.call == call)
+            .map(|e| e.end.clone())
     }
 
     /// The recorded events of call `call` (of any api name), in order. A call's id is
@@ -307,7 +416,8 @@ impl RecordingObserver {
         self.shared.seen.load(Ordering::Relaxed)
     }
 
-    /// Forgets the recorded events, and with them what the contract check knows:
+    /// Forgets the recorded events and call ends, and with them what the contract
+    /// check knows:
     /// [`check_contract`](RecordingObserver::check_contract) afterwards sees only later
     /// events. So clear between calls. A call still in flight at the clear has its
     /// `Started` forgotten, and its terminal then breaks
@@ -331,14 +441,18 @@ impl RecordingObserver {
     /// assert_eq!(broken.rule, ContractRule::TerminalWithoutStarted);
     /// ```
     pub fn clear(&self) -> &Self {
-        self.state().events.clear();
+        let mut state = self.state();
+        state.events.clear();
+        state.ends.clear();
+        drop(state);
         self
     }
 
     /// Checks the recorded events against the observer contract (see the
     /// [module docs](crate::observer) for the rules) and names the first violation.
     /// Call it when every call has finished: a send still in flight is a violation
-    /// ([`ContractRule::NeverEnded`]). For a check in the middle of a run, use
+    /// ([`ContractRule::NeverEnded`]), and so is a call with events but no end
+    /// ([`ContractRule::CallNeverEnded`]). For a check in the middle of a run, use
     /// [`check_contract_so_far`](RecordingObserver::check_contract_so_far).
     ///
     /// # Errors
@@ -364,11 +478,12 @@ impl RecordingObserver {
     /// );
     /// ```
     pub fn check_contract(&self) -> Result<(), ContractViolation> {
-        check(&self.state().events, true)
+        let state = self.state();
+        check(&state.events, &state.ends, true)
     }
 
     /// [`check_contract`](RecordingObserver::check_contract) without the end-of-record
-    /// rule: sends still in flight are fine.
+    /// rules: sends still in flight, and calls not yet ended, are fine.
     ///
     /// # Errors
     ///
@@ -384,7 +499,8 @@ impl RecordingObserver {
     /// assert!(observer.check_contract().is_err());
     /// ```
     pub fn check_contract_so_far(&self) -> Result<(), ContractViolation> {
-        check(&self.state().events, false)
+        let state = self.state();
+        check(&state.events, &state.ends, false)
     }
 }
 
@@ -442,6 +558,14 @@ pub enum ContractRule {
     ReportWithCall,
     /// A `BreakerReset` with a call id.
     ResetWithCall,
+    /// A call's second end.
+    SecondCallEnd,
+    /// An event of a call after its end.
+    EventAfterCallEnd,
+    /// A call's end that does not agree with its events.
+    CallEndMismatch,
+    /// At the end of the record, a call with events but no end.
+    CallNeverEnded,
 }
 
 impl ContractRule {
@@ -499,6 +623,12 @@ impl ContractRule {
             }
             ContractRule::ReportWithCall => "RowsPulled and WritePushed carry no call id",
             ContractRule::ResetWithCall => "BreakerReset carries no call id",
+            ContractRule::SecondCallEnd => "a call's end is reported once",
+            ContractRule::EventAfterCallEnd => "no event of a call comes after its end",
+            ContractRule::CallEndMismatch => {
+                "a call's end agrees with its events: no send in flight, its last Started's numbers, its last terminal's outcome, no earlier than its events"
+            }
+            ContractRule::CallNeverEnded => "every call that has an event has its end",
         }
     }
 }
@@ -531,7 +661,11 @@ impl fmt::Display for ContractRule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContractViolation {
     /// The position of the offending event in [`RecordingObserver::events`]. For
-    /// [`ContractRule::NeverEnded`], the `Started` left open.
+    /// [`ContractRule::NeverEnded`], the `Started` left open. For a call's end
+    /// ([`SecondCallEnd`](ContractRule::SecondCallEnd),
+    /// [`CallEndMismatch`](ContractRule::CallEndMismatch)), its place among the
+    /// events ([`RecordedCallEnd::after`]); for
+    /// [`CallNeverEnded`](ContractRule::CallNeverEnded), the call's first event.
     pub index: usize,
     /// The api name of the offending event.
     pub api: Arc<str>,
@@ -539,7 +673,8 @@ pub struct ContractViolation {
     pub call: Option<CallId>,
     /// The send number of the offending event, if it has one.
     pub send: Option<u32>,
-    /// The offending event's kind ([`EventKind::name`]).
+    /// The offending event's kind ([`EventKind::name`]); `call_end` for a call's
+    /// end.
     pub kind: &'static str,
     /// The offending event's time.
     pub at: Instant,
@@ -619,13 +754,87 @@ struct CallState {
     /// The call's last event was a `Succeeded` or a sent `Failed`, with no breaker
     /// transition after it yet: one may come now.
     transition_due: bool,
+    /// The index and time of the call's first event.
+    first: Option<(usize, Instant)>,
+    /// The time of the call's latest event.
+    latest: Option<Instant>,
+    /// The index of the call's last terminal.
+    last_terminal: Option<usize>,
+    /// The call's end was reported.
+    end_reported: bool,
 }
 
-fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolation> {
+/// Whether a call's end agrees with what its events (`state`, `None` with none)
+/// said.
+fn end_agrees(events: &[RecordedEvent], state: Option<&CallState>, end: &CallEnd) -> bool {
+    if end.began > end.at {
+        return false;
+    }
+    let Some(state) = state else {
+        // No event: dropped before its first `Started`.
+        return matches!(end.outcome, CallOutcome::Cancelled)
+            && (end.sends, end.attempts) == (0, 0);
+    };
+    if state.in_flight.is_some()
+        || (end.sends, end.attempts) != (state.last_send, state.last_attempt)
+        || state.latest.is_some_and(|latest| end.at < latest)
+        || state.first.is_some_and(|(_, first)| end.began > first)
+    {
+        return false;
+    }
+    let last = state.last_terminal.map(|index| &events[index].event);
+    match (&end.outcome, last) {
+        (CallOutcome::Cancelled, _) => true,
+        (CallOutcome::Succeeded { status }, Some(last)) => {
+            matches!(last.kind, EventKind::Succeeded { status: s, .. } if s == *status)
+                && end.at == last.at
+        }
+        (CallOutcome::Failed { error }, Some(last)) => {
+            matches!(&last.kind, EventKind::Failed { error: e, .. } if e.to_string() == error.to_string())
+        }
+        _ => false,
+    }
+}
+
+fn check<'a>(
+    events: &'a [RecordedEvent],
+    ends: &'a [RecordedCallEnd],
+    complete: bool,
+) -> Result<(), ContractViolation> {
     let mut last_at: HashMap<(&str, CallId), Instant> = HashMap::new();
     let mut last_on_thread: HashMap<(&str, std::thread::ThreadId), Instant> = HashMap::new();
-    let mut calls: HashMap<(&str, CallId), CallState> = HashMap::new();
+    let mut calls: HashMap<(&'a str, CallId), CallState> = HashMap::new();
+    let mut ends = ends.iter().peekable();
+    // The ends recorded before event `index` (all that are left, at the end of the
+    // record), checked in their place.
+    let mut check_ends = |index: usize,
+                          calls: &mut HashMap<(&'a str, CallId), CallState>|
+     -> Result<(), ContractViolation> {
+        while let Some(ended) = ends.next_if(|e| e.after <= index) {
+            let end = &ended.end;
+            let key = (&*ended.api, end.call);
+            let violation = |rule| ContractViolation {
+                index: ended.after,
+                api: Arc::clone(&ended.api),
+                call: Some(end.call),
+                send: None,
+                kind: "call_end",
+                at: end.at,
+                rule,
+            };
+            let state = calls.get(&key);
+            if state.is_some_and(|state| state.end_reported) {
+                return Err(violation(ContractRule::SecondCallEnd));
+            }
+            if !end_agrees(events, state, end) {
+                return Err(violation(ContractRule::CallEndMismatch));
+            }
+            calls.entry(key).or_default().end_reported = true;
+        }
+        Ok(())
+    };
     for (index, recorded) in events.iter().enumerate() {
+        check_ends(index, &mut calls)?;
         let event = &recorded.event;
         let api: &str = &recorded.api;
         let violation = |rule: ContractRule| ContractViolation {
@@ -652,6 +861,19 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
             .is_some_and(|call| went_back(last_at.entry((api, call)).or_insert(event.at)))
         {
             return Err(violation(ContractRule::TimeWentBackwards));
+        }
+        // (A report or a reset with a call breaks a rule of its own, below.)
+        let own_rule = matches!(
+            event.kind,
+            EventKind::RowsPulled { .. } | EventKind::WritePushed | EventKind::BreakerReset
+        );
+        if !own_rule
+            && event
+                .call
+                .and_then(|call| calls.get(&(api, call)))
+                .is_some_and(|state| state.end_reported)
+        {
+            return Err(violation(ContractRule::EventAfterCallEnd));
         }
 
         match event.kind {
@@ -689,6 +911,8 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
             return Err(violation(ContractRule::MissingCallId));
         };
         let state = calls.entry((api, call)).or_default();
+        state.first.get_or_insert((index, event.at));
+        state.latest = Some(event.at);
         // A repeated terminal of the last send is reported as such, not as "after the end".
         let repeats_terminal = event.kind.is_terminal()
             && event
@@ -754,6 +978,7 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
                 }
                 state.in_flight = None;
                 state.last_failed = None;
+                state.last_terminal = Some(index);
                 match &event.kind {
                     EventKind::Failed {
                         sent: false, ms, ..
@@ -815,6 +1040,7 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
             _ => {}
         }
     }
+    check_ends(events.len(), &mut calls)?;
     if complete {
         // The earliest open send, so the report is deterministic. A redial still
         // waiting for its `Started` is not open: its call may have been dropped at
@@ -833,6 +1059,24 @@ fn check(events: &[RecordedEvent], complete: bool) -> Result<(), ContractViolati
                 kind: recorded.event.kind.name(),
                 at: recorded.event.at,
                 rule: ContractRule::NeverEnded,
+            });
+        }
+        // The call whose first event came earliest, of those with no end.
+        let unended = calls
+            .values()
+            .filter(|state| !state.end_reported)
+            .filter_map(|state| state.first.map(|(index, _)| index))
+            .min();
+        if let Some(index) = unended {
+            let recorded = &events[index];
+            return Err(ContractViolation {
+                index,
+                api: Arc::clone(&recorded.api),
+                call: recorded.event.call,
+                send: recorded.event.kind.send_and_attempt().map(|(send, _)| send),
+                kind: recorded.event.kind.name(),
+                at: recorded.event.at,
+                rule: ContractRule::CallNeverEnded,
             });
         }
     }

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 use vantage_api_pool::{
-    CallId, EventKind, Instant, TransportErrorKind, TransportEvent, TransportObserver,
+    CallEnd, CallId, CallOutcome, EventKind, Instant, TransportErrorKind, TransportEvent,
+    TransportObserver,
 };
 use vantage_api_pool_testkit::{ContractRule, RecordingObserver, Reply};
 
@@ -44,6 +45,48 @@ fn observe(events: Vec<(u64, u64, EventKind)>) -> RecordingObserver {
             &TransportEvent::new(at(ms), Some(CallId(call)), kind),
         );
     }
+    observer
+}
+
+/// Ends every call in `observer`'s record as `Cancelled` (which agrees with any
+/// events), numbered by its last `Started`, at its last event: a record fed by hand
+/// then keeps the rule that every call has its end.
+fn end_calls(observer: &RecordingObserver) {
+    /// (api, call) -> (first at, last at, last send, last attempt).
+    type Seen = ((String, CallId), (Instant, Instant, u32, u32));
+    // In order of first appearance.
+    let mut calls: Vec<Seen> = Vec::new();
+    for recorded in observer.events() {
+        let event = recorded.event;
+        let counts = event.kind.send_and_attempt().is_some()
+            || matches!(event.kind, EventKind::RetryScheduled { .. });
+        let Some(call) = event.call.filter(|_| counts) else {
+            continue;
+        };
+        let key = (recorded.api.to_string(), call);
+        let i = match calls.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                calls.push((key, (event.at, event.at, 0, 0)));
+                calls.len() - 1
+            }
+        };
+        let state = &mut calls[i].1;
+        state.1 = event.at;
+        if let EventKind::Started { send, attempt } = event.kind {
+            (state.2, state.3) = (send, attempt);
+        }
+    }
+    for ((api, call), (first, last, sends, attempts)) in calls {
+        let end = CallEnd::new(call, first, last, sends, attempts, CallOutcome::Cancelled);
+        observer.on_call_end(&api, &end);
+    }
+}
+
+/// [`observe`], every call then ended by [`end_calls`].
+fn observe_ended(events: Vec<(u64, u64, EventKind)>) -> RecordingObserver {
+    let observer = observe(events);
+    end_calls(&observer);
     observer
 }
 
@@ -197,6 +240,7 @@ fn valid_sequences_pass() {
         "other",
         &TransportEvent::new(at(0), Some(CallId(1)), succeeded(1, 1)),
     );
+    end_calls(&observer);
     assert_eq!(observer.check_contract(), Ok(()));
 }
 
@@ -222,6 +266,7 @@ fn time_never_goes_backwards_within_a_call() {
     })
     .join()
     .unwrap();
+    end_calls(&observer);
     assert_eq!(observer.check_contract(), Ok(()));
 }
 
@@ -501,7 +546,7 @@ fn a_call_replays_one_401_at_most() {
         events.push(renumber(succeeded, n + 1, n + 1));
         timed(events)
     };
-    assert!(observe(replays(1)).check_contract().is_ok());
+    assert!(observe_ended(replays(1)).check_contract().is_ok());
     // A second 401 in the call is final: a send after it breaks the rule.
     assert_eq!(
         first_violation(replays(2)),
@@ -540,7 +585,7 @@ fn a_call_redials_twice_at_most() {
         timed(events)
     };
     assert_eq!(vantage_api_pool::classify::MAX_REDIALS, 2);
-    assert!(observe(redials(2)).check_contract().is_ok());
+    assert!(observe_ended(redials(2)).check_contract().is_ok());
     assert_eq!(
         first_violation(redials(3)),
         (ContractRule::TooManyRedials, 8, Some(4))
@@ -731,6 +776,7 @@ fn a_reset_carries_no_call_and_may_come_anywhere() {
         observer.on_event("api", &TransportEvent::new(at(1), Some(CallId(call)), kind));
         observer.on_event("api", &reset());
     }
+    end_calls(&observer);
     assert_eq!(observer.check_contract(), Ok(()));
     // With a call, it is refused.
     observer.on_event(
@@ -858,8 +904,8 @@ fn a_redial_is_followed_by_the_start_it_announced() {
     let mut good = head.clone();
     good.push((2, 1, started(2, 1)));
     good.push((3, 1, succeeded(2, 1)));
-    assert!(observe(good).check_contract().is_ok());
-    assert!(observe(head.clone()).check_contract().is_ok());
+    assert!(observe_ended(good).check_contract().is_ok());
+    assert!(observe_ended(head.clone()).check_contract().is_ok());
     // Any other per-send event next breaks the rule.
     let mut skipped = head.clone();
     skipped.push((2, 1, started(3, 1)));
@@ -935,5 +981,186 @@ fn a_retry_needs_a_failure_before_it_even_as_the_first_event() {
             (2, 1, succeeded(1, 1)),
         ]),
         (ContractRule::RetryNotAfterFailure, 0, None)
+    );
+}
+
+/// The end of call 1 of api "api" at `ms`, `elapsed_ms` after it began.
+fn end(ms: u64, elapsed_ms: u64, sends: u32, attempts: u32, outcome: CallOutcome) -> CallEnd {
+    let began = at(ms - elapsed_ms);
+    CallEnd::new(CallId(1), began, at(ms), sends, attempts, outcome)
+}
+
+/// The rule and index of the first violation of `events` (call 1 of api "api"), then
+/// `ends`, then `after`.
+fn end_violation(
+    events: Vec<(u64, u64, EventKind)>,
+    ends: &[CallEnd],
+    after: Vec<(u64, u64, EventKind)>,
+) -> Option<(ContractRule, usize)> {
+    let observer = observe(events);
+    for end in ends {
+        observer.on_call_end("api", end);
+    }
+    for (ms, call, kind) in after {
+        observer.on_event(
+            "api",
+            &TransportEvent::new(at(ms), Some(CallId(call)), kind),
+        );
+    }
+    observer.check_contract().err().map(|v| (v.rule, v.index))
+}
+
+#[test]
+fn a_call_ends_once_after_its_events() {
+    let ok = || CallOutcome::Succeeded {
+        status: StatusCode::OK,
+    };
+    let sent = || vec![(0, 1, started(1, 1)), (7, 1, succeeded(1, 1))];
+    // Ended once, agreeing: fine; the end is kept with its place.
+    let observer = observe(sent());
+    observer.on_call_end("api", &end(7, 7, 1, 1, ok()));
+    assert_eq!(observer.check_contract(), Ok(()));
+    let ends = observer.call_ends();
+    assert_eq!((ends.len(), ends[0].after, &*ends[0].api), (1, 2, "api"));
+    assert_eq!(observer.call_end(CallId(1)).unwrap().sends, 1);
+    assert!(observer.call_end(CallId(2)).is_none());
+    // `clear` forgets ends too.
+    observer.clear();
+    assert!(observer.call_ends().is_empty());
+
+    // Twice.
+    let end_ok = end(7, 7, 1, 1, ok());
+    assert_eq!(
+        end_violation(sent(), &[end_ok.clone(), end_ok.clone()], vec![]),
+        Some((ContractRule::SecondCallEnd, 2))
+    );
+    // An event of the call after its end, a breaker transition included; another
+    // call's events go on.
+    assert_eq!(
+        end_violation(
+            sent(),
+            std::slice::from_ref(&end_ok),
+            vec![(7, 1, EventKind::BreakerClosed)]
+        ),
+        Some((ContractRule::EventAfterCallEnd, 2))
+    );
+    assert_eq!(
+        end_violation(
+            vec![(0, 1, started(1, 1))],
+            &[end(1, 1, 1, 1, CallOutcome::Cancelled)],
+            vec![(2, 1, cancelled(1, 1))]
+        ),
+        Some((ContractRule::CallEndMismatch, 1))
+    );
+    assert_eq!(
+        end_violation(
+            sent(),
+            std::slice::from_ref(&end_ok),
+            vec![(8, 2, started(1, 1)), (9, 2, cancelled(1, 1))]
+        ),
+        Some((ContractRule::CallNeverEnded, 2))
+    );
+    // A call with events and no end, at the end of the record only.
+    let observer = observe(sent());
+    assert_eq!(
+        observer.check_contract().map_err(|v| (v.rule, v.index)),
+        Err((ContractRule::CallNeverEnded, 0))
+    );
+    assert_eq!(observer.check_contract_so_far(), Ok(()));
+    // A call dropped at the gate before any send: an end with no event.
+    assert_eq!(
+        end_violation(vec![], &[end(3, 3, 0, 0, CallOutcome::Cancelled)], vec![]),
+        None
+    );
+    assert_eq!(
+        end_violation(vec![], &[end(3, 3, 1, 1, CallOutcome::Cancelled)], vec![]),
+        Some((ContractRule::CallEndMismatch, 0))
+    );
+    assert_eq!(
+        end_violation(vec![], &[end(3, 3, 0, 0, ok())], vec![]),
+        Some((ContractRule::CallEndMismatch, 0))
+    );
+}
+
+#[test]
+fn a_call_end_agrees_with_its_events() {
+    let ok = |code: u16| CallOutcome::Succeeded {
+        status: StatusCode::from_u16(code).unwrap(),
+    };
+    let sent = || vec![(2, 1, started(1, 1)), (7, 1, succeeded(1, 1))];
+    let mismatch = |events, end| end_violation(events, &[end], vec![]);
+    let agrees = Some((ContractRule::CallEndMismatch, 2));
+    assert_eq!(mismatch(sent(), end(7, 5, 1, 1, ok(200))), None);
+    // Not the last Started's numbers.
+    assert_eq!(mismatch(sent(), end(7, 5, 2, 1, ok(200))), agrees);
+    assert_eq!(mismatch(sent(), end(7, 5, 1, 2, ok(200))), agrees);
+    // Another status, or not the time of the Succeeded.
+    assert_eq!(mismatch(sent(), end(7, 5, 1, 1, ok(201))), agrees);
+    assert_eq!(mismatch(sent(), end(8, 6, 1, 1, ok(200))), agrees);
+    // Earlier than the call's last event, or shorter than its events span.
+    assert_eq!(
+        mismatch(sent(), end(6, 6, 1, 1, CallOutcome::Cancelled)),
+        agrees
+    );
+    assert_eq!(mismatch(sent(), end(7, 4, 1, 1, ok(200))), agrees);
+    // With no event to go by, an end before its beginning.
+    let ended_before_it_began = CallEnd::new(CallId(1), at(8), at(7), 0, 0, CallOutcome::Cancelled);
+    assert_eq!(
+        mismatch(vec![], ended_before_it_began),
+        Some((ContractRule::CallEndMismatch, 0))
+    );
+    // A success whose last terminal was no `Succeeded`.
+    let dropped = vec![(2, 1, started(1, 1)), (7, 1, cancelled(1, 1))];
+    assert_eq!(mismatch(dropped.clone(), end(7, 5, 1, 1, ok(200))), agrees);
+    assert_eq!(
+        mismatch(dropped, end(9, 9, 1, 1, CallOutcome::Cancelled)),
+        None
+    );
+    // With a send in flight.
+    assert_eq!(
+        mismatch(
+            vec![(2, 1, started(1, 1))],
+            end(7, 5, 1, 1, CallOutcome::Cancelled)
+        ),
+        Some((ContractRule::CallEndMismatch, 1))
+    );
+}
+
+#[test]
+fn a_failed_call_ends_with_its_last_failure() {
+    // Real calls end as they returned: a 404 is final, `Failed` with its error.
+    let real = recorded(&[Reply::status(404)], false);
+    assert_eq!(real.len(), 2);
+    let failed_404 = real[1].clone();
+    let failed_503 = recorded(&[Reply::status(503)], false)[1].clone();
+    let EventKind::Failed { error, .. } = failed_404.clone() else {
+        panic!("{failed_404:?}");
+    };
+    let events = || vec![(0, 1, started(1, 1)), (4, 1, failed_404.clone())];
+    let failed = CallOutcome::Failed { error };
+    assert_eq!(
+        end_violation(events(), &[end(5, 5, 1, 1, failed.clone())], vec![]),
+        None
+    );
+    // The error of another failure.
+    let EventKind::Failed { error: other, .. } = failed_503 else {
+        panic!();
+    };
+    assert_eq!(
+        end_violation(
+            events(),
+            &[end(5, 5, 1, 1, CallOutcome::Failed { error: other })],
+            vec![]
+        ),
+        Some((ContractRule::CallEndMismatch, 2))
+    );
+    // A failure where the call's last terminal was a success.
+    assert_eq!(
+        end_violation(
+            vec![(0, 1, started(1, 1)), (4, 1, succeeded(1, 1))],
+            &[end(5, 5, 1, 1, failed)],
+            vec![]
+        ),
+        Some((ContractRule::CallEndMismatch, 2))
     );
 }
