@@ -606,6 +606,43 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         self.call(policy, build, ReadBody(limit))
     }
 
+    /// [`execute_read_with`](ResilientClient::execute_read_with), with a policy the
+    /// future keeps instead of borrowing (as
+    /// [`execute_with_owned`](ResilientClient::execute_with_owned) is to
+    /// `execute_with`).
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallPolicy, ResilientClient};
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// transport.default_reply(Reply::ok().body("[]"));
+    /// let client = ResilientClient::builder(transport, rt.clone()).build()?;
+    /// // A policy made for each call, the futures collected first and awaited later.
+    /// let reads: Vec<_> = ["/a", "/b"]
+    ///     .into_iter()
+    ///     .map(|path| {
+    ///         client.execute_read_with_owned(CallPolicy::essential(), 1024, move |http| http.get(path))
+    ///     })
+    ///     .collect();
+    /// for read in reads {
+    ///     assert_eq!(rt.block_on(read)??.body().as_ref(), b"[]");
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn execute_read_with_owned<'a, F>(
+        &'a self,
+        policy: CallPolicy,
+        limit: usize,
+        build: F,
+    ) -> CallFuture<impl Future<Output = Result<ReadResponse<T::Response>, ClientError>> + 'a>
+    where
+        F: FnMut(&T::Handle) -> T::Draft + 'a,
+    {
+        self.call(policy, build, ReadBody(limit))
+    }
+
     /// Reports something only the caller knows (rows parsed, a write acknowledged) to
     /// the observer. The event carries no call id.
     pub fn report(&self, report: Report) {

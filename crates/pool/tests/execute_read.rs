@@ -611,3 +611,23 @@ fn a_probe_whose_body_is_too_large_or_dropped_frees_the_probe_slot() {
     assert_eq!(w.transport.request_count(), 4);
     w.assert_contract();
 }
+
+#[test]
+fn an_owned_policy_is_the_one_the_read_goes_by() {
+    // One retry: the broken body is read again; none: the call ends with the break.
+    for (retries, whole) in [(1, true), (0, false)] {
+        let w = World::new();
+        w.transport.push(broken(5));
+        w.transport.push(Reply::ok().body(BODY));
+        let client = w.client();
+        let read =
+            w.rt.block_on(
+                client
+                    .execute_read_with_owned(bounded(retries, ms(10)), 1024, |h| h.get("/orders")),
+            )
+            .expect("the call finishes");
+        assert_eq!(read.is_ok(), whole, "{retries} retries: {read:?}");
+        assert_eq!(w.transport.requests().len(), 1 + retries as usize);
+        w.assert_contract();
+    }
+}
