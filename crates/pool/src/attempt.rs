@@ -160,10 +160,6 @@ pub(crate) struct Call<'c, T, R: Runtime, A, P> {
     gate_reached: bool,
     /// The clock at the call's first visit to the gate.
     began: Instant,
-    /// The clock at the `Succeeded` of the response the call returns, and its
-    /// status.
-    succeeded_at: Instant,
-    succeeded_with: http::StatusCode,
     /// When the budget ends; pushed later by time spent in `admit()`.
     deadline: Option<Instant>,
     /// Whether an admission of this call waited (so `deadline` may move again).
@@ -424,8 +420,6 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             token: None,
             gate_reached: false,
             began: Instant::ORIGIN,
-            succeeded_at: Instant::ORIGIN,
-            succeeded_with: http::StatusCode::OK,
             deadline: None,
             admission_waited: false,
             last_failure: None,
@@ -854,14 +848,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         transition
     }
 
-    /// Reports the end of a call that returns the response of its `Succeeded`.
+    /// Reports the end of a call that returns the response (of `status`) whose
+    /// `Succeeded` was reported at `at`.
     #[inline(always)]
-    fn end_succeeded(&mut self) {
+    fn end_succeeded(&mut self, at: Instant, status: http::StatusCode) {
         // Taken first: a panic in the observer does not report the end again as
         // the call unwinds.
         if std::mem::take(&mut self.gate_reached) && self.client.events.is_listening() {
-            let status = self.succeeded_with;
-            self.report_end(self.succeeded_at, CallOutcome::Succeeded { status });
+            self.report_end(at, CallOutcome::Succeeded { status });
         }
     }
 
@@ -1037,8 +1031,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                         // ---- record a response for the caller: tell the breaker,
                         // free the probe slot, report Succeeded and any transition.
                         let bytes = response.content_length();
-                        self.succeeded(guard, response.status(), head_at, ms, bytes);
-                        self.end_succeeded();
+                        let status = response.status();
+                        self.succeeded(guard, status, head_at, ms, bytes);
+                        self.end_succeeded(head_at, status);
                         return Ok(E::output(response, Bytes::new()));
                     };
                     // ---- or read its body first, inside the send's time limit: a
@@ -1054,8 +1049,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                             let done = self.now();
                             let ms = millis(done.saturating_duration_since(started));
                             let bytes = u64::try_from(body.len()).ok();
-                            self.succeeded(guard, response.status(), done, ms, bytes);
-                            self.end_succeeded();
+                            let status = response.status();
+                            self.succeeded(guard, status, done, ms, bytes);
+                            self.end_succeeded(done, status);
                             return Ok(E::output(response, body));
                         }
                         Ok(Err(error)) => Sent::Failed {
@@ -1128,14 +1124,13 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// reports `Succeeded` at `at` and any transition.
     #[inline(always)]
     fn succeeded(
-        &mut self,
+        &self,
         mut guard: InFlight<'c, T, R, A>,
         status: http::StatusCode,
         at: Instant,
         ms: u64,
         bytes: Option<u64>,
     ) {
-        (self.succeeded_at, self.succeeded_with) = (at, status);
         let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
         let transition = self.tell_breaker(effect, guard.probe.take(), at);
         let (send, attempt) = (guard.send, guard.attempt);

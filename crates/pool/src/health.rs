@@ -136,8 +136,9 @@ pub struct ApiHealth {
     /// The mean time those calls kept their callers waiting, from the call's first
     /// reading at the gate to its end: every wait, send, retry and back-off.
     pub mean_call_ms: Option<f64>,
-    /// Calls dropped by their callers before they ended, all time (a call dropped
-    /// mid-send also counts its send in [`cancelled`](ApiHealth::cancelled)).
+    /// Calls that did not return, all time: dropped by their callers (a call
+    /// dropped mid-send also counts its send in [`cancelled`](ApiHealth::cancelled)),
+    /// or unwound by a panic ([`CallOutcome::Cancelled`](crate::CallOutcome::Cancelled)).
     pub calls_cancelled: u64,
     /// The time of the latest event seen for this API, or, before any, when the
     /// first client of it was built.

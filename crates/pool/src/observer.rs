@@ -86,15 +86,18 @@ pub trait TransportObserver: MaybeSendSync {
     }
 
     /// Called once per call, after its last event, when the call ends: it returned
-    /// a response or an error, or its caller dropped it (see [`CallEnd`]). A call
-    /// dropped before its first poll never reached the gate, and reports neither
-    /// events nor an end. Does nothing unless implemented.
+    /// a response or an error, or it did not return (its caller dropped it, or a
+    /// panic unwound through it: see [`CallOutcome::Cancelled`]). A call dropped
+    /// before its first poll never reached the gate, and reports neither events
+    /// nor an end. Does nothing unless implemented.
     ///
     /// This is where call-level figures come from (the latency a caller waited,
     /// retries and back-off included; how many calls failed, not sends): the events
     /// are per send, and no event marks a call's end. The same rules as for
     /// [`on_event`](TransportObserver::on_event) apply; a panic here unwinds out of
-    /// the call's future as it returns.
+    /// the call's future as it returns, or out of its drop for a dropped call (and
+    /// is dropped if another panic is already unwinding, as out of a destructor it
+    /// would abort the process).
     fn on_call_end(&self, api: &str, end: &CallEnd) {
         let _ = (api, end);
     }
@@ -187,8 +190,11 @@ pub enum CallOutcome {
         /// The error.
         error: ClientError,
     },
-    /// The caller dropped the call's future before it ended: mid-send (its send
-    /// reported `Cancelled` first), in a wait at the gate, or in a back-off.
+    /// The call did not return: its caller dropped the call's future before it
+    /// ended (mid-send, its send having reported `Cancelled` first; in a wait at
+    /// the gate; in a back-off), or a panic unwound through it (an observer's, on
+    /// any event, even the `Succeeded` of the response it was about to return; or
+    /// the request closure's).
     Cancelled,
 }
 

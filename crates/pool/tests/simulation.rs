@@ -21,8 +21,8 @@ use http::{HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, AuthToken, token_fn};
 use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::{
-    BreakerMode, BreakerState, CallEnd, CallId, CallPolicy, ClientError, ErrorKind, EventKind,
-    Instant, Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit, TransportError,
+    BreakerMode, BreakerState, CallEnd, CallId, CallOutcome, CallPolicy, ClientError, ErrorKind,
+    EventKind, Instant, Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit, TransportError,
     TransportErrorKind, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::{
@@ -705,6 +705,21 @@ fn run_seed(seed: u64) -> Result<u64, String> {
                 )),
                 None => problems.push(format!("{call:?}: returned {e} with no Failed")),
             }
+        }
+        // Its end says what it returned (a drop or a panic says `Cancelled`; neither
+        // returns).
+        match (recorder.call_end(call).map(|end| end.outcome), result) {
+            (Some(CallOutcome::Succeeded { .. }), Ok(())) => {}
+            (Some(CallOutcome::Failed { error }), Err(e)) => {
+                if let Some(difference) = common::error_difference(&error, e) {
+                    problems.push(format!("{call:?}: its end's error differs: {difference}"));
+                }
+            }
+            (end, _) => problems.push(format!(
+                "{call:?} returned {:?}, its end is {:?}",
+                result.as_ref().map_err(|e| e.kind_name()),
+                end.map(|outcome| outcome.name())
+            )),
         }
         // A call that had an answer from the server never says nothing was sent.
         let answered = evs.iter().any(|e| match &e.kind {

@@ -37,7 +37,7 @@
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //! | `SecondCallEnd` | a call's end ([`TransportObserver::on_call_end`]) is reported once |
 //! | `EventAfterCallEnd` | no event of a call (breaker transitions included) after its end |
-//! | `CallEndMismatch` | a call's end agrees with its events: it comes with no send in flight; its `sends` and `attempts` are its last `Started`'s (0 with none); `Succeeded` carries the status and the `at` of the call's last terminal, a `Succeeded`; `Failed` carries the error (its `Display`) of the call's last terminal, a `Failed`; its `at` is no earlier than the call's last event, and its `began` no later than the call's first event or its own `at` |
+//! | `CallEndMismatch` | a call's end agrees with its events: it comes with no send in flight; a `Succeeded` or `Failed` end comes with no retry or redial announced and not started; its `sends` and `attempts` are its last `Started`'s (0 with none); `Succeeded` carries the status and the `at` of the call's last terminal, a `Succeeded`; `Failed` carries the error (its `Display`) of the call's last terminal, a `Failed`; its `at` is no earlier than the call's last event, and its `began` no later than the call's first event or its own `at` |
 //! | `CallNeverEnded` | (end of the record) every call that has an event has its end |
 //!
 //! Whether the breaker's transitions alternate is not checked: two sends on two
@@ -782,9 +782,13 @@ fn end_agrees(events: &[RecordedEvent], state: Option<&CallState>, end: &CallEnd
     {
         return false;
     }
+    // A retry or a redial announced and not yet started: only a drop ends the call
+    // there (a refusal would report its own pair first).
+    let announced = state.retry_announced || state.redial.is_some();
     let last = state.last_terminal.map(|index| &events[index].event);
     match (&end.outcome, last) {
         (CallOutcome::Cancelled, _) => true,
+        _ if announced => false,
         (CallOutcome::Succeeded { status }, Some(last)) => {
             matches!(last.kind, EventKind::Succeeded { status: s, .. } if s == *status)
                 && end.at == last.at

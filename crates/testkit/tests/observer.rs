@@ -1154,6 +1154,34 @@ fn a_failed_call_ends_with_its_last_failure() {
         ),
         Some((ContractRule::CallEndMismatch, 2))
     );
+    // A failure right after a retry or a redial was announced: the call would have
+    // sent again, or reported a refusal's pair; only a drop ends it there.
+    let with_503 = recorded(&[Reply::status(503)], false);
+    let with_not_sent = recorded(&[Reply::fail(TransportErrorKind::NotSent, "stale")], false);
+    for (real, next) in [(with_503, "retry_scheduled"), (with_not_sent, "redialing")] {
+        assert_eq!(real[2].name(), next);
+        let EventKind::Failed { error, .. } = real[1].clone() else {
+            panic!("{:?}", real[1]);
+        };
+        let events = timed(real[..3].to_vec());
+        let last_ms = events.last().unwrap().0;
+        let failed = CallOutcome::Failed { error };
+        assert_eq!(
+            end_violation(
+                events.clone(),
+                &[end(last_ms, last_ms, 1, 1, failed)],
+                vec![]
+            ),
+            Some((ContractRule::CallEndMismatch, 3)),
+            "after {next}"
+        );
+        let dropped = end(last_ms, last_ms, 1, 1, CallOutcome::Cancelled);
+        assert_eq!(
+            end_violation(events, &[dropped], vec![]),
+            None,
+            "after {next}"
+        );
+    }
     // A failure where the call's last terminal was a success.
     assert_eq!(
         end_violation(
