@@ -841,15 +841,7 @@ fn check<'a>(
         check_ends(index, &mut calls)?;
         let event = &recorded.event;
         let api: &str = &recorded.api;
-        let violation = |rule: ContractRule| ContractViolation {
-            index,
-            api: Arc::clone(&recorded.api),
-            call: event.call,
-            send: event.kind.send_and_attempt().map(|(send, _)| send),
-            kind: event.kind.name(),
-            at: event.at,
-            rule,
-        };
+        let violation = |rule: ContractRule| violation_at(events, index, rule);
 
         let went_back = |previous: &mut Instant| {
             let back = event.at < *previous;
@@ -1054,16 +1046,7 @@ fn check<'a>(
             .filter_map(|state| state.in_flight.map(|(_, _, index)| index))
             .min();
         if let Some(index) = open {
-            let recorded = &events[index];
-            return Err(ContractViolation {
-                index,
-                api: Arc::clone(&recorded.api),
-                call: recorded.event.call,
-                send: recorded.event.kind.send_and_attempt().map(|(send, _)| send),
-                kind: recorded.event.kind.name(),
-                at: recorded.event.at,
-                rule: ContractRule::NeverEnded,
-            });
+            return Err(violation_at(events, index, ContractRule::NeverEnded));
         }
         // The call whose first event came earliest, of those with no end.
         let unended = calls
@@ -1072,17 +1055,22 @@ fn check<'a>(
             .filter_map(|state| state.first.map(|(index, _)| index))
             .min();
         if let Some(index) = unended {
-            let recorded = &events[index];
-            return Err(ContractViolation {
-                index,
-                api: Arc::clone(&recorded.api),
-                call: recorded.event.call,
-                send: recorded.event.kind.send_and_attempt().map(|(send, _)| send),
-                kind: recorded.event.kind.name(),
-                at: recorded.event.at,
-                rule: ContractRule::CallNeverEnded,
-            });
+            return Err(violation_at(events, index, ContractRule::CallNeverEnded));
         }
     }
     Ok(())
+}
+
+/// A violation of `rule` named by the event at `index`.
+fn violation_at(events: &[RecordedEvent], index: usize, rule: ContractRule) -> ContractViolation {
+    let recorded = &events[index];
+    ContractViolation {
+        index,
+        api: Arc::clone(&recorded.api),
+        call: recorded.event.call,
+        send: recorded.event.kind.send_and_attempt().map(|(send, _)| send),
+        kind: recorded.event.kind.name(),
+        at: recorded.event.at,
+        rule,
+    }
 }
