@@ -136,6 +136,8 @@ pub struct ApiHealth {
     /// The mean time those calls kept their callers waiting, from the call's first
     /// reading at the gate to its end: every wait, send, retry and back-off.
     pub mean_call_ms: Option<f64>,
+    /// The longest of those calls, in milliseconds.
+    pub max_call_ms: Option<u64>,
     /// Calls that did not return, all time: dropped by their callers (a call
     /// dropped mid-send also counts its send in [`cancelled`](ApiHealth::cancelled)),
     /// or unwound by a panic ([`CallOutcome::Cancelled`](crate::CallOutcome::Cancelled)).
@@ -223,6 +225,8 @@ struct Slice {
     call_successes: u64,
     /// The sum of their times, in milliseconds.
     call_total_ms: u64,
+    /// The longest of them (0 with none: `calls` tells).
+    call_max_ms: u64,
 }
 
 impl Default for Slice {
@@ -239,6 +243,7 @@ impl Default for Slice {
             calls: 0,
             call_successes: 0,
             call_total_ms: 0,
+            call_max_ms: 0,
         }
     }
 }
@@ -416,6 +421,7 @@ impl ApiState {
             slice.calls += 1;
             slice.call_successes += u64::from(ok);
             slice.call_total_ms = slice.call_total_ms.saturating_add(ms);
+            slice.call_max_ms = slice.call_max_ms.max(ms);
         }
     }
 
@@ -601,6 +607,7 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
             sum.calls += slice.calls;
             sum.call_successes += slice.call_successes;
             sum.call_total_ms = sum.call_total_ms.saturating_add(slice.call_total_ms);
+            sum.call_max_ms = sum.call_max_ms.max(slice.call_max_ms);
         }
     }
     let saturating = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
@@ -628,6 +635,7 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
         call_successes_in_window: saturating(sum.call_successes),
         call_success_rate: calls.map(|calls| sum.call_successes as f64 / calls),
         mean_call_ms: calls.map(|calls| sum.call_total_ms as f64 / calls),
+        max_call_ms: calls.map(|_| sum.call_max_ms),
         calls_cancelled: state.calls_cancelled,
         updated_at: state.updated_at,
         covered: slicing.map_or(Duration::ZERO, |slicing| slicing.covered(end)),
@@ -1571,8 +1579,8 @@ mod tests {
         let a = h.snapshot("a").unwrap();
         assert_eq!((a.calls_in_window, a.call_successes_in_window), (1, 1));
         assert_eq!(
-            (a.call_success_rate, a.mean_call_ms),
-            (Some(1.0), Some(1100.0))
+            (a.call_success_rate, a.mean_call_ms, a.max_call_ms),
+            (Some(1.0), Some(1100.0), Some(1100))
         );
         assert_eq!((a.sends_in_window, a.success_rate), (0, None));
         assert_eq!(a.updated_at, at(2_100));
@@ -1583,15 +1591,20 @@ mod tests {
         assert_eq!((a.calls_in_window, a.call_successes_in_window), (3, 1));
         assert_eq!(a.call_success_rate, Some(1.0 / 3.0));
         assert_eq!(a.mean_call_ms, Some(1180.0 / 3.0));
+        // The dropped call's 500 ms counts nowhere in the window.
+        assert_eq!(a.max_call_ms, Some(1100));
         assert_eq!((a.calls_cancelled, a.cancelled), (1, 0));
         // A second later the first call has left the window (50 slices of 20 ms);
         // the cancelled count stays, all time.
         let a = h.snapshot_at("a", at(3_150)).unwrap();
         assert_eq!((a.calls_in_window, a.call_success_rate), (2, Some(0.0)));
-        assert_eq!(a.mean_call_ms, Some(40.0));
+        assert_eq!((a.mean_call_ms, a.max_call_ms), (Some(40.0), Some(60)));
         let a = h.snapshot_at("a", at(4_000)).unwrap();
         assert_eq!((a.calls_in_window, a.call_success_rate), (0, None));
-        assert_eq!((a.mean_call_ms, a.calls_cancelled), (None, 1));
+        assert_eq!(
+            (a.mean_call_ms, a.max_call_ms, a.calls_cancelled),
+            (None, None, 1)
+        );
         // A zero window counts no call.
         let zero = HealthObserver::new(Duration::ZERO);
         zero.on_call_end("a", &call_end(90, 100, ok()));

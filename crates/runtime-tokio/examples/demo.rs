@@ -1123,9 +1123,11 @@ impl View {
                 None => "-".to_owned(),
             };
             // What the callers saw: calls, retries and waits included.
-            let calls = match h.and_then(|h| Some((h.call_success_rate?, h.mean_call_ms?, h))) {
-                Some((rate, mean, h)) => format!(
-                    "{:.0}% {}/{}, {mean:.0} ms mean",
+            let calls =
+                h.and_then(|h| Some((h.call_success_rate?, h.mean_call_ms?, h.max_call_ms?, h)));
+            let calls = match calls {
+                Some((rate, mean, max, h)) => format!(
+                    "{:.0}% {}/{}, mean {mean:.0} ms, max {max} ms",
                     rate * 100.0,
                     h.call_successes_in_window,
                     h.calls_in_window
