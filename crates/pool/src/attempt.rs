@@ -24,6 +24,7 @@ use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotency_key,
     is_idempotent,
 };
+use crate::client::CallTag;
 use crate::client::ReadResponse;
 use crate::client::{Events, Shared};
 use crate::concurrency::Permit;
@@ -133,7 +134,7 @@ impl<Response> Ending<Response> for ReadBody {
 /// One call's state, for the life of one `execute_with` future. Dropped before
 /// [`run`](Call::run) reported its end (the caller dropped the call's future, or an
 /// observer's panic unwinds through it), it reports the end as `Cancelled`.
-pub(crate) struct Call<'c, T, R: Runtime, A, P> {
+pub(crate) struct Call<'c, T, R: Runtime, A, P: Borrow<CallPolicy>> {
     client: &'c Shared<T, R, A>,
     /// The call's policy, borrowed (`&CallPolicy`) or kept (`CallPolicy`).
     policy: P,
@@ -231,7 +232,7 @@ struct AfterHead {
 /// Emits `Cancelled` for a send whose future is dropped before its terminal event.
 struct InFlight<'a, T, R: Runtime, A> {
     client: &'a Shared<T, R, A>,
-    call: CallId,
+    call: CallTag,
     send: u32,
     attempt: u32,
     armed: bool,
@@ -285,13 +286,22 @@ impl<T, R: Runtime, A> Drop for InFlight<'_, T, R, A> {
     }
 }
 
-impl<T, R: Runtime, A, P> Call<'_, T, R, A, P> {
+impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
+    /// The id and label its events carry.
+    fn tag(&self) -> CallTag {
+        CallTag {
+            id: self.id,
+            label: self.policy.borrow().label(),
+        }
+    }
+
     /// Tells the observer the call ended at `at` with `outcome`. Not inlined: the
     /// loop pays a call for it, not its body.
     #[inline(never)]
     fn report_end(&self, at: Instant, outcome: CallOutcome) {
         self.client.events.end(|| CallEnd {
             call: self.id,
+            label: self.policy.borrow().label(),
             began: self.began,
             at,
             sends: self.send,
@@ -301,7 +311,7 @@ impl<T, R: Runtime, A, P> Call<'_, T, R, A, P> {
     }
 }
 
-impl<T, R: Runtime, A, P> Drop for Call<'_, T, R, A, P> {
+impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Drop for Call<'_, T, R, A, P> {
     #[inline]
     fn drop(&mut self) {
         // Dropped before the call reported its end: the caller dropped the call (its
@@ -313,7 +323,7 @@ impl<T, R: Runtime, A, P> Drop for Call<'_, T, R, A, P> {
     }
 }
 
-impl<T, R: Runtime, A, P> Call<'_, T, R, A, P> {
+impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
     /// Reports the end of a call dropped before it ended.
     #[cold]
     fn dropped(&self) {
@@ -352,7 +362,7 @@ fn unsent(send: u32, attempt: u32, error: &ClientError) -> EventKind {
 /// caller.
 fn emit_from_drop(
     events: &Events,
-    call: CallId,
+    call: CallTag,
     at: impl FnOnce() -> Instant,
     kind: impl FnOnce() -> EventKind,
 ) {
@@ -369,7 +379,7 @@ fn emit_from_drop(
 /// caller once this is told).
 struct Told<'a> {
     events: &'a Events,
-    call: CallId,
+    call: CallTag,
     at: Instant,
     kind: Option<EventKind>,
 }
@@ -378,7 +388,7 @@ impl<'a> Told<'a> {
     /// `kind` is built only when an observer listens.
     fn later(
         events: &'a Events,
-        call: CallId,
+        call: CallTag,
         at: Instant,
         kind: impl FnOnce() -> EventKind,
     ) -> Self {
@@ -436,12 +446,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
     fn emit(&self, kind: impl FnOnce() -> EventKind) {
         let rt = &self.client.runtime;
-        self.client.events.emit(|| rt.now(), Some(self.id), kind);
+        self.client.events.emit(|| rt.now(), Some(self.tag()), kind);
     }
 
     /// Reports an event at a time already read from the clock.
     fn emit_at(&self, at: Instant, kind: impl FnOnce() -> EventKind) {
-        self.client.events.emit(|| at, Some(self.id), kind);
+        self.client.events.emit(|| at, Some(self.tag()), kind);
     }
 
     /// Ends the call before a send: a synthetic `Started` + `Failed { sent: false }`
@@ -461,7 +471,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             // One reading for the pair. The `Failed` is told even if the observer
             // panics on the `Started`.
             let at = self.now();
-            let failed = Told::later(events, self.id, at, || unsent(send, attempt, &error));
+            let failed = Told::later(events, self.tag(), at, || unsent(send, attempt, &error));
             self.emit_at(at, || EventKind::Started { send, attempt });
             drop(failed);
         }
@@ -987,7 +997,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             // `Cancelled` as the panic unwinds.
             let mut guard = InFlight {
                 client,
-                call: self.id,
+                call: self.tag(),
                 send,
                 attempt,
                 armed: true,

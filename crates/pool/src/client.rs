@@ -98,6 +98,13 @@ impl<T, R, A> Shared<T, R, A> {
 }
 
 /// The observer, if any, and the key it is given.
+/// What an event of a call says of it: its id and its policy's label.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CallTag {
+    pub(crate) id: CallId,
+    pub(crate) label: Option<&'static str>,
+}
+
 pub(crate) struct Events {
     sink: Option<(Arc<str>, Arc<dyn TransportObserver>)>,
 }
@@ -121,11 +128,17 @@ impl Events {
     pub(crate) fn emit(
         &self,
         at: impl FnOnce() -> Instant,
-        call: Option<CallId>,
+        call: Option<CallTag>,
         kind: impl FnOnce() -> EventKind,
     ) {
         if let Some((key, observer)) = &self.sink {
-            observer.on_event(key, &TransportEvent::new(at(), call, kind()));
+            let event = TransportEvent {
+                at: at(),
+                call: call.map(|c| c.id),
+                label: call.and_then(|c| c.label),
+                kind: kind(),
+            };
+            observer.on_event(key, &event);
         }
     }
 

@@ -116,7 +116,8 @@ pub struct ApiHealth {
     /// The last failure of a send that went out (`Failed { sent: true }`): the API's
     /// own error or the transport's, which refusals after it do not hide.
     pub last_send_error: Option<LastError>,
-    /// Retries scheduled, all time.
+    /// Retries scheduled, all time (one whose call was dropped in its back-off, and
+    /// so never sent, counts too).
     pub retries: u64,
     /// Redials, all time.
     pub redials: u64,
@@ -134,13 +135,17 @@ pub struct ApiHealth {
     /// hid from the callers.
     pub call_success_rate: Option<f64>,
     /// The mean time those calls kept their callers waiting, from the call's first
-    /// reading at the gate to its end: every wait, send, retry and back-off.
+    /// reading at the gate to its end: every wait, send, retry and back-off. Each
+    /// call counts in whole milliseconds (cut, not rounded), as a send's `ms` does.
     pub mean_call_ms: Option<f64>,
     /// The longest of those calls, in milliseconds.
     pub max_call_ms: Option<u64>,
     /// Calls that did not return, all time: dropped by their callers (a call
     /// dropped mid-send also counts its send in [`cancelled`](ApiHealth::cancelled)),
-    /// or unwound by a panic ([`CallOutcome::Cancelled`](crate::CallOutcome::Cancelled)).
+    /// or unwound by a panic ([`CallOutcome::Cancelled`]). Their time counts in no
+    /// figure: a caller that gives up on slow calls (a `tokio::time::timeout`
+    /// around them) keeps its slowest calls out of `mean_call_ms` and
+    /// `max_call_ms`, so watch this count beside them.
     pub calls_cancelled: u64,
     /// The time of the latest event seen for this API, or, before any, when the
     /// first client of it was built.

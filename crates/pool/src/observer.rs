@@ -45,6 +45,13 @@ impl<T: ?Sized> MaybeSendSync for T {}
 ///
 /// Return quickly, never block or `.await`, and never call back into the client.
 ///
+/// Every method does nothing unless implemented: implement the ones you need. An
+/// observer that wraps others must pass on all three (`on_event`, `on_attach`,
+/// `on_call_end`), or those behind it miss what it drops with no error (a
+/// [`HealthObserver`](crate::health::HealthObserver) behind a wrapper that forwards
+/// only `on_event` lists no API before its first event and counts no call);
+/// [`Fanout`] passes on all three.
+///
 /// A panic in `on_event` is not swallowed: it unwinds out of the call to its caller
 /// (the call's future panics). The client stays whole and the contract holds as it
 /// unwinds: a `Started` whose callback panicked is followed by its `Cancelled` (or,
@@ -72,7 +79,11 @@ impl<T: ?Sized> MaybeSendSync for T {}
 /// ```
 pub trait TransportObserver: MaybeSendSync {
     /// Called once per event. `api` is the key the client's builder was given.
-    fn on_event(&self, api: &str, event: &TransportEvent);
+    /// Does nothing unless implemented (an observer may want only
+    /// [`on_call_end`](TransportObserver::on_call_end)).
+    fn on_event(&self, api: &str, event: &TransportEvent) {
+        let _ = (api, event);
+    }
 
     /// Called by [`ClientBuilder::build`](crate::ClientBuilder::build), once it has
     /// accepted the settings, with the key the builder was given and the runtime's
@@ -127,6 +138,8 @@ pub trait TransportObserver: MaybeSendSync {
 pub struct CallEnd {
     /// The call.
     pub call: CallId,
+    /// The label of the call's policy, as its events carry it.
+    pub label: Option<&'static str>,
     /// When it began: its first reading at the gate (where its budget starts).
     pub began: Instant,
     /// When it ended: for a call that returned a response, the `at` of its
@@ -146,8 +159,8 @@ pub struct CallEnd {
 impl CallEnd {
     /// The end of call `call`, which began at `began` (its first reading at the
     /// gate) and ended at `at`, after `sends` sends and `attempts` attempts (its
-    /// last `Started`'s numbers), with `outcome`: for an observer fed by hand, as
-    /// in a test.
+    /// last `Started`'s numbers), with `outcome` and no label: for an observer fed
+    /// by hand, as in a test.
     #[must_use]
     pub fn new(
         call: CallId,
@@ -159,12 +172,20 @@ impl CallEnd {
     ) -> Self {
         CallEnd {
             call,
+            label: None,
             began,
             at,
             sends,
             attempts,
             outcome,
         }
+    }
+
+    /// The end with `label` as its call's label.
+    #[must_use]
+    pub fn with_label(mut self, label: Option<&'static str>) -> Self {
+        self.label = label;
+        self
     }
 
     /// From [`began`](CallEnd::began) to [`at`](CallEnd::at): everything the
@@ -233,15 +254,41 @@ pub struct TransportEvent {
     /// The call the event is about; `None` for events reported through
     /// `ResilientClient::report`, and for `BreakerReset`.
     pub call: Option<CallId>,
+    /// The label of the call's policy ([`CallPolicy::with_label`]), the same on
+    /// every event of the call; `None` for a call whose policy has none, and for
+    /// events of no call.
+    ///
+    /// [`CallPolicy::with_label`]: crate::CallPolicy::with_label
+    pub label: Option<&'static str>,
     /// What happened.
     pub kind: EventKind,
 }
 
 impl TransportEvent {
-    /// An event of `kind` at `at` for `call`.
+    /// An event of `kind` at `at` for `call`, with no label.
     #[must_use]
     pub fn new(at: Instant, call: Option<CallId>, kind: EventKind) -> Self {
-        TransportEvent { at, call, kind }
+        TransportEvent {
+            at,
+            call,
+            label: None,
+            kind,
+        }
+    }
+
+    /// The event with `label` as its call's label.
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallId, EventKind, Instant, TransportEvent};
+    ///
+    /// let event = TransportEvent::new(Instant::ORIGIN, Some(CallId(1)), EventKind::BreakerClosed)
+    ///     .with_label(Some("orders.list"));
+    /// assert_eq!(event.label, Some("orders.list"));
+    /// ```
+    #[must_use]
+    pub fn with_label(mut self, label: Option<&'static str>) -> Self {
+        self.label = label;
+        self
     }
 }
 

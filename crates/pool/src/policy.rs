@@ -225,6 +225,7 @@ pub struct CallPolicy {
     budget: Option<Duration>,
     idempotent: bool,
     answers: AnswerStatuses,
+    label: Option<&'static str>,
 }
 
 /// The 4xx statuses a policy takes as answers
@@ -282,6 +283,7 @@ impl CallPolicy {
             budget,
             idempotent: false,
             answers: AnswerStatuses::default(),
+            label: None,
         }
     }
 
@@ -438,6 +440,26 @@ impl CallPolicy {
         self
     }
 
+    /// Names what the call is for (an endpoint, an operation: `"orders.list"`), for
+    /// the observer: every event of a call under this policy, and its end, carry it
+    /// ([`TransportEvent::label`](crate::TransportEvent::label),
+    /// [`CallEnd::label`](crate::CallEnd::label)), so figures can be kept per
+    /// endpoint within one API. It is never sent. None by default; a later label
+    /// replaces an earlier one.
+    ///
+    /// ```
+    /// use vantage_api_pool::CallPolicy;
+    ///
+    /// let list_orders = CallPolicy::default().with_label("orders.list");
+    /// assert_eq!(list_orders.label(), Some("orders.list"));
+    /// assert_eq!(CallPolicy::default().label(), None);
+    /// ```
+    #[must_use]
+    pub fn with_label(mut self, label: &'static str) -> Self {
+        self.label = Some(label);
+        self
+    }
+
     /// Statuses the call takes as answers: a response with one of them is returned
     /// to the caller as `Ok`, its body unread, as a 2xx is, instead of ending the
     /// call as a [`Status`](crate::ErrorKind::Status) error whose body is cut at
@@ -533,6 +555,13 @@ impl CallPolicy {
     #[must_use]
     pub fn is_idempotent(&self) -> bool {
         self.idempotent
+    }
+
+    /// The label the policy's calls carry to the observer
+    /// ([`with_label`](CallPolicy::with_label)).
+    #[must_use]
+    pub fn label(&self) -> Option<&'static str> {
+        self.label
     }
 }
 
@@ -721,7 +750,7 @@ mod tests {
         }
         assert_eq!(
             format!("{p:?}").split("answers: ").nth(1).unwrap(),
-            "{400, 402, 404, 409, 422, 463, 464, 499} }"
+            "{400, 402, 404, 409, 422, 463, 464, 499}, label: None }"
         );
         let replaced = p.with_answer_statuses([StatusCode::GONE]).unwrap();
         assert!(replaced.is_answer_status(StatusCode::GONE));

@@ -11,7 +11,8 @@
 //! | `TRACE` | a send starting (`started`) |
 //!
 //! Fields (all events have `api`, `event`, its snake_case name, and `at_ms`; an
-//! event of a call has `call`):
+//! event of a call has `call`, and `label` when its policy has one:
+//! [`CallPolicy::with_label`](crate::CallPolicy::with_label)):
 //!
 //! | event | fields |
 //! |---|---|
@@ -62,11 +63,12 @@ impl TracingObserver {
 impl TransportObserver for TracingObserver {
     fn on_event(&self, api: &str, event: &TransportEvent) {
         let call = event.call.map(|c| c.0);
+        let label = event.label;
         let at_ms = event.at.since_origin().as_secs_f64() * 1000.0;
         let name = event.kind.name();
         match &event.kind {
             EventKind::Started { send, attempt } => {
-                tracing::trace!(target: "vantage_api_pool", api, event = name, call, send, attempt, at_ms);
+                tracing::trace!(target: "vantage_api_pool", api, event = name, call, label, send, attempt, at_ms);
             }
             EventKind::Succeeded {
                 send,
@@ -76,7 +78,7 @@ impl TransportObserver for TracingObserver {
                 bytes,
             } => tracing::debug!(
                 target: "vantage_api_pool",
-                api, event = name, call, send, attempt, status = status.as_u16(), ms, bytes, at_ms
+                api, event = name, call, label, send, attempt, status = status.as_u16(), ms, bytes, at_ms
             ),
             EventKind::Failed {
                 send,
@@ -90,42 +92,42 @@ impl TransportObserver for TracingObserver {
                 if !*sent && matches!(error.kind(), ErrorKind::BreakerOpen) {
                     tracing::debug!(
                         target: "vantage_api_pool",
-                        api, event = name, call, send, attempt, ms, sent, kind, status, at_ms,
+                        api, event = name, call, label, send, attempt, ms, sent, kind, status, at_ms,
                         "{error}"
                     );
                 } else {
                     tracing::warn!(
                         target: "vantage_api_pool",
-                        api, event = name, call, send, attempt, ms, sent, kind, status, at_ms,
+                        api, event = name, call, label, send, attempt, ms, sent, kind, status, at_ms,
                         "{error}"
                     );
                 }
             }
             EventKind::Cancelled { send, attempt } | EventKind::Redialing { send, attempt } => {
-                tracing::debug!(target: "vantage_api_pool", api, event = name, call, send, attempt, at_ms);
+                tracing::debug!(target: "vantage_api_pool", api, event = name, call, label, send, attempt, at_ms);
             }
             EventKind::RetryScheduled { attempt, after } => tracing::debug!(
                 target: "vantage_api_pool",
-                api, event = name, call, attempt, after_ms = after.as_secs_f64() * 1000.0, at_ms
+                api, event = name, call, label, attempt, after_ms = after.as_secs_f64() * 1000.0, at_ms
             ),
             EventKind::BreakerOpened { cooldown } => tracing::warn!(
                 target: "vantage_api_pool",
-                api, event = name, call, cooldown_ms = cooldown.as_secs_f64() * 1000.0, at_ms,
+                api, event = name, call, label, cooldown_ms = cooldown.as_secs_f64() * 1000.0, at_ms,
                 "circuit breaker opened"
             ),
             EventKind::BreakerClosed => tracing::info!(
                 target: "vantage_api_pool",
-                api, event = name, call, at_ms, "circuit breaker closed"
+                api, event = name, call, label, at_ms, "circuit breaker closed"
             ),
             EventKind::BreakerReset => tracing::info!(
                 target: "vantage_api_pool",
                 api, event = name, at_ms, "circuit breaker reset by hand"
             ),
             EventKind::WritePushed => {
-                tracing::debug!(target: "vantage_api_pool", api, event = name, call, at_ms);
+                tracing::debug!(target: "vantage_api_pool", api, event = name, call, label, at_ms);
             }
             EventKind::RowsPulled { n } => {
-                tracing::debug!(target: "vantage_api_pool", api, event = name, call, n, at_ms);
+                tracing::debug!(target: "vantage_api_pool", api, event = name, call, label, n, at_ms);
             }
         }
     }
@@ -134,6 +136,7 @@ impl TransportObserver for TracingObserver {
     /// `WARN` (its last `Failed`), or a `DEBUG` for a breaker's refusal.
     fn on_call_end(&self, api: &str, end: &CallEnd) {
         let call = end.call.0;
+        let label = end.label;
         let at_ms = end.at.since_origin().as_secs_f64() * 1000.0;
         let elapsed_ms = end.elapsed().as_secs_f64() * 1000.0;
         let (sends, attempts, outcome) = (end.sends, end.attempts, end.outcome.name());
@@ -146,7 +149,7 @@ impl TransportObserver for TracingObserver {
         };
         tracing::debug!(
             target: "vantage_api_pool",
-            api, event = "call_end", call, outcome, sends, attempts, elapsed_ms, status, kind, at_ms
+            api, event = "call_end", call, label, outcome, sends, attempts, elapsed_ms, status, kind, at_ms
         );
     }
 }

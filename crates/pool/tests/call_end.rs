@@ -358,3 +358,104 @@ fn a_fanout_and_a_recording_observer_hear_the_end_and_no_observer_costs_nothing(
         .unwrap();
     assert_eq!(w.observer.call_ends().len(), 1);
 }
+
+#[test]
+fn a_labelled_call_carries_its_label_on_every_event_and_its_end() {
+    // A 503 opens the breaker (threshold 1, cooldown 500 ms); the retry a second
+    // later is its probe, and closes it: every kind of a call's events.
+    let w = World::new();
+    w.transport.push(Reply::status(503));
+    w.transport.push(Reply::ok());
+    let client = w
+        .builder()
+        .breaker(1, ms(500), secs(60))
+        .default_policy(bounded(0, ms(1)).with_label("orders.default"))
+        .build()
+        .unwrap();
+    let list = bounded(2, secs(1)).with_label("orders.list");
+    let first = client.execute_with(&list, |h| h.get("/orders"));
+    let first_id = first.id();
+    w.rt.block_on(first).unwrap().unwrap();
+    assert_eq!(
+        w.kinds(),
+        [
+            "started",
+            "failed",
+            "breaker_opened",
+            "retry_scheduled",
+            "started",
+            "succeeded",
+            "breaker_closed"
+        ]
+    );
+    assert!(
+        w.events().iter().all(|e| e.label == Some("orders.list")),
+        "{:?}",
+        w.events()
+    );
+    assert_eq!(
+        w.observer.call_end(first_id).unwrap().label,
+        Some("orders.list")
+    );
+
+    // A policy without a label: none; `execute` goes by the default policy's.
+    w.observer.clear();
+    w.transport.push_many([Reply::ok(), Reply::ok()]);
+    let plain =
+        w.rt.block_on(client.execute_with(&bounded(0, ms(1)), |h| h.get("/a")));
+    assert!(plain.unwrap().is_ok());
+    let by_default = client.execute(|h| h.get("/b"));
+    let default_id = by_default.id();
+    w.rt.block_on(by_default).unwrap().unwrap();
+    let labels: Vec<_> = w.events().iter().map(|e| (e.call, e.label)).collect();
+    assert_eq!(
+        labels,
+        [
+            (Some(CallId(2)), None),
+            (Some(CallId(2)), None),
+            (Some(default_id), Some("orders.default")),
+            (Some(default_id), Some("orders.default"))
+        ]
+    );
+    let ends: Vec<_> = w.observer.call_ends().iter().map(|e| e.end.label).collect();
+    assert_eq!(ends, [None, Some("orders.default")]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_dropped_or_refused_call_keeps_its_label() {
+    let w = World::new();
+    w.transport.push(Reply::ok().after(secs(5)));
+    let client = w.client();
+    let labelled = bounded(0, ms(1)).with_label("orders.slow");
+    let call = {
+        let client = client.clone();
+        let labelled = labelled.clone();
+        w.rt.spawn(async move {
+            let _ = client.execute_with(&labelled, |h| h.get("/slow")).await;
+        })
+    };
+    w.rt.run_until(at(secs(1))).unwrap();
+    call.abort();
+    // Refused before sending: a request that cannot be built.
+    let refused =
+        w.rt.block_on(client.execute_with(&labelled, |h| h.get("/x").invalid()))
+            .unwrap();
+    assert!(refused.is_err());
+    assert_eq!(w.kinds(), ["started", "cancelled", "started", "failed"]);
+    assert!(w.events().iter().all(|e| e.label == Some("orders.slow")));
+    let ends: Vec<_> = w
+        .observer
+        .call_ends()
+        .iter()
+        .map(|e| (e.end.outcome.name(), e.end.label))
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            ("cancelled", Some("orders.slow")),
+            ("failed", Some("orders.slow"))
+        ]
+    );
+    w.assert_contract();
+}

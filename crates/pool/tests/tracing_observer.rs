@@ -347,3 +347,24 @@ fn a_call_refused_for_a_reason_of_its_own_is_a_warning() {
         [("WARN".to_owned(), "false".to_owned(), "\"auth\"".to_owned())]
     );
 }
+
+#[test]
+fn a_labelled_call_logs_its_label_on_every_line() {
+    let w = World::new();
+    w.transport.push_many([Reply::status(503), Reply::ok()]);
+    let lines = one_traced_call(&w, bounded(1, ms(5)).with_label("orders.list"));
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .all(|(_, f)| f.get("label").map(String::as_str) == Some("\"orders.list\"")),
+        "{lines:?}"
+    );
+    // Without one, no label field at all.
+    w.transport.push(Reply::ok());
+    let lines = one_traced_call(&w, bounded(0, ms(5)));
+    assert!(
+        lines.iter().all(|(_, f)| !f.contains_key("label")),
+        "{lines:?}"
+    );
+}

@@ -39,6 +39,7 @@
 //! | `EventAfterCallEnd` | no event of a call (breaker transitions included) after its end |
 //! | `CallEndMismatch` | a call's end agrees with its events: it comes with no send in flight; a `Succeeded` or `Failed` end comes with no retry or redial announced and not started; its `sends` and `attempts` are its last `Started`'s (0 with none); `Succeeded` carries the status and the `at` of the call's last terminal, a `Succeeded`; `Failed` carries the error (its `Display`) of the call's last terminal, a `Failed`; its `at` is no earlier than the call's last event, and its `began` no later than the call's first event or its own `at` |
 //! | `CallNeverEnded` | (end of the record) every call that has an event has its end |
+//! | `LabelChanged` | every event of a call (a breaker transition it caused included) and its end carry the same label ([`CallPolicy::with_label`](vantage_api_pool::CallPolicy::with_label)) |
 //!
 //! Whether the breaker's transitions alternate is not checked: two sends on two
 //! threads can report theirs in either order. Across calls, time order is checked per
@@ -287,7 +288,9 @@ impl RecordingObserver {
     }
 
     /// The recorded end of call `call` (of any api name; the first, if it has
-    /// several), or `None` while it has none.
+    /// several), or `None` while it has none. With one observer over several
+    /// clients, whose call ids repeat, ask
+    /// [`api_call_end`](RecordingObserver::api_call_end).
     ///
     /// ```
     /// use vantage_api_pool::{CallId, ResilientClient};
@@ -309,11 +312,32 @@ impl RecordingObserver {
     /// ```
     #[must_use]
     pub fn call_end(&self, call: CallId) -> Option<CallEnd> {
-        self.state()
-            .ends
-            .iter()
-            .find(|e| e.end.call == call)
-            .map(|e| e.end.clone())
+        self.end_where(|e| e.end.call == call)
+    }
+
+    /// The recorded end of call `call` of the client keyed `api` (as
+    /// [`for_api_call`](RecordingObserver::for_api_call) picks events), or `None`
+    /// while it has none.
+    ///
+    /// ```
+    /// use vantage_api_pool::{CallEnd, CallId, CallOutcome, Instant, TransportObserver};
+    /// use vantage_api_pool_testkit::RecordingObserver;
+    ///
+    /// let observer = RecordingObserver::new();
+    /// let dropped = CallEnd::new(CallId(1), Instant::ORIGIN, Instant::ORIGIN, 0, 0, CallOutcome::Cancelled);
+    /// observer.on_call_end("search-api", &dropped);
+    /// assert!(observer.api_call_end("orders-api", CallId(1)).is_none());
+    /// assert!(observer.api_call_end("search-api", CallId(1)).is_some());
+    /// ```
+    #[must_use]
+    pub fn api_call_end(&self, api: &str, call: CallId) -> Option<CallEnd> {
+        self.end_where(|e| e.end.call == call && &*e.api == api)
+    }
+
+    /// The first recorded end that `pick` picks.
+    fn end_where(&self, pick: impl Fn(&RecordedCallEnd) -> bool) -> Option<CallEnd> {
+        let state = self.state();
+        state.ends.iter().find(|e| pick(e)).map(|e| e.end.clone())
     }
 
     /// The recorded events of call `call` (of any api name), in order. A call's id is
@@ -566,6 +590,8 @@ pub enum ContractRule {
     CallEndMismatch,
     /// At the end of the record, a call with events but no end.
     CallNeverEnded,
+    /// An event or the end of a call with another label than the call's first event.
+    LabelChanged,
 }
 
 impl ContractRule {
@@ -629,6 +655,7 @@ impl ContractRule {
                 "a call's end agrees with its events: no send in flight, its last Started's numbers, its last terminal's outcome, no earlier than its events"
             }
             ContractRule::CallNeverEnded => "every call that has an event has its end",
+            ContractRule::LabelChanged => "a call's events and its end carry one label",
         }
     }
 }
@@ -762,6 +789,15 @@ struct CallState {
     last_terminal: Option<usize>,
     /// The call's end was reported.
     end_reported: bool,
+    /// The label of the call's first event.
+    label: Option<Option<&'static str>>,
+}
+
+impl CallState {
+    /// Whether `label` is the call's, the first one seen becoming it.
+    fn keeps_label(&mut self, label: Option<&'static str>) -> bool {
+        *self.label.get_or_insert(label) == label
+    }
 }
 
 /// Whether a call's end agrees with what its events (`state`, `None` with none)
@@ -833,7 +869,11 @@ fn check<'a>(
             if !end_agrees(events, state, end) {
                 return Err(violation(ContractRule::CallEndMismatch));
             }
-            calls.entry(key).or_default().end_reported = true;
+            let state = calls.entry(key).or_default();
+            if !state.keeps_label(end.label) {
+                return Err(violation(ContractRule::LabelChanged));
+            }
+            state.end_reported = true;
         }
         Ok(())
     };
@@ -874,12 +914,15 @@ fn check<'a>(
 
         match event.kind {
             EventKind::BreakerOpened { .. } | EventKind::BreakerClosed => {
-                let due = event
-                    .call
-                    .and_then(|call| calls.get_mut(&(api, call)))
+                let mut state = event.call.and_then(|call| calls.get_mut(&(api, call)));
+                let due = state
+                    .as_mut()
                     .is_some_and(|state| std::mem::take(&mut state.transition_due));
                 if !due {
                     return Err(violation(ContractRule::TransitionNotAfterTerminal));
+                }
+                if state.is_some_and(|state| !state.keeps_label(event.label)) {
+                    return Err(violation(ContractRule::LabelChanged));
                 }
                 continue;
             }
@@ -907,6 +950,9 @@ fn check<'a>(
             return Err(violation(ContractRule::MissingCallId));
         };
         let state = calls.entry((api, call)).or_default();
+        if !state.keeps_label(event.label) {
+            return Err(violation(ContractRule::LabelChanged));
+        }
         state.first.get_or_insert((index, event.at));
         state.latest = Some(event.at);
         // A repeated terminal of the last send is reported as such, not as "after the end".

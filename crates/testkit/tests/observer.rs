@@ -1192,3 +1192,51 @@ fn a_failed_call_ends_with_its_last_failure() {
         Some((ContractRule::CallEndMismatch, 2))
     );
 }
+
+#[test]
+fn a_call_keeps_one_label() {
+    let labelled = |ms, kind, label| {
+        (
+            ms,
+            TransportEvent::new(at(ms), Some(CallId(1)), kind).with_label(label),
+        )
+    };
+    let feed = |events: Vec<(u64, TransportEvent)>, end_label| {
+        let observer = RecordingObserver::new();
+        for (_, event) in &events {
+            observer.on_event("api", event);
+        }
+        let last = events.last().map_or(0, |(ms, _)| *ms);
+        let ok = CallOutcome::Succeeded {
+            status: StatusCode::OK,
+        };
+        observer.on_call_end(
+            "api",
+            &CallEnd::new(CallId(1), at(0), at(last), 1, 1, ok).with_label(end_label),
+        );
+        observer.check_contract().map_err(|v| (v.rule, v.index))
+    };
+    let list = Some("orders.list");
+    let sent = |second| {
+        vec![
+            labelled(0, started(1, 1), list),
+            labelled(5, succeeded(1, 1), second),
+        ]
+    };
+    // One label throughout, or none throughout: fine.
+    assert_eq!(feed(sent(list), list), Ok(()));
+    let unlabelled = vec![
+        labelled(0, started(1, 1), None),
+        labelled(5, succeeded(1, 1), None),
+    ];
+    assert_eq!(feed(unlabelled, None), Ok(()));
+    // An event, a transition or the end with another.
+    assert_eq!(feed(sent(None), list), Err((ContractRule::LabelChanged, 1)));
+    let mut closed = sent(list);
+    closed.push(labelled(5, EventKind::BreakerClosed, Some("orders.get")));
+    assert_eq!(feed(closed, list), Err((ContractRule::LabelChanged, 2)));
+    assert_eq!(
+        feed(sent(list), Some("orders.get")),
+        Err((ContractRule::LabelChanged, 2))
+    );
+}
