@@ -24,9 +24,7 @@ use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotency_key,
     is_idempotent,
 };
-use crate::client::CallTag;
-use crate::client::ReadResponse;
-use crate::client::{Events, Shared};
+use crate::client::{CallTag, Events, ReadResponse, Shared};
 use crate::concurrency::Permit;
 use crate::error::{
     ClientError, ErrorKind, ErrorResponseHead, MAX_ERROR_BODY, TimeLimit, trim_unfinished_char,
@@ -132,8 +130,8 @@ impl<Response> Ending<Response> for ReadBody {
 }
 
 /// One call's state, for the life of one `execute_with` future. Dropped before
-/// [`run`](Call::run) reported its end (the caller dropped the call's future, or an
-/// observer's panic unwinds through it), it reports the end as `Cancelled`.
+/// [`run`](Call::run) reported its end (the caller dropped the call's future, or a
+/// panic unwinds through it), it reports the end as `Cancelled`.
 pub(crate) struct Call<'c, T, R: Runtime, A, P: Borrow<CallPolicy>> {
     client: &'c Shared<T, R, A>,
     /// The call's policy, borrowed (`&CallPolicy`) or kept (`CallPolicy`).
@@ -299,15 +297,28 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
     /// loop pays a call for it, not its body.
     #[inline(never)]
     fn report_end(&self, at: Instant, outcome: CallOutcome) {
+        let tag = self.tag();
         self.client.events.end(|| CallEnd {
-            call: self.id,
-            label: self.policy.borrow().label(),
+            call: tag.id,
+            label: tag.label,
             began: self.began,
             at,
             sends: self.send,
             attempts: self.attempt,
             outcome,
         });
+    }
+
+    /// Reports the end of a call dropped before it ended.
+    #[cold]
+    fn dropped(&self) {
+        let at = self.client.runtime.now();
+        if std::thread::panicking() {
+            let report = AssertUnwindSafe(|| self.report_end(at, CallOutcome::Cancelled));
+            let _second_panic = std::panic::catch_unwind(report);
+        } else {
+            self.report_end(at, CallOutcome::Cancelled);
+        }
     }
 }
 
@@ -319,20 +330,6 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Drop for Call<'_, T, R, A, P> {
         // through it.
         if std::mem::take(&mut self.gate_reached) && self.client.events.is_listening() {
             self.dropped();
-        }
-    }
-}
-
-impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
-    /// Reports the end of a call dropped before it ended.
-    #[cold]
-    fn dropped(&self) {
-        let at = self.client.runtime.now();
-        if std::thread::panicking() {
-            let report = AssertUnwindSafe(|| self.report_end(at, CallOutcome::Cancelled));
-            let _second_panic = std::panic::catch_unwind(report);
-        } else {
-            self.report_end(at, CallOutcome::Cancelled);
         }
     }
 }

@@ -118,14 +118,13 @@ pub trait TransportObserver: MaybeSendSync {
 ///
 /// ```
 /// use std::sync::Mutex;
-/// use vantage_api_pool::{CallEnd, CallOutcome, TransportEvent, TransportObserver};
+/// use vantage_api_pool::{CallEnd, CallOutcome, TransportObserver};
 ///
 /// /// Milliseconds each failed call kept its caller waiting, retries included.
 /// #[derive(Default)]
 /// struct FailedCallTimes(Mutex<Vec<u128>>);
 ///
 /// impl TransportObserver for FailedCallTimes {
-///     fn on_event(&self, _api: &str, _event: &TransportEvent) {}
 ///     fn on_call_end(&self, _api: &str, end: &CallEnd) {
 ///         if let CallOutcome::Failed { .. } = end.outcome {
 ///             self.0.lock().unwrap().push(end.elapsed().as_millis());
