@@ -97,7 +97,6 @@ impl<T, R, A> Shared<T, R, A> {
     }
 }
 
-/// The observer, if any, and the key it is given.
 /// What an event of a call says of it: its id and its policy's label.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CallTag {
@@ -105,6 +104,7 @@ pub(crate) struct CallTag {
     pub(crate) label: Option<&'static str>,
 }
 
+/// The observer, if any, and the key it is given.
 pub(crate) struct Events {
     sink: Option<(Arc<str>, Arc<dyn TransportObserver>)>,
 }

@@ -46,11 +46,12 @@ impl<T: ?Sized> MaybeSendSync for T {}
 /// Return quickly, never block or `.await`, and never call back into the client.
 ///
 /// Every method does nothing unless implemented: implement the ones you need. An
-/// observer that wraps others must pass on all three (`on_event`, `on_attach`,
-/// `on_call_end`), or those behind it miss what it drops with no error (a
+/// observer that wraps others must pass on every method (today `on_event`,
+/// `on_attach` and `on_call_end`), or those behind it miss what it drops with no
+/// error (a
 /// [`HealthObserver`](crate::health::HealthObserver) behind a wrapper that forwards
 /// only `on_event` lists no API before its first event and counts no call);
-/// [`Fanout`] passes on all three.
+/// [`Fanout`] passes on every one.
 ///
 /// A panic in `on_event` is not swallowed: it unwinds out of the call to its caller
 /// (the call's future panics). The client stays whole and the contract holds as it

@@ -445,7 +445,8 @@ impl CallPolicy {
     /// ([`TransportEvent::label`](crate::TransportEvent::label),
     /// [`CallEnd::label`](crate::CallEnd::label)), so figures can be kept per
     /// endpoint within one API. It is never sent. None by default; a later label
-    /// replaces an earlier one.
+    /// replaces an earlier one. It is part of the policy: two policies that differ
+    /// only in their label are not equal.
     ///
     /// ```
     /// use vantage_api_pool::CallPolicy;

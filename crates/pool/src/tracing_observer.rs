@@ -22,7 +22,7 @@
 //! | `retry_scheduled` | `attempt` (the retry's), `after_ms` |
 //! | `breaker_opened` | `cooldown_ms` |
 //! | `rows_pulled` | `n` |
-//! | `call_end` ([`TransportObserver::on_call_end`]) | `call`, `outcome` (`succeeded`, `failed` or `cancelled`), `sends`, `attempts`, `elapsed_ms` (the caller's wait, a float), `status` (a response's, or a failure's HTTP status), `kind` (a failure's `kind_name()`) |
+//! | `call_end` ([`TransportObserver::on_call_end`]) | `call`, `label` (when the call has one), `outcome` (`succeeded`, `failed` or `cancelled`), `sends`, `attempts`, `elapsed_ms` (the caller's wait, a float), `status` (a response's, or a failure's HTTP status), `kind` (a failure's `kind_name()`) |
 //!
 //! `at_ms` is the event's time in milliseconds since the client's runtime began (its
 //! [`Instant`](crate::Instant) origin), not wall-clock time; it, `after_ms` and

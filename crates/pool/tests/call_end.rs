@@ -459,3 +459,24 @@ fn a_dropped_or_refused_call_keeps_its_label() {
     );
     w.assert_contract();
 }
+
+#[test]
+fn a_redial_keeps_the_label_too() {
+    let w = World::new();
+    w.transport.push(Reply::fail(
+        vantage_api_pool::TransportErrorKind::NotSent,
+        "stale connection",
+    ));
+    w.transport.push(Reply::ok());
+    let client = w.client();
+    let policy = bounded(0, ms(1)).with_label("orders.get");
+    w.rt.block_on(client.execute_with(&policy, |h| h.get("/orders/7")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        w.kinds(),
+        ["started", "failed", "redialing", "started", "succeeded"]
+    );
+    assert!(w.events().iter().all(|e| e.label == Some("orders.get")));
+    w.assert_contract();
+}

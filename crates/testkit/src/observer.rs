@@ -32,8 +32,8 @@
 //! | `UnsentFailureWithTime` | a `Failed` with `sent: false` (a send refused before it went out) reports `ms: 0` |
 //! | `EventAfterCallEnded` | after a call's `Succeeded`, `Cancelled` or `Failed` with `sent: false` (which always ends the call), no per-send event or `RetryScheduled` of that call |
 //! | `TransitionNotAfterTerminal` | `BreakerOpened` and `BreakerClosed` carry the call whose send caused them and come right after that send's `Succeeded` or sent `Failed` (no event of the call between), one per send |
-//! | `ReportWithCall` | `RowsPulled` and `WritePushed` (from `ResilientClient::report`) carry no call id |
-//! | `ResetWithCall` | `BreakerReset` (from `ResilientClient::reset_breaker`) carries no call id; it may come at any point |
+//! | `ReportWithCall` | `RowsPulled` and `WritePushed` (from `ResilientClient::report`) carry no call id, nor a label |
+//! | `ResetWithCall` | `BreakerReset` (from `ResilientClient::reset_breaker`) carries no call id, nor a label; it may come at any point |
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //! | `SecondCallEnd` | a call's end ([`TransportObserver::on_call_end`]) is reported once |
 //! | `EventAfterCallEnd` | no event of a call (breaker transitions included) after its end |
@@ -647,8 +647,8 @@ impl ContractRule {
             ContractRule::TransitionNotAfterTerminal => {
                 "a breaker transition comes right after the Succeeded or sent Failed of the send that caused it, with its call"
             }
-            ContractRule::ReportWithCall => "RowsPulled and WritePushed carry no call id",
-            ContractRule::ResetWithCall => "BreakerReset carries no call id",
+            ContractRule::ReportWithCall => "RowsPulled and WritePushed carry no call id nor label",
+            ContractRule::ResetWithCall => "BreakerReset carries no call id nor label",
             ContractRule::SecondCallEnd => "a call's end is reported once",
             ContractRule::EventAfterCallEnd => "no event of a call comes after its end",
             ContractRule::CallEndMismatch => {
@@ -927,14 +927,14 @@ fn check<'a>(
                 continue;
             }
             EventKind::RowsPulled { .. } | EventKind::WritePushed => {
-                if event.call.is_some() {
+                if event.call.is_some() || event.label.is_some() {
                     return Err(violation(ContractRule::ReportWithCall));
                 }
                 continue;
             }
             // A reset by hand: no send caused it, so it may come anywhere.
             EventKind::BreakerReset => {
-                if event.call.is_some() {
+                if event.call.is_some() || event.label.is_some() {
                     return Err(violation(ContractRule::ResetWithCall));
                 }
                 continue;

@@ -815,10 +815,21 @@ fn a_report_carries_no_call() {
         observer.on_event("api", &TransportEvent::new(at(0), None, kind.clone()));
         assert_eq!(observer.check_contract(), Ok(()));
         assert_eq!(
-            first_violation(vec![(0, 1, kind)]),
+            first_violation(vec![(0, 1, kind.clone())]),
             (ContractRule::ReportWithCall, 0, None)
         );
+        // Nor a call's label.
+        let labelled = TransportEvent::new(at(0), None, kind).with_label(Some("orders.list"));
+        observer.on_event("api", &labelled);
+        let v = observer.check_contract().unwrap_err();
+        assert_eq!((v.rule, v.index), (ContractRule::ReportWithCall, 1));
     }
+    // A reset neither.
+    let observer = RecordingObserver::new();
+    let reset = TransportEvent::new(at(0), None, EventKind::BreakerReset);
+    observer.on_event("api", &reset.clone().with_label(Some("orders.list")));
+    let v = observer.check_contract().unwrap_err();
+    assert_eq!((v.rule, v.index), (ContractRule::ResetWithCall, 0));
 }
 
 #[test]
