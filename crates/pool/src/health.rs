@@ -140,6 +140,15 @@ pub struct ApiHealth {
     pub mean_call_ms: Option<f64>,
     /// The longest of those calls, in milliseconds.
     pub max_call_ms: Option<u64>,
+    /// The median time of those calls, estimated as
+    /// [`p99_latency_ms`](ApiHealth::p99_latency_ms) is for sends (the same
+    /// histogram, kept for calls); `None` with no call in the window.
+    pub p50_call_ms: Option<u64>,
+    /// The time 90 % of those calls took at most, estimated.
+    pub p90_call_ms: Option<u64>,
+    /// The time 99 % of those calls took at most, estimated: what an SLO on the
+    /// callers' wait reads.
+    pub p99_call_ms: Option<u64>,
     /// Calls that did not return, all time: dropped by their callers (a call
     /// dropped mid-send also counts its send in [`cancelled`](ApiHealth::cancelled)),
     /// or unwound by a panic ([`CallOutcome::Cancelled`]). Their time counts in no
@@ -204,82 +213,98 @@ fn bucket_range(b: usize) -> (u64, Option<u64>) {
     }
 }
 
-/// The figures of the sends whose `at` falls in one slice of time.
+/// The times, in milliseconds, of a set of sends or calls: how many, their sum,
+/// the fastest and the slowest, and how many fell in each bucket.
 #[derive(Debug, Clone, Copy)]
+struct Latencies {
+    count: u64,
+    total_ms: u128,
+    max_ms: Option<u64>,
+    min_ms: Option<u64>,
+    /// As wide as `count`, so the two always agree.
+    buckets: [u64; BUCKETS],
+}
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Latencies {
+            count: 0,
+            total_ms: 0,
+            max_ms: None,
+            min_ms: None,
+            buckets: [0; BUCKETS],
+        }
+    }
+}
+
+impl Latencies {
+    fn add(&mut self, ms: u64) {
+        self.count += 1;
+        self.total_ms += u128::from(ms);
+        self.max_ms = self.max_ms.max(Some(ms));
+        self.min_ms = Some(self.min_ms.map_or(ms, |min| min.min(ms)));
+        self.buckets[bucket(ms)] += 1;
+    }
+
+    fn merge(&mut self, other: &Latencies) {
+        self.count += other.count;
+        self.total_ms += other.total_ms;
+        self.max_ms = self.max_ms.max(other.max_ms);
+        self.min_ms = self.min_ms.into_iter().chain(other.min_ms).min();
+        for (total, &n) in self.buckets.iter_mut().zip(&other.buckets) {
+            *total += n;
+        }
+    }
+
+    fn mean(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.total_ms as f64 / self.count as f64)
+    }
+
+    /// The time at quantile `q`: the nearest-rank one's place in its bucket,
+    /// spread evenly over the bucket, within the fastest and the slowest; `None`
+    /// with none.
+    fn quantile(&self, q: f64) -> Option<u64> {
+        // None counted, no fastest or slowest.
+        let (min, max) = (self.min_ms?, self.max_ms?);
+        // 1-based nearest rank; `q` is one of this module's constants, in (0, 1].
+        // The buckets hold `count` between them.
+        let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
+        let mut below = 0u64;
+        for (b, &n) in self.buckets.iter().enumerate() {
+            if n == 0 || below + n < rank {
+                below += n;
+                continue;
+            }
+            // The last bucket has no end: it ends at the slowest.
+            let (lo, hi) = bucket_range(b);
+            let hi = hi.unwrap_or(max.max(lo).saturating_add(1));
+            // The i-th of the bucket's n (0-based) at the middle of the i-th of n
+            // equal parts of the bucket.
+            let i = u128::from(rank - below - 1);
+            let width = u128::from(hi - lo);
+            let offset = (width * (2 * i + 1)) / (2 * u128::from(n));
+            let estimate = lo.saturating_add(u64::try_from(offset).unwrap_or(u64::MAX));
+            return Some(estimate.clamp(min, max));
+        }
+        None
+    }
+}
+
+/// The figures of the sends and calls whose `at` falls in one slice of time.
+#[derive(Debug, Clone, Copy, Default)]
 struct Slice {
     /// Which slice of time this is (`at / width`), `None` while the slot is unused.
     index: Option<u64>,
-    /// Sends that got an answer or failed (synthetic failures excluded).
-    sends: u64,
+    /// Sends that got an answer or failed (synthetic failures excluded), by `ms`.
+    sends: Latencies,
     /// Of those, the ones that succeeded.
     successes: u64,
     /// `Failed { sent: false }`.
     refused: u64,
-    /// The sum of the sends' `ms`.
-    total_ms: u128,
-    /// The slowest send.
-    max_ms: Option<u64>,
-    /// The fastest send.
-    min_ms: Option<u64>,
-    /// How many sends took a latency in each bucket (as wide as `sends`, so the
-    /// two always agree).
-    latencies: [u64; BUCKETS],
-    /// Calls that ended with a response or an error.
-    calls: u64,
+    /// Calls that ended with a response or an error, by the time they took.
+    calls: Latencies,
     /// Of those, the ones that returned a response.
     call_successes: u64,
-    /// The sum of their times, in milliseconds.
-    call_total_ms: u64,
-    /// The longest of them (0 with none: `calls` tells).
-    call_max_ms: u64,
-}
-
-impl Default for Slice {
-    fn default() -> Self {
-        Slice {
-            index: None,
-            sends: 0,
-            successes: 0,
-            refused: 0,
-            total_ms: 0,
-            max_ms: None,
-            min_ms: None,
-            latencies: [0; BUCKETS],
-            calls: 0,
-            call_successes: 0,
-            call_total_ms: 0,
-            call_max_ms: 0,
-        }
-    }
-}
-
-/// The latency at quantile `q` of the sends in `sum` (`sends > 0`): the
-/// nearest-rank send's place in its bucket, spread evenly over the bucket, within
-/// the fastest and the slowest send.
-fn quantile(sum: &Slice, q: f64) -> Option<u64> {
-    // No send, no fastest or slowest.
-    let (min, max) = (sum.min_ms?, sum.max_ms?);
-    // 1-based nearest rank; `q` is one of this module's constants, in (0, 1]. The
-    // buckets hold `sends` between them.
-    let rank = ((q * sum.sends as f64).ceil() as u64).clamp(1, sum.sends);
-    let mut below = 0u64;
-    for (b, &n) in sum.latencies.iter().enumerate() {
-        if n == 0 || below + n < rank {
-            below += n;
-            continue;
-        }
-        // The last bucket has no end: it ends at the slowest send.
-        let (lo, hi) = bucket_range(b);
-        let hi = hi.unwrap_or(max.max(lo).saturating_add(1));
-        // The i-th of the bucket's n sends (0-based) at the middle of the i-th of n
-        // equal parts of the bucket.
-        let i = u128::from(rank - below - 1);
-        let width = u128::from(hi - lo);
-        let offset = (width * (2 * i + 1)) / (2 * u128::from(n));
-        let estimate = lo.saturating_add(u64::try_from(offset).unwrap_or(u64::MAX));
-        return Some(estimate.clamp(min, max));
-    }
-    None
 }
 
 /// How a window is cut: slices of `width` nanoseconds, `span` of them (at most
@@ -411,22 +436,16 @@ impl ApiState {
     /// Counts a send that got an answer (`ok`) or failed.
     fn saw_send(&mut self, slicing: Option<Slicing>, at: Instant, ok: bool, ms: u64) {
         if let Some(slice) = self.slice_at(slicing, at) {
-            slice.sends += 1;
+            slice.sends.add(ms);
             slice.successes += u64::from(ok);
-            slice.total_ms += u128::from(ms);
-            slice.max_ms = slice.max_ms.max(Some(ms));
-            slice.min_ms = Some(slice.min_ms.map_or(ms, |min| min.min(ms)));
-            slice.latencies[bucket(ms)] += 1;
         }
     }
 
     /// Counts a call that ended with a response (`ok`) or an error, after `ms`.
     fn saw_call(&mut self, slicing: Option<Slicing>, at: Instant, ok: bool, ms: u64) {
         if let Some(slice) = self.slice_at(slicing, at) {
-            slice.calls += 1;
+            slice.calls.add(ms);
             slice.call_successes += u64::from(ok);
-            slice.call_total_ms = slice.call_total_ms.saturating_add(ms);
-            slice.call_max_ms = slice.call_max_ms.max(ms);
         }
     }
 
@@ -490,8 +509,8 @@ impl HealthObserver {
     /// therefore cover a little less than the window ([`ApiHealth::covered`] says
     /// how much).
     ///
-    /// Memory is fixed per API (60 slices, about 28 KB with their latency
-    /// histograms) whatever the rate, and an
+    /// Memory is fixed per API (60 slices, about 50 KB with their latency
+    /// histograms of sends and calls) whatever the rate, and an
     /// event or a snapshot, which both hold the lock every client's events take,
     /// costs the same at ten sends a second or a hundred thousand.
     /// `Duration::MAX` counts every send for ever. A zero window holds no send: its
@@ -600,47 +619,42 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
             .iter()
             .filter(|slice| slice.index.is_some_and(|index| slicing.holds(index, last)));
         for slice in held {
-            sum.sends += slice.sends;
+            sum.sends.merge(&slice.sends);
             sum.successes += slice.successes;
             sum.refused += slice.refused;
-            sum.total_ms += slice.total_ms;
-            sum.max_ms = sum.max_ms.max(slice.max_ms);
-            sum.min_ms = sum.min_ms.into_iter().chain(slice.min_ms).min();
-            for (total, &n) in sum.latencies.iter_mut().zip(&slice.latencies) {
-                *total += n;
-            }
-            sum.calls += slice.calls;
+            sum.calls.merge(&slice.calls);
             sum.call_successes += slice.call_successes;
-            sum.call_total_ms = sum.call_total_ms.saturating_add(slice.call_total_ms);
-            sum.call_max_ms = sum.call_max_ms.max(slice.call_max_ms);
         }
     }
     let saturating = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-    let sends = (sum.sends > 0).then_some(sum.sends as f64);
-    let calls = (sum.calls > 0).then_some(sum.calls as f64);
+    let rate = |ok: u64, of: &Latencies| (of.count > 0).then(|| ok as f64 / of.count as f64);
+    let (sends, calls) = (&sum.sends, &sum.calls);
     ApiHealth {
         breaker: state.breaker,
         in_flight: u32::try_from(state.in_flight.max(0)).unwrap_or(u32::MAX),
-        sends_in_window: saturating(sum.sends),
+        sends_in_window: saturating(sends.count),
         successes_in_window: saturating(sum.successes),
         refused_in_window: saturating(sum.refused),
-        success_rate: sends.map(|sends| sum.successes as f64 / sends),
-        mean_latency_ms: sends.map(|sends| sum.total_ms as f64 / sends),
-        max_latency_ms: sum.max_ms,
-        p50_latency_ms: quantile(&sum, 0.5),
-        p90_latency_ms: quantile(&sum, 0.9),
-        p99_latency_ms: quantile(&sum, 0.99),
+        success_rate: rate(sum.successes, sends),
+        mean_latency_ms: sends.mean(),
+        max_latency_ms: sends.max_ms,
+        p50_latency_ms: sends.quantile(0.5),
+        p90_latency_ms: sends.quantile(0.9),
+        p99_latency_ms: sends.quantile(0.99),
         last_status: state.last_status.map(|(status, _)| status),
         last_error: state.last_error.clone(),
         last_send_error: state.last_send_error.clone(),
         retries: state.retries,
         redials: state.redials,
         cancelled: state.cancelled,
-        calls_in_window: saturating(sum.calls),
+        calls_in_window: saturating(calls.count),
         call_successes_in_window: saturating(sum.call_successes),
-        call_success_rate: calls.map(|calls| sum.call_successes as f64 / calls),
-        mean_call_ms: calls.map(|calls| sum.call_total_ms as f64 / calls),
-        max_call_ms: calls.map(|_| sum.call_max_ms),
+        call_success_rate: rate(sum.call_successes, calls),
+        mean_call_ms: calls.mean(),
+        max_call_ms: calls.max_ms,
+        p50_call_ms: calls.quantile(0.5),
+        p90_call_ms: calls.quantile(0.9),
+        p99_call_ms: calls.quantile(0.99),
         calls_cancelled: state.calls_cancelled,
         updated_at: state.updated_at,
         covered: slicing.map_or(Duration::ZERO, |slicing| slicing.covered(end)),
@@ -797,9 +811,9 @@ mod tests {
     #[test]
     fn memory_is_fixed_and_the_figures_count_the_last_window() {
         // What an API keeps is one ring of slices, whatever the rate (the docs say
-        // about 28 KB, most of it the latency histograms).
+        // about 50 KB, most of it the latency histograms of sends and calls).
         let kept = std::mem::size_of::<ApiState>() + std::mem::size_of::<[Slice; SLICES]>();
-        assert!(kept <= 28 * 1024, "{kept} bytes");
+        assert!(kept <= 50 * 1024, "{kept} bytes");
         // 10,000 sends and as many refusals over 100 windows of 1 s (50 slices of
         // 20 ms): the figures count only the last window.
         let h = HealthObserver::new(Duration::from_secs(1));
@@ -1598,6 +1612,12 @@ mod tests {
         assert_eq!(a.mean_call_ms, Some(1180.0 / 3.0));
         // The dropped call's 500 ms counts nowhere in the window.
         assert_eq!(a.max_call_ms, Some(1100));
+        // 20, 60 and 1,100 ms: the median in 60's bucket, [48, 64) ms, at its
+        // middle; the 90th and 99th the slowest.
+        assert_eq!(
+            (a.p50_call_ms, a.p90_call_ms, a.p99_call_ms),
+            (Some(56), Some(1100), Some(1100))
+        );
         assert_eq!((a.calls_cancelled, a.cancelled), (1, 0));
         // A second later the first call has left the window (50 slices of 20 ms);
         // the cancelled count stays, all time.
@@ -1610,6 +1630,7 @@ mod tests {
             (a.mean_call_ms, a.max_call_ms, a.calls_cancelled),
             (None, None, 1)
         );
+        assert_eq!((a.p50_call_ms, a.p99_call_ms), (None, None));
         // A zero window counts no call.
         let zero = HealthObserver::new(Duration::ZERO);
         zero.on_call_end("a", &call_end(90, 100, ok()));

@@ -1124,10 +1124,10 @@ impl View {
             };
             // What the callers saw: calls, retries and waits included.
             let calls =
-                h.and_then(|h| Some((h.call_success_rate?, h.mean_call_ms?, h.max_call_ms?, h)));
+                h.and_then(|h| Some((h.call_success_rate?, h.p50_call_ms?, h.p99_call_ms?, h)));
             let calls = match calls {
-                Some((rate, mean, max, h)) => format!(
-                    "{:.0}% {}/{}, mean {mean:.0} ms, max {max} ms",
+                Some((rate, p50, p99, h)) => format!(
+                    "{:.0}% {}/{}, waits p50 {p50} ms, p99 {p99} ms",
                     rate * 100.0,
                     h.call_successes_in_window,
                     h.calls_in_window
