@@ -487,6 +487,18 @@ impl ApiState {
 pub struct HealthObserver {
     slicing: Option<Slicing>,
     apis: Mutex<HashMap<Arc<str>, ApiState>>,
+    /// With [`per_label`](HealthObserver::per_label): the figures of each API's
+    /// labelled calls, per label.
+    labels: Option<Mutex<Labels>>,
+}
+
+/// Per API, per label, the figures of the calls with that label.
+type Labels = HashMap<Arc<str>, HashMap<&'static str, ApiState>>;
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl HealthObserver {
@@ -520,13 +532,95 @@ impl HealthObserver {
         HealthObserver {
             slicing: Slicing::new(window),
             apis: Mutex::new(HashMap::new()),
+            labels: None,
         }
     }
 
+    /// Keeps figures per label too: for each API, the events and ends of its calls
+    /// whose policy has a label ([`CallPolicy::with_label`]) also count apart, per
+    /// label, read with [`label_snapshots`](HealthObserver::label_snapshots). Each
+    /// label seen takes as much memory as an API (about 50 KB), so keep labels to
+    /// endpoints or operations, not ids. Off by default.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use vantage_api_pool::{CallPolicy, ResilientClient};
+    /// use vantage_api_pool::health::HealthObserver;
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let transport = ScriptedTransport::new(&rt);
+    /// transport.push_many([Reply::status(503), Reply::ok(), Reply::ok()]);
+    /// let health = Arc::new(HealthObserver::new(Duration::from_secs(60)).per_label());
+    /// let client = ResilientClient::builder(transport, rt.clone())
+    ///     .observer("orders-api", health.clone())
+    ///     .build()?;
+    /// let list = CallPolicy::default().with_label("orders.list");
+    /// let get = CallPolicy::default().with_label("orders.get");
+    /// rt.block_on(client.execute_with(&list, |http| http.get("/orders")))??;
+    /// rt.block_on(client.execute_with(&get, |http| http.get("/orders/7")))??;
+    ///
+    /// let labels = health.label_snapshots("orders-api");
+    /// let (names, rates): (Vec<_>, Vec<_>) =
+    ///     labels.iter().map(|(label, h)| (*label, h.success_rate)).unzip();
+    /// assert_eq!(names, ["orders.get", "orders.list"]);
+    /// // The list's first send failed; its call did not.
+    /// assert_eq!(rates, [Some(1.0), Some(0.5)]);
+    /// assert_eq!(labels[1].1.call_success_rate, Some(1.0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// [`CallPolicy::with_label`]: crate::CallPolicy::with_label
+    #[must_use]
+    pub fn per_label(mut self) -> Self {
+        self.labels = Some(Mutex::new(HashMap::new()));
+        self
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, ApiState>> {
-        self.apis
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.apis)
+    }
+
+    /// The figures of each label of `api`'s calls, sorted by label, each with the
+    /// window ending at its latest event; empty unless the observer keeps figures
+    /// [`per_label`](HealthObserver::per_label), or before a labelled call of
+    /// `api`. Each holds what the calls with that label did: their sends, their
+    /// ends, their last error, their retries; its
+    /// [`breaker`](ApiHealth::breaker) is the API's (one breaker serves every
+    /// label).
+    #[must_use]
+    pub fn label_snapshots(&self, api: &str) -> Vec<(&'static str, ApiHealth)> {
+        self.collect_labels(api, None)
+    }
+
+    /// [`label_snapshots`](HealthObserver::label_snapshots) with each window ending
+    /// at `now` (see [`snapshot_at`](HealthObserver::snapshot_at)).
+    #[must_use]
+    pub fn label_snapshots_at(&self, api: &str, now: Instant) -> Vec<(&'static str, ApiHealth)> {
+        self.collect_labels(api, Some(now))
+    }
+
+    fn collect_labels(&self, api: &str, now: Option<Instant>) -> Vec<(&'static str, ApiHealth)> {
+        let Some(labels) = &self.labels else {
+            return Vec::new();
+        };
+        // The API's breaker, read first: the two locks are never held together.
+        let breaker = self.lock().get(api).map(|state| state.breaker);
+        let labels = lock(labels);
+        let Some(of_api) = labels.get(api) else {
+            return Vec::new();
+        };
+        let mut all: Vec<_> = of_api
+            .iter()
+            .map(|(&label, state)| {
+                let mut health = figures(state, self.window_end(state, now), self.slicing);
+                health.breaker = breaker.unwrap_or(health.breaker);
+                (label, health)
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        all
     }
 
     /// The figures of `api`, or `None` if no client of it was built with this
@@ -674,7 +768,7 @@ impl TransportObserver for HealthObserver {
     /// Counts the call in the window of its end, or as cancelled.
     fn on_call_end(&self, api: &str, end: &CallEnd) {
         let ms = u64::try_from(end.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.update(api, end.at, |state| match end.outcome {
+        self.update(api, end.label, end.at, |state| match end.outcome {
             CallOutcome::Succeeded { .. } => state.saw_call(self.slicing, end.at, true, ms),
             CallOutcome::Failed { .. } => state.saw_call(self.slicing, end.at, false, ms),
             CallOutcome::Cancelled => state.calls_cancelled += 1,
@@ -682,23 +776,43 @@ impl TransportObserver for HealthObserver {
     }
 
     fn on_event(&self, api: &str, event: &TransportEvent) {
-        self.update(api, event.at, |state| self.count(state, event));
+        self.update(api, event.label, event.at, |state| self.count(state, event));
     }
 }
 
 impl HealthObserver {
-    /// Runs `update` on the state of `api` (listed now if it was not), its latest
-    /// time first moved on to `at`.
-    fn update(&self, api: &str, at: Instant, update: impl FnOnce(&mut ApiState)) {
-        let mut apis = self.lock();
-        let state = match apis.get_mut(api) {
-            Some(state) => state,
-            None => apis
-                .entry(Arc::from(api))
-                .or_insert_with(|| ApiState::new(at)),
+    /// Runs `update` on the state of `api` (listed now if it was not), then, when
+    /// the observer keeps figures per label, on that of `label` of `api`; each
+    /// one's latest time first moved on to `at`.
+    fn update(
+        &self,
+        api: &str,
+        label: Option<&'static str>,
+        at: Instant,
+        update: impl Fn(&mut ApiState),
+    ) {
+        let touch = |state: &mut ApiState| {
+            state.updated_at = state.updated_at.max(at);
+            update(state);
         };
-        state.updated_at = state.updated_at.max(at);
-        update(state);
+        {
+            let mut apis = self.lock();
+            match apis.get_mut(api) {
+                Some(state) => touch(state),
+                None => touch(
+                    apis.entry(Arc::from(api))
+                        .or_insert_with(|| ApiState::new(at)),
+                ),
+            }
+        }
+        if let (Some(labels), Some(label)) = (&self.labels, label) {
+            let mut labels = lock(labels);
+            let of_api = match labels.get_mut(api) {
+                Some(of_api) => of_api,
+                None => labels.entry(Arc::from(api)).or_default(),
+            };
+            touch(of_api.entry(label).or_insert_with(|| ApiState::new(at)));
+        }
     }
 
     /// Counts `event` into `state`.
@@ -1635,5 +1749,82 @@ mod tests {
         let zero = HealthObserver::new(Duration::ZERO);
         zero.on_call_end("a", &call_end(90, 100, ok()));
         assert_eq!(zero.snapshot("a").unwrap().call_success_rate, None);
+    }
+
+    #[test]
+    fn per_label_figures_count_labelled_calls_apart_with_the_apis_breaker() {
+        let labelled = |ms, call, kind, label| {
+            TransportEvent::new(at(ms), Some(CallId(call)), kind).with_label(label)
+        };
+        let started = EventKind::Started {
+            send: 1,
+            attempt: 1,
+        };
+        let ok = |ms| EventKind::Succeeded {
+            send: 1,
+            attempt: 1,
+            status: StatusCode::OK,
+            ms,
+            bytes: None,
+        };
+        let feed = |h: &HealthObserver| {
+            // Call 1 "list" (40 ms), call 2 unlabelled (10 ms), call 3 "get" (5 ms),
+            // whose send opens the breaker (an event it caused carries its label).
+            let list = Some("orders.list");
+            let get = Some("orders.get");
+            for (ms, call, kind, label) in [
+                (0, 1, started.clone(), list),
+                (40, 1, ok(40), list),
+                (50, 2, started.clone(), None),
+                (60, 2, ok(10), None),
+                (100, 3, started.clone(), get),
+                (
+                    105,
+                    3,
+                    EventKind::BreakerOpened {
+                        cooldown: Duration::from_secs(5),
+                    },
+                    get,
+                ),
+            ] {
+                h.on_event("a", &labelled(ms, call, kind, label));
+            }
+            let end = CallEnd::new(CallId(1), at(0), at(40), 1, 1, CallOutcome::Cancelled);
+            h.on_call_end("a", &end.with_label(list));
+        };
+        // Off by default: nothing per label.
+        let plain = HealthObserver::new(Duration::from_secs(60));
+        feed(&plain);
+        assert!(plain.label_snapshots("a").is_empty());
+        assert_eq!(plain.snapshot("a").unwrap().sends_in_window, 2);
+
+        let h = HealthObserver::new(Duration::from_secs(60)).per_label();
+        feed(&h);
+        // The API counts everything; each label its own calls only.
+        assert_eq!(h.snapshot("a").unwrap().sends_in_window, 2);
+        let labels = h.label_snapshots("a");
+        let names: Vec<_> = labels.iter().map(|(label, _)| *label).collect();
+        assert_eq!(names, ["orders.get", "orders.list"]);
+        let (get, list) = (&labels[0].1, &labels[1].1);
+        assert_eq!(
+            (
+                list.sends_in_window,
+                list.max_latency_ms,
+                list.calls_cancelled
+            ),
+            (1, Some(40), 1)
+        );
+        assert_eq!((list.updated_at, get.updated_at), (at(40), at(105)));
+        assert_eq!((get.sends_in_window, get.in_flight), (0, 1));
+        // One breaker serves every label: the API's, on each.
+        let open = BreakerView::Open {
+            since: at(105),
+            cooldown: Duration::from_secs(5),
+        };
+        assert_eq!((get.breaker, list.breaker), (open, open));
+        // A window ending later ages a label's figures out, as an API's.
+        let later = h.label_snapshots_at("a", at(70_000));
+        assert_eq!(later[1].1.sends_in_window, 0);
+        assert!(h.label_snapshots("b").is_empty());
     }
 }
