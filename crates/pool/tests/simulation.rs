@@ -139,14 +139,17 @@ fn fault(rng: &mut Rng, auth_ok: bool) -> Reply {
 }
 
 fn policy(rng: &mut Rng) -> CallPolicy {
+    // Labelled by preset (no draw of its own, so the seeds' schedules stay as
+    // they were): every event and end of a call carries its label.
     let base = match rng.below(4) {
-        0 => CallPolicy::essential(),
-        1 => CallPolicy::background(),
+        0 => CallPolicy::essential().with_label("essential"),
+        1 => CallPolicy::background().with_label("background"),
         _ => CallPolicy::bounded(RetryPolicy {
             max_retries: rng.below(5) as u32,
             base: rng.ms(500),
             max: ms(500) + rng.ms(5000),
-        }),
+        })
+        .with_label("bounded"),
     };
     let base = if rng.chance(50) {
         base.with_breaker_mode(BreakerMode::WaitForProbe)
@@ -616,6 +619,26 @@ fn run_seed(seed: u64) -> Result<u64, String> {
         let record = record.lock().unwrap();
         let Some(call) = record.call else { continue };
         plan_of.insert(call, plan);
+        // Every event of the call, and its end, carry its policy's label.
+        let label = plan.policy.label();
+        let mislabelled = by_call
+            .get(&call)
+            .into_iter()
+            .flatten()
+            .find(|e| e.label != label);
+        if let Some(e) = mislabelled {
+            problems.push(format!(
+                "{call:?}: {} labelled {:?}, not {label:?}",
+                e.kind.name(),
+                e.label
+            ));
+        }
+        if let Some(end) = recorder.call_end(call).filter(|end| end.label != label) {
+            problems.push(format!(
+                "{call:?}: its end labelled {:?}, not {label:?}",
+                end.label
+            ));
+        }
         let outside = by_call.get(&call).into_iter().flatten().find(|e| {
             record.started.is_some_and(|s| e.at < s) || record.ended.is_some_and(|end| e.at > end)
         });
