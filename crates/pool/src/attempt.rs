@@ -293,6 +293,14 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
         }
     }
 
+    /// Whether the call's end is still to be reported, to an observer that listens.
+    /// The debt is taken at the first ask: whatever reports the end (a return, a
+    /// drop) asks first, so a panic in the observer never reports it twice.
+    #[inline(always)]
+    fn end_owed(&mut self) -> bool {
+        std::mem::take(&mut self.gate_reached) && self.client.events.is_listening()
+    }
+
     /// Tells the observer the call ended at `at` with `outcome`. Not inlined: the
     /// loop pays a call for it, not its body.
     #[inline(never)]
@@ -328,7 +336,7 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Drop for Call<'_, T, R, A, P> {
         // Dropped before the call reported its end: the caller dropped the call (its
         // send in flight, if any, reported `Cancelled` first), or a panic unwinds
         // through it.
-        if std::mem::take(&mut self.gate_reached) && self.client.events.is_listening() {
+        if self.end_owed() {
             self.dropped();
         }
     }
@@ -859,9 +867,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// `Succeeded` was reported at `at`.
     #[inline(always)]
     fn end_succeeded(&mut self, at: Instant, status: http::StatusCode) {
-        // Taken first: a panic in the observer does not report the end again as
-        // the call unwinds.
-        if std::mem::take(&mut self.gate_reached) && self.client.events.is_listening() {
+        if self.end_owed() {
             self.report_end(at, CallOutcome::Succeeded { status });
         }
     }
@@ -869,7 +875,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// Reports the end of a call that returns `error`, and returns it.
     #[cold]
     fn end_failed(&mut self, error: ClientError) -> ClientError {
-        if std::mem::take(&mut self.gate_reached) && self.client.events.is_listening() {
+        if self.end_owed() {
             let at = self.now();
             let outcome = CallOutcome::Failed {
                 error: error.clone(),

@@ -614,15 +614,12 @@ impl HealthObserver {
         let Some(of_api) = labels.get(api) else {
             return Vec::new();
         };
-        let mut all: Vec<_> = of_api
-            .iter()
-            .map(|(&label, state)| {
-                let mut health = figures(state, self.window_end(state, now), self.slicing);
-                health.breaker = breaker.unwrap_or(health.breaker);
-                (label, health)
-            })
-            .collect();
-        all.sort_by(|a, b| a.0.cmp(b.0));
+        let mut all = self.sorted(of_api.iter().map(|(&label, state)| (label, state)), now);
+        if let Some(breaker) = breaker {
+            for (_, health) in &mut all {
+                health.breaker = breaker;
+            }
+        }
         all
     }
 
@@ -683,11 +680,25 @@ impl HealthObserver {
 
     fn collect(&self, now: Option<Instant>) -> Vec<(Arc<str>, ApiHealth)> {
         let apis = self.lock();
-        let mut all: Vec<_> = apis
-            .iter()
-            .map(|(name, state)| {
-                let end = self.window_end(state, now);
-                (Arc::clone(name), figures(state, end, self.slicing))
+        self.sorted(
+            apis.iter().map(|(name, state)| (Arc::clone(name), state)),
+            now,
+        )
+    }
+
+    /// The figures of each of `states`, each window ending at `now` or its latest
+    /// event, sorted by key.
+    fn sorted<'s, K: Ord>(
+        &self,
+        states: impl Iterator<Item = (K, &'s ApiState)>,
+        now: Option<Instant>,
+    ) -> Vec<(K, ApiHealth)> {
+        let mut all: Vec<_> = states
+            .map(|(key, state)| {
+                (
+                    key,
+                    figures(state, self.window_end(state, now), self.slicing),
+                )
             })
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));

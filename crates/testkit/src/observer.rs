@@ -781,10 +781,8 @@ struct CallState {
     /// The call's last event was a `Succeeded` or a sent `Failed`, with no breaker
     /// transition after it yet: one may come now.
     transition_due: bool,
-    /// The index and time of the call's first event.
-    first: Option<(usize, Instant)>,
-    /// The time of the call's latest event.
-    latest: Option<Instant>,
+    /// The index of the call's first event.
+    first: Option<usize>,
     /// The index of the call's last terminal.
     last_terminal: Option<usize>,
     /// The call's end was reported.
@@ -800,9 +798,14 @@ impl CallState {
     }
 }
 
-/// Whether a call's end agrees with what its events (`state`, `None` with none)
-/// said.
-fn end_agrees(events: &[RecordedEvent], state: Option<&CallState>, end: &CallEnd) -> bool {
+/// Whether a call's end agrees with what its events (`state`, `None` with none;
+/// `latest`, the time of the latest) said.
+fn end_agrees(
+    events: &[RecordedEvent],
+    state: Option<&CallState>,
+    latest: Option<Instant>,
+    end: &CallEnd,
+) -> bool {
     if end.began > end.at {
         return false;
     }
@@ -813,8 +816,10 @@ fn end_agrees(events: &[RecordedEvent], state: Option<&CallState>, end: &CallEnd
     };
     if state.in_flight.is_some()
         || (end.sends, end.attempts) != (state.last_send, state.last_attempt)
-        || state.latest.is_some_and(|latest| end.at < latest)
-        || state.first.is_some_and(|(_, first)| end.began > first)
+        || latest.is_some_and(|latest| end.at < latest)
+        || state
+            .first
+            .is_some_and(|first| end.began > events[first].event.at)
     {
         return false;
     }
@@ -841,14 +846,16 @@ fn check<'a>(
     ends: &'a [RecordedCallEnd],
     complete: bool,
 ) -> Result<(), ContractViolation> {
-    let mut last_at: HashMap<(&str, CallId), Instant> = HashMap::new();
+    // Per call, the time of its latest event (it never goes back).
+    let mut last_at: HashMap<(&'a str, CallId), Instant> = HashMap::new();
     let mut last_on_thread: HashMap<(&str, std::thread::ThreadId), Instant> = HashMap::new();
     let mut calls: HashMap<(&'a str, CallId), CallState> = HashMap::new();
     let mut ends = ends.iter().peekable();
     // The ends recorded before event `index` (all that are left, at the end of the
     // record), checked in their place.
     let mut check_ends = |index: usize,
-                          calls: &mut HashMap<(&'a str, CallId), CallState>|
+                          calls: &mut HashMap<(&'a str, CallId), CallState>,
+                          last_at: &HashMap<(&'a str, CallId), Instant>|
      -> Result<(), ContractViolation> {
         while let Some(ended) = ends.next_if(|e| e.after <= index) {
             let end = &ended.end;
@@ -866,7 +873,7 @@ fn check<'a>(
             if state.is_some_and(|state| state.end_reported) {
                 return Err(violation(ContractRule::SecondCallEnd));
             }
-            if !end_agrees(events, state, end) {
+            if !end_agrees(events, state, last_at.get(&key).copied(), end) {
                 return Err(violation(ContractRule::CallEndMismatch));
             }
             let state = calls.entry(key).or_default();
@@ -878,7 +885,7 @@ fn check<'a>(
         Ok(())
     };
     for (index, recorded) in events.iter().enumerate() {
-        check_ends(index, &mut calls)?;
+        check_ends(index, &mut calls, &last_at)?;
         let event = &recorded.event;
         let api: &str = &recorded.api;
         let violation = |rule: ContractRule| violation_at(events, index, rule);
@@ -953,8 +960,7 @@ fn check<'a>(
         if !state.keeps_label(event.label) {
             return Err(violation(ContractRule::LabelChanged));
         }
-        state.first.get_or_insert((index, event.at));
-        state.latest = Some(event.at);
+        state.first.get_or_insert(index);
         // A repeated terminal of the last send is reported as such, not as "after the end".
         let repeats_terminal = event.kind.is_terminal()
             && event
@@ -1082,7 +1088,7 @@ fn check<'a>(
             _ => {}
         }
     }
-    check_ends(events.len(), &mut calls)?;
+    check_ends(events.len(), &mut calls, &last_at)?;
     if complete {
         // The earliest open send, so the report is deterministic. A redial still
         // waiting for its `Started` is not open: its call may have been dropped at
@@ -1098,7 +1104,7 @@ fn check<'a>(
         let unended = calls
             .values()
             .filter(|state| !state.end_reported)
-            .filter_map(|state| state.first.map(|(index, _)| index))
+            .filter_map(|state| state.first)
             .min();
         if let Some(index) = unended {
             return Err(violation_at(events, index, ContractRule::CallNeverEnded));
