@@ -415,7 +415,7 @@ impl Drop for Told<'_> {
     }
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -677,8 +677,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         if self.deadline.is_some_and(|deadline| self.now() >= deadline) {
             return Err(self.timed_out_at_gate());
         }
-        let clock = || client.runtime.now();
-        let fetch = client.auth_state.token(&client.auth, stale, &clock);
+        let env = client.fetch_env();
+        let fetch = client.auth_state.token(&client.auth, stale, &env);
         let result = match self.deadline {
             Some(deadline) => match timeout_at(&client.runtime, deadline, fetch).await {
                 Ok(result) => result,

@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
+use crate::observer::TokenFetchReason;
 use crate::sync::{Mutex, MutexGuard, PoisonError, Wakers};
 use crate::time::Instant;
 
@@ -526,12 +527,42 @@ impl AuthInner {
 enum Step {
     Ready(Token),
     Failed(Arc<AuthError>),
-    /// This caller fetches; if the fetch fails, `fall_back` hands it the cached token
-    /// (if it has not expired) instead of the error.
+    /// This caller fetches, for `reason`; if the fetch fails, `fall_back` hands it
+    /// the cached token (if it has not expired) instead of the error.
     Fetch {
         fall_back: bool,
+        reason: TokenFetchReason,
     },
     Wait(u64),
+}
+
+/// A fetch that ended, as its client's observer hears of it.
+pub(crate) struct FetchEnded {
+    pub(crate) reason: TokenFetchReason,
+    pub(crate) started: Instant,
+    pub(crate) ended: Instant,
+    /// The new token's generation, or the fetch's error.
+    pub(crate) result: Result<u64, Arc<AuthError>>,
+}
+
+/// What a fetch needs of its client: the runtime's clock, read at every look (a
+/// look may follow a wait), and where to report each fetch that ends. A plain clock
+/// (`Fn() -> Instant`) reports nothing.
+pub(crate) trait FetchEnv {
+    /// The runtime's clock.
+    fn now(&self) -> Instant;
+
+    /// A fetch this caller ran ended: called once the state's lock is released,
+    /// before the callers that waited for the fetch are woken.
+    fn fetched(&self, ended: FetchEnded) {
+        let _ = ended;
+    }
+}
+
+impl<F: Fn() -> Instant> FetchEnv for F {
+    fn now(&self) -> Instant {
+        self()
+    }
 }
 
 impl AuthState {
@@ -597,17 +628,17 @@ impl AuthState {
     /// or a newer one than `stale` (the generation a 401 was answered with) when
     /// given. Concurrent callers share one fetch. A token due for renewal is renewed
     /// by the first caller to look, which waits for the fetch (and falls back to the
-    /// token if it fails); the others take the token meanwhile. `clock` is the
-    /// runtime's: read at every look, since a look may follow a wait.
+    /// token if it fails); the others take the token meanwhile. A fetch this caller
+    /// runs is reported to `env` as it ends.
     pub(crate) async fn token<S: TokenSource>(
         &self,
         source: &S,
         stale: Option<u64>,
-        clock: &impl Fn() -> Instant,
+        env: &impl FetchEnv,
     ) -> Result<Token, Arc<AuthError>> {
         let mut waited_for: Option<u64> = None;
         loop {
-            let now = clock();
+            let now = env.now();
             let step = {
                 let mut inner = self.lock();
                 let shared_failure = waited_for.and_then(|seen| {
@@ -625,7 +656,10 @@ impl AuthState {
                     if token.due(now) && !inner.fetching && waited_for.is_none() {
                         inner.fetching = true;
                         inner.fetches_started += 1;
-                        Step::Fetch { fall_back: true }
+                        Step::Fetch {
+                            fall_back: true,
+                            reason: TokenFetchReason::Renewal,
+                        }
                     } else {
                         Step::Ready(token)
                     }
@@ -650,11 +684,21 @@ impl AuthState {
                     } else {
                         inner.fetching = true;
                         inner.fetches_started += 1;
+                        // No usable token: none yet, an expired one, or one a 401
+                        // refused (this call's, or another's whose refresh was
+                        // abandoned).
+                        let reason = match &inner.token {
+                            _ if stale.is_some() => TokenFetchReason::Rejected,
+                            None => TokenFetchReason::First,
+                            Some(cached) if cached.expired(now) => TokenFetchReason::Expired,
+                            Some(_) => TokenFetchReason::Rejected,
+                        };
                         // As for a waiter: a call that only needs a token falls back
                         // to the cached one (decided under the lock that ends the
                         // fetch).
                         Step::Fetch {
                             fall_back: stale.is_none(),
+                            reason,
                         }
                     }
                 }
@@ -666,8 +710,8 @@ impl AuthState {
                     waited_for = Some(seen);
                     self.wait_for_fetch(seen).await;
                 }
-                Step::Fetch { fall_back } => {
-                    return self.run_fetch(source, fall_back, clock).await;
+                Step::Fetch { fall_back, reason } => {
+                    return self.run_fetch(source, fall_back, reason, env).await;
                 }
             }
         }
@@ -681,7 +725,7 @@ impl AuthState {
     pub(crate) async fn refresh<S: TokenSource>(
         &self,
         source: &S,
-        clock: &impl Fn() -> Instant,
+        env: &impl FetchEnv,
     ) -> Result<(), Arc<AuthError>> {
         // The generation of the token in use when the refresh was asked for.
         let asked_at = self.lock().generation;
@@ -715,7 +759,12 @@ impl AuthState {
                     waited_for = Some(seen);
                     self.wait_for_fetch(seen).await;
                 }
-                None => return self.run_fetch(source, false, clock).await.map(|_| ()),
+                None => {
+                    return self
+                        .run_fetch(source, false, TokenFetchReason::Requested, env)
+                        .await
+                        .map(|_| ());
+                }
             }
         }
     }
@@ -730,48 +779,50 @@ impl AuthState {
         }
     }
 
-    /// Runs the fetch whose `fetching` flag this caller set, under a guard that
-    /// hands it over if the caller is dropped; on failure, `fall_back` hands out
-    /// the cached token instead of the error, if there is one and it has not
-    /// expired. A token's lifetime counts from the fetch's start.
-    async fn run_fetch<S: TokenSource, C: Fn() -> Instant>(
+    /// Runs the fetch (for `reason`) whose `fetching` flag this caller set, under a
+    /// guard that hands it over if the caller is dropped; on failure, `fall_back`
+    /// hands out the cached token instead of the error, if there is one and it has
+    /// not expired. A token's lifetime counts from the fetch's start.
+    async fn run_fetch<S: TokenSource, E: FetchEnv>(
         &self,
         source: &S,
         fall_back: bool,
-        clock: &C,
+        reason: TokenFetchReason,
+        env: &E,
     ) -> Result<Token, Arc<AuthError>> {
-        let started = clock();
+        let started = env.now();
         let guard = FetchGuard {
             state: self,
-            clock,
+            env,
             armed: true,
         };
         let result = source.fetch().await;
-        guard.complete(result, fall_back, started)
+        guard.complete(result, fall_back, reason, started)
     }
 }
 
 /// Clears the `fetching` flag if the fetching caller is dropped, and wakes the
-/// waiters so one of them takes over. `clock` is the runtime's.
-struct FetchGuard<'a, C: Fn() -> Instant> {
+/// waiters so one of them takes over. `env` is the client's.
+struct FetchGuard<'a, E: FetchEnv> {
     state: &'a AuthState,
-    clock: &'a C,
+    env: &'a E,
     armed: bool,
 }
 
-impl<C: Fn() -> Instant> FetchGuard<'_, C> {
-    /// Ends the fetch that started at `started`. On failure, `fall_back` hands out
-    /// the cached token instead of the error, if there is one and it has not
-    /// expired.
+impl<E: FetchEnv> FetchGuard<'_, E> {
+    /// Ends the fetch for `reason` that started at `started`, and reports it. On
+    /// failure, `fall_back` hands out the cached token instead of the error, if
+    /// there is one and it has not expired.
     fn complete(
         mut self,
         result: Result<AuthToken, AuthError>,
         fall_back: bool,
+        reason: TokenFetchReason,
         started: Instant,
     ) -> Result<Token, Arc<AuthError>> {
         self.armed = false;
-        let now = (self.clock)();
-        let (outcome, waiters) = {
+        let now = self.env.now();
+        let (outcome, fetched, waiters) = {
             let mut inner = self.state.lock();
             inner.fetching = false;
             inner.fetches_done += 1;
@@ -791,7 +842,7 @@ impl<C: Fn() -> Instant> FetchGuard<'_, C> {
                 }
                 Ok(token)
             });
-            let outcome = match result {
+            let (outcome, fetched) = match result {
                 Ok(AuthToken {
                     name,
                     mut value,
@@ -813,7 +864,7 @@ impl<C: Fn() -> Instant> FetchGuard<'_, C> {
                         expires_at: expires_at(lifetime),
                     };
                     inner.token = Some(token.clone());
-                    Ok(token)
+                    (Ok(token), Ok(inner.generation))
                 }
                 Err(e) => {
                     let e = Arc::new(e);
@@ -822,23 +873,33 @@ impl<C: Fn() -> Instant> FetchGuard<'_, C> {
                     // (it may be answered 401 again; its replay then asks again).
                     inner.rejected = 0;
                     inner.back_off_renewal(now);
-                    match &inner.token {
+                    let outcome = match &inner.token {
                         Some(cached) if fall_back && !cached.expired(now) => Ok(cached.clone()),
-                        _ => Err(e),
-                    }
+                        _ => Err(Arc::clone(&e)),
+                    };
+                    (outcome, Err(e))
                 }
             };
-            (outcome, inner.waiters.take())
+            (outcome, fetched, inner.waiters.take())
         };
-        waiters.wake();
+        // The waiters go on once the fetch is reported; woken all the same if the
+        // observer panics.
+        let waiters = waiters.on_drop();
+        self.env.fetched(FetchEnded {
+            reason,
+            started,
+            ended: now,
+            result: fetched,
+        });
+        drop(waiters);
         outcome
     }
 }
 
-impl<C: Fn() -> Instant> Drop for FetchGuard<'_, C> {
+impl<E: FetchEnv> Drop for FetchGuard<'_, E> {
     fn drop(&mut self) {
         if self.armed {
-            let now = (self.clock)();
+            let now = self.env.now();
             let waiters = {
                 let mut inner = self.state.lock();
                 inner.fetching = false;
@@ -931,6 +992,21 @@ impl SharedAuthError {
     #[must_use]
     pub fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         self.0.as_error()
+    }
+}
+
+impl From<AuthError> for SharedAuthError {
+    /// The error shared, as a fetch's error is: for an observer fed by hand (a
+    /// failed [`TokenFetched`](crate::EventKind::TokenFetched)).
+    ///
+    /// ```
+    /// use vantage_api_pool::auth::{AuthError, SharedAuthError};
+    ///
+    /// let shared = SharedAuthError::from(AuthError::from("identity provider down"));
+    /// assert_eq!(shared.to_string(), "identity provider down");
+    /// ```
+    fn from(error: AuthError) -> Self {
+        SharedAuthError(Arc::new(error))
     }
 }
 

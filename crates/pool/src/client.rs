@@ -12,8 +12,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, StatusCode};
 use pin_project_lite::pin_project;
 
-use crate::attempt::{AtHead, Call, Ending, ReadBody};
-use crate::auth::{AuthError, AuthState, NoAuth, SharedAuthError, TokenSource};
+use crate::attempt::{AtHead, Call, Ending, ReadBody, millis};
+use crate::auth::{
+    AuthError, AuthState, FetchEnded, FetchEnv, NoAuth, SharedAuthError, TokenSource,
+};
 use crate::breaker::{BreakerState, CircuitBreaker};
 use crate::builder::ClientBuilder;
 use crate::concurrency::Limiter;
@@ -94,6 +96,42 @@ impl<T, R, A> Shared<T, R, A> {
         headers
             .get(&self.request_id_header)
             .and_then(|value| value.to_str().ok())
+    }
+}
+
+impl<T, R: Runtime, A> Shared<T, R, A> {
+    /// What the auth state's fetches need of this client.
+    pub(crate) fn fetch_env(&self) -> ClientFetchEnv<'_, R> {
+        ClientFetchEnv {
+            runtime: &self.runtime,
+            events: &self.events,
+        }
+    }
+}
+
+/// A client's side of its token fetches: its runtime's clock, and its observer,
+/// which hears of each fetch that ends as a `TokenFetched` with no call.
+pub(crate) struct ClientFetchEnv<'a, R> {
+    runtime: &'a R,
+    events: &'a Events,
+}
+
+impl<R: Runtime> FetchEnv for ClientFetchEnv<'_, R> {
+    fn now(&self) -> Instant {
+        self.runtime.now()
+    }
+
+    fn fetched(&self, ended: FetchEnded) {
+        let at = ended.ended;
+        self.events.emit(
+            || at,
+            None,
+            || EventKind::TokenFetched {
+                reason: ended.reason,
+                ms: millis(at.saturating_duration_since(ended.started)),
+                result: ended.result.map_err(SharedAuthError),
+            },
+        );
     }
 }
 
@@ -838,7 +876,7 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         }
         shared
             .auth_state
-            .refresh(&shared.auth, &|| shared.runtime.now())
+            .refresh(&shared.auth, &shared.fetch_env())
             .await
             .map_err(SharedAuthError)
     }

@@ -25,8 +25,11 @@ use std::time::Duration;
 
 use http::StatusCode;
 
+use crate::auth::SharedAuthError;
 use crate::error::ClientError;
-use crate::observer::{CallEnd, CallOutcome, EventKind, TransportEvent, TransportObserver};
+use crate::observer::{
+    CallEnd, CallOutcome, EventKind, TokenFetchReason, TransportEvent, TransportObserver,
+};
 use crate::time::Instant;
 
 /// The breaker as the events describe it.
@@ -53,6 +56,18 @@ pub struct LastError {
     pub at: Instant,
     /// The error (its `Display` never holds a URL, body or header value).
     pub error: ClientError,
+}
+
+/// A token fetch that failed ([`EventKind::TokenFetched`]), and when.
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct LastTokenError {
+    /// When the fetch ended.
+    pub at: Instant,
+    /// Why it ran.
+    pub reason: TokenFetchReason,
+    /// The token source's error, or the client's refusal of what it gave.
+    pub error: SharedAuthError,
 }
 
 /// One API's figures at the time of the snapshot.
@@ -156,6 +171,17 @@ pub struct ApiHealth {
     /// around them) keeps its slowest calls out of `mean_call_ms` and
     /// `max_call_ms`, so watch this count beside them.
     pub calls_cancelled: u64,
+    /// Token fetches that ended, all time, failed ones included
+    /// ([`EventKind::TokenFetched`]); 0 for an API without a token source. A
+    /// fetch abandoned by its caller does not count.
+    pub token_fetches: u64,
+    /// Of those, the ones that brought no token. A failed renewal leaves calls
+    /// sending the old token, so no call fails for it: this count and
+    /// [`last_token_error`](ApiHealth::last_token_error) are where it shows.
+    pub token_fetches_failed: u64,
+    /// The latest token fetch that failed; it stays after later ones succeed
+    /// (compare its `at` with [`updated_at`](ApiHealth::updated_at)).
+    pub last_token_error: Option<LastTokenError>,
     /// The time of the latest event seen for this API, or, before any, when the
     /// first client of it was built.
     pub updated_at: Instant,
@@ -377,6 +403,9 @@ struct ApiState {
     redials: u64,
     cancelled: u64,
     calls_cancelled: u64,
+    token_fetches: u64,
+    token_fetches_failed: u64,
+    last_token_error: Option<LastTokenError>,
     updated_at: Instant,
 }
 
@@ -394,6 +423,9 @@ impl ApiState {
             redials: 0,
             cancelled: 0,
             calls_cancelled: 0,
+            token_fetches: 0,
+            token_fetches_failed: 0,
+            last_token_error: None,
             updated_at: at,
         }
     }
@@ -764,6 +796,9 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
         p90_call_ms: calls.quantile(0.9),
         p99_call_ms: calls.quantile(0.99),
         calls_cancelled: state.calls_cancelled,
+        token_fetches: state.token_fetches,
+        token_fetches_failed: state.token_fetches_failed,
+        last_token_error: state.last_token_error.clone(),
         updated_at: state.updated_at,
         covered: slicing.map_or(Duration::ZERO, |slicing| slicing.covered(end)),
     }
@@ -872,6 +907,23 @@ impl HealthObserver {
             ),
             EventKind::BreakerClosed | EventKind::BreakerReset => {
                 state.saw_breaker(BreakerView::Closed, event.at);
+            }
+            EventKind::TokenFetched { reason, result, .. } => {
+                state.token_fetches += 1;
+                if let Err(error) = result {
+                    state.token_fetches_failed += 1;
+                    if state
+                        .last_token_error
+                        .as_ref()
+                        .is_none_or(|last| last.at <= event.at)
+                    {
+                        state.last_token_error = Some(LastTokenError {
+                            at: event.at,
+                            reason: *reason,
+                            error: error.clone(),
+                        });
+                    }
+                }
             }
             EventKind::RowsPulled { .. } | EventKind::WritePushed => {}
         }

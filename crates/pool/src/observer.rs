@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
+use crate::auth::SharedAuthError;
 use crate::error::ClientError;
 use crate::time::Instant;
 
@@ -232,6 +233,42 @@ impl CallOutcome {
     }
 }
 
+/// Why the client's token source was asked for a token
+/// ([`EventKind::TokenFetched`]).
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenFetchReason {
+    /// The client had no token yet.
+    First,
+    /// A 401 answered a send that carried the token in use (or the fetch such a
+    /// 401 asked for was abandoned, and a call needed a token the API had
+    /// refused).
+    Rejected,
+    /// The token in use is near its expiry ([`REFRESH_AHEAD`](crate::auth::REFRESH_AHEAD)):
+    /// renewed while calls go on sending it.
+    Renewal,
+    /// The token in use has expired: calls wait for a new one.
+    Expired,
+    /// [`ResilientClient::refresh_token`](crate::ResilientClient::refresh_token)
+    /// asked for one.
+    Requested,
+}
+
+impl TokenFetchReason {
+    /// A stable snake_case name of the variant: `first`, `rejected`, `renewal`,
+    /// `expired` or `requested`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            TokenFetchReason::First => "first",
+            TokenFetchReason::Rejected => "rejected",
+            TokenFetchReason::Renewal => "renewal",
+            TokenFetchReason::Expired => "expired",
+            TokenFetchReason::Requested => "requested",
+        }
+    }
+}
+
 /// Identifies one call of one client (`execute` / `execute_with`), numbered from 1
 /// per client (its clones share the numbering): two clients' calls can have the same
 /// id, so an observer that hears several tells them apart by the API name as well.
@@ -249,10 +286,11 @@ pub struct TransportEvent {
     /// and what it caused (`Succeeded`, `Failed`, `RetryScheduled`, a breaker
     /// transition), the reading at its response head, at the end of its error body
     /// or failure, or (a call that reads its body) at the end of its success body;
-    /// otherwise the reading as the event was emitted.
+    /// for `TokenFetched`, the reading as the fetch ended; otherwise the reading
+    /// as the event was emitted.
     pub at: Instant,
     /// The call the event is about; `None` for events reported through
-    /// `ResilientClient::report`, and for `BreakerReset`.
+    /// `ResilientClient::report`, for `BreakerReset` and for `TokenFetched`.
     pub call: Option<CallId>,
     /// The label of the call's policy ([`CallPolicy::with_label`]), the same on
     /// every event of the call; `None` for a call whose policy has none, and for
@@ -392,6 +430,34 @@ pub enum EventKind {
     /// It carries no call (no send caused it) and may come at any point, between a
     /// call's events too.
     BreakerReset,
+    /// The client's token source ended a fetch: from now on calls send the new
+    /// token (`Ok`: its generation), or the fetch failed (`Err`) and the token in
+    /// use, if there is one and it has not expired, stays in use (a renewal's
+    /// failure leaves calls sending the old token; a first fetch's or an expired
+    /// token's ends the calls that waited for it with
+    /// [`ErrorKind::Auth`](crate::ErrorKind::Auth), each with its synthetic
+    /// `Started` + `Failed`).
+    ///
+    /// It carries no call and no label, like `BreakerReset`, and may come at any
+    /// point, between a call's events too: one fetch serves every call that waits
+    /// for it, and [`refresh_token`](crate::ResilientClient::refresh_token) runs
+    /// one outside any call. It comes before the calls that waited for the fetch
+    /// go on. A fetch that did not end (its caller was dropped, or that caller's
+    /// budget ran out first) reports nothing; the next caller that needs a token
+    /// fetches again, and [`token_fetches`](crate::ResilientClient::token_fetches)
+    /// counts both.
+    TokenFetched {
+        /// Why the fetch ran.
+        reason: TokenFetchReason,
+        /// Milliseconds from the fetch's start to its end, on the runtime's clock.
+        ms: u64,
+        /// The new token's generation (the client's tokens numbered from 1, one
+        /// more for each token fetched), or why the fetch brought none: the token
+        /// source's error, or the client's refusal of what it gave (a header the
+        /// request depends on, an empty value, a lifetime that ran out before the
+        /// fetch ended).
+        result: Result<u64, SharedAuthError>,
+    },
     /// Reported by a caller through `ResilientClient::report`: rows parsed from a
     /// response.
     RowsPulled {
@@ -416,6 +482,7 @@ impl EventKind {
             EventKind::BreakerOpened { .. } => "breaker_opened",
             EventKind::BreakerClosed => "breaker_closed",
             EventKind::BreakerReset => "breaker_reset",
+            EventKind::TokenFetched { .. } => "token_fetched",
             EventKind::RowsPulled { .. } => "rows_pulled",
             EventKind::WritePushed => "write_pushed",
         }

@@ -286,6 +286,21 @@ impl ToWake {
     pub(crate) fn wake(self) {
         self.0.into_values().for_each(Waker::wake);
     }
+
+    /// Wakes every one of them when the result is dropped, by a panic's unwinding
+    /// too: for wakers taken before a callback that may panic (an observer's).
+    pub(crate) fn on_drop(self) -> WakeOnDrop {
+        WakeOnDrop(self.0)
+    }
+}
+
+/// [`ToWake::on_drop`]'s guard.
+pub(crate) struct WakeOnDrop(BTreeMap<u64, Waker>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        ToWake(std::mem::take(&mut self.0)).wake();
+    }
 }
 
 impl Wakers {

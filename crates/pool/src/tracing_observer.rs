@@ -5,8 +5,8 @@
 //!
 //! | level | events |
 //! |---|---|
-//! | `WARN` | a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built) |
-//! | `INFO` | a breaker closing (`breaker_closed`): the API answers again; a breaker reset by hand (`breaker_reset`) |
+//! | `WARN` | a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built), a token fetch that failed (`token_fetched`, its error as the message) |
+//! | `INFO` | a breaker closing (`breaker_closed`): the API answers again; a breaker reset by hand (`breaker_reset`); a new auth token (`token_fetched`) |
 //! | `DEBUG` | a call's end (`call_end`), a call refused because the breaker is open (`failed`, `sent=false`, `kind="breaker_open"`: its opening was a `WARN`, and during an outage there is one such refusal per call), a success, a retry, a redial, a cancellation, reported rows and writes |
 //! | `TRACE` | a send starting (`started`) |
 //!
@@ -22,6 +22,7 @@
 //! | `retry_scheduled` | `attempt` (the retry's), `after_ms` |
 //! | `breaker_opened` | `cooldown_ms` |
 //! | `rows_pulled` | `n` |
+//! | `token_fetched` (no `call`, no `label`) | `reason` (`first`, `rejected`, `renewal`, `expired` or `requested`), `ms`, `generation` (a new token's) |
 //! | `call_end` ([`TransportObserver::on_call_end`]) | `call`, `label` (when the call has one), `outcome` (`succeeded`, `failed` or `cancelled`), `sends`, `attempts`, `elapsed_ms` (the caller's wait, a float), `status` (a response's, or a failure's HTTP status), `kind` (a failure's `kind_name()`) |
 //!
 //! `at_ms` is the event's time in milliseconds since the client's runtime began (its
@@ -123,6 +124,19 @@ impl TransportObserver for TracingObserver {
                 target: "vantage_api_pool",
                 api, event = name, at_ms, "circuit breaker reset by hand"
             ),
+            EventKind::TokenFetched { reason, ms, result } => {
+                let reason = reason.name();
+                match result {
+                    Ok(generation) => tracing::info!(
+                        target: "vantage_api_pool",
+                        api, event = name, reason, ms, generation, at_ms, "auth token fetched"
+                    ),
+                    Err(error) => tracing::warn!(
+                        target: "vantage_api_pool",
+                        api, event = name, reason, ms, at_ms, "auth token fetch failed: {error}"
+                    ),
+                }
+            }
             EventKind::WritePushed => {
                 tracing::debug!(target: "vantage_api_pool", api, event = name, call, label, at_ms);
             }

@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use common::*;
+use http::{HeaderValue, header::AUTHORIZATION};
+use vantage_api_pool::auth::{AuthError, token_fn};
 use vantage_api_pool::health::{BreakerView, HealthObserver};
 use vantage_api_pool::{
     BreakerState, CallPolicy, Fanout, ResilientClient, TransportEvent, TransportObserver,
@@ -184,4 +186,49 @@ fn a_fanout_feeds_every_observer_even_after_one_panics_then_passes_the_panic_on(
         ["write_pushed"],
         "the second one heard it"
     );
+}
+
+#[test]
+fn a_panic_on_a_token_fetch_still_wakes_the_calls_that_waited_for_it() {
+    quiet_panics_starting_with("observer panics on");
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let recorder = RecordingObserver::new();
+    let fanout = Fanout::default()
+        .with(Arc::new(recorder.clone()))
+        .with(Panicking::on("token_fetched", 1));
+    let rt = w.rt.clone();
+    let source = token_fn(move || {
+        let rt = rt.clone();
+        async move {
+            rt.sleep(ms(50)).await;
+            Ok::<_, AuthError>((AUTHORIZATION, HeaderValue::from_static("Bearer t1")))
+        }
+    });
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", Arc::new(fanout))
+        .auth(source)
+        .build()
+        .unwrap();
+    // The first call runs the fetch, the second waits for it.
+    let _fetching = w.spawn_call(&client, CallPolicy::background(), "/a");
+    let waiting = w.spawn_call(&client, CallPolicy::background(), "/b");
+    let run = catch_unwind(AssertUnwindSafe(|| w.rt.run_until(at(secs(1)))));
+    assert!(
+        run.is_err(),
+        "the panic reaches the task that ran the fetch"
+    );
+    w.rt.run_until(at(secs(2))).unwrap();
+    assert!(waiting.is_finished(), "the waiter was woken all the same");
+    w.rt.block_on(waiting).unwrap().unwrap();
+    let paths: Vec<_> = w
+        .transport
+        .requests()
+        .iter()
+        .map(|r| r.path.to_string())
+        .collect();
+    assert_eq!(paths, ["/b"]);
+    assert_eq!(client.token_fetches(), 1, "the token it fetched is kept");
+    assert!(recorder.kinds().contains(&"token_fetched"));
+    recorder.check_contract().unwrap();
 }

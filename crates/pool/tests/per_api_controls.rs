@@ -1475,7 +1475,18 @@ fn a_refresh_that_fails_after_a_401_is_the_last_failed_event() {
         2,
         "the first fetch, one refresh"
     );
-    assert_eq!(w.kinds(), ["started", "failed", "started", "failed"]);
+    // Each fetch reported as it ends: the refresh's failure before the call's.
+    assert_eq!(
+        w.kinds(),
+        [
+            "token_fetched",
+            "started",
+            "failed",
+            "token_fetched",
+            "started",
+            "failed"
+        ]
+    );
     match &w.events().last().unwrap().kind {
         EventKind::Failed {
             error,
@@ -2227,7 +2238,11 @@ fn a_401_whose_body_ends_the_budget_starts_no_refresh() {
     assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
     assert_eq!(w.now(), secs(1));
     assert_eq!(w.transport.request_count(), 1);
-    assert_eq!(w.kinds(), ["started", "failed", "started", "failed"]);
+    // The first token's fetch, then no other.
+    assert_eq!(
+        w.kinds(),
+        ["token_fetched", "started", "failed", "started", "failed"]
+    );
     w.assert_contract();
 }
 
@@ -2250,9 +2265,9 @@ fn a_token_source_error_is_final_with_a_synthetic_pair() {
     assert_eq!(err.attempts(), 0);
     assert!(!err.is_retryable());
     assert_eq!(w.transport.request_count(), 0);
-    assert_eq!(w.kinds(), ["started", "failed"]);
+    assert_eq!(w.kinds(), ["token_fetched", "started", "failed"]);
     assert!(matches!(
-        w.events()[1].kind,
+        w.events()[2].kind,
         EventKind::Failed {
             sent: false,
             ms: 0,

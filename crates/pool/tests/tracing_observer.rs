@@ -368,3 +368,64 @@ fn a_labelled_call_logs_its_label_on_every_line() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn a_token_fetch_is_info_when_it_lands_and_a_warning_when_it_fails() {
+    // The first fetch lands (generation 1); `refresh_token`'s fails.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("orders-api", Arc::new(TracingObserver::new()))
+        .auth(vantage_api_pool::auth::send_token_fn(move || {
+            let n = fetches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if n > 0 {
+                    return Err(vantage_api_pool::auth::AuthError::from(
+                        "token endpoint down",
+                    ));
+                }
+                Ok((
+                    http::header::AUTHORIZATION,
+                    http::HeaderValue::from_static("Bearer t1"),
+                ))
+            }
+        }))
+        .build()
+        .unwrap();
+    let capture = Capture::default();
+    tracing::subscriber::with_default(capture.clone(), || {
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+        assert!(w.rt.block_on(client.refresh_token()).unwrap().is_err());
+    });
+    let lines = capture.0.lock().unwrap().clone();
+    let fetched: Vec<_> = lines
+        .iter()
+        .filter(|(_, f)| f["event"] == "\"token_fetched\"")
+        .map(|(level, f)| {
+            let get = |name: &str| f.get(name).cloned().unwrap_or_default();
+            (
+                level.to_string(),
+                [get("api"), get("reason"), get("generation"), get("call")],
+                get("message"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        fetched,
+        [
+            (
+                "INFO".to_owned(),
+                ["\"orders-api\"", "\"first\"", "1", ""].map(str::to_owned),
+                "auth token fetched".to_owned()
+            ),
+            (
+                "WARN".to_owned(),
+                ["\"orders-api\"", "\"requested\"", "", ""].map(str::to_owned),
+                "auth token fetch failed: token endpoint down".to_owned()
+            ),
+        ]
+    );
+}

@@ -567,6 +567,9 @@ struct ApiTotals {
     /// right after a 401 of the same call, whose send went out (it ended in
     /// `Succeeded` or a sent `Failed`, not refused before sending).
     replays: u64,
+    /// Token fetches that ended (`TokenFetched`), and of them the failed ones.
+    token_fetches: u64,
+    token_fetches_failed: u64,
     /// The breaker opened from closed (an outage began).
     breaker_openings: u64,
     /// The half-open probe failed and the breaker opened again.
@@ -689,6 +692,10 @@ impl TransportObserver for Totals {
                     totals.open = false;
                     totals.breaker_closings += 1;
                     note = Some(format!("{api}: breaker reset by hand"));
+                }
+                EventKind::TokenFetched { result, .. } => {
+                    totals.token_fetches += 1;
+                    totals.token_fetches_failed += u64::from(result.is_err());
                 }
                 _ => {}
             }
@@ -1586,12 +1593,16 @@ fn summary(
          again (execute_read, a GET); calls that got a part of a body: {partial}",
     );
     let fetches = server.tokens_issued();
+    let profile = totals.get("profile-api");
     let _ = writeln!(
         out,
         "auth             {fetches} tokens from /token (first use + {} refreshes);\n                 \
-         {} sends answered 401, each call's first refreshed and replayed",
+         {} sends answered 401, each call's first refreshed and replayed;\n                 \
+         the observer heard {} token fetches end ({} failed)",
         fetches.saturating_sub(1),
-        totals.get("profile-api").unauthorized,
+        profile.unauthorized,
+        profile.token_fetches,
+        profile.token_fetches_failed,
     );
     let _ = writeln!(out, "timeline:");
     let moments = view.moments.since(0);

@@ -34,6 +34,8 @@
 //! | `TransitionNotAfterTerminal` | `BreakerOpened` and `BreakerClosed` carry the call whose send caused them and come right after that send's `Succeeded` or sent `Failed` (no event of the call between), one per send |
 //! | `ReportWithCall` | `RowsPulled` and `WritePushed` (from `ResilientClient::report`) carry no call id, nor a label |
 //! | `ResetWithCall` | `BreakerReset` (from `ResilientClient::reset_breaker`) carries no call id, nor a label; it may come at any point |
+//! | `TokenFetchWithCall` | `TokenFetched` (a token fetch that ended) carries no call id, nor a label; it may come at any point |
+//! | `TokenGenerationRepeated` | the `TokenFetched` events of an api that brought a token each bring another generation (one fetch is reported once) |
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //! | `SecondCallEnd` | a call's end ([`TransportObserver::on_call_end`]) is reported once |
 //! | `EventAfterCallEnd` | no event of a call (breaker transitions included) after its end |
@@ -61,7 +63,7 @@
 //! # Ok::<(), vantage_api_pool_testkit::ContractViolation>(())
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -582,6 +584,10 @@ pub enum ContractRule {
     ReportWithCall,
     /// A `BreakerReset` with a call id.
     ResetWithCall,
+    /// A `TokenFetched` with a call id or a label.
+    TokenFetchWithCall,
+    /// A `TokenFetched` that brought a generation an earlier one of its api brought.
+    TokenGenerationRepeated,
     /// A call's second end.
     SecondCallEnd,
     /// An event of a call after its end.
@@ -649,6 +655,10 @@ impl ContractRule {
             }
             ContractRule::ReportWithCall => "RowsPulled and WritePushed carry no call id nor label",
             ContractRule::ResetWithCall => "BreakerReset carries no call id nor label",
+            ContractRule::TokenFetchWithCall => "TokenFetched carries no call id nor label",
+            ContractRule::TokenGenerationRepeated => {
+                "each token fetch that brought a token brings a generation of its own"
+            }
             ContractRule::SecondCallEnd => "a call's end is reported once",
             ContractRule::EventAfterCallEnd => "no event of a call comes after its end",
             ContractRule::CallEndMismatch => {
@@ -850,6 +860,8 @@ fn check<'a>(
     let mut last_at: HashMap<(&'a str, CallId), Instant> = HashMap::new();
     let mut last_on_thread: HashMap<(&str, std::thread::ThreadId), Instant> = HashMap::new();
     let mut calls: HashMap<(&'a str, CallId), CallState> = HashMap::new();
+    // Per api, the token generations its fetches brought.
+    let mut generations: HashSet<(&'a str, u64)> = HashSet::new();
     let mut ends = ends.iter().peekable();
     // The ends recorded before event `index` (all that are left, at the end of the
     // record), checked in their place.
@@ -905,10 +917,14 @@ fn check<'a>(
         {
             return Err(violation(ContractRule::TimeWentBackwards));
         }
-        // (A report or a reset with a call breaks a rule of its own, below.)
+        // (A report, a reset or a token fetch with a call breaks a rule of its own,
+        // below.)
         let own_rule = matches!(
             event.kind,
-            EventKind::RowsPulled { .. } | EventKind::WritePushed | EventKind::BreakerReset
+            EventKind::RowsPulled { .. }
+                | EventKind::WritePushed
+                | EventKind::BreakerReset
+                | EventKind::TokenFetched { .. }
         );
         if !own_rule
             && event
@@ -943,6 +959,18 @@ fn check<'a>(
             EventKind::BreakerReset => {
                 if event.call.is_some() || event.label.is_some() {
                     return Err(violation(ContractRule::ResetWithCall));
+                }
+                continue;
+            }
+            // One fetch serves every call that waited for it: it may come anywhere.
+            EventKind::TokenFetched { ref result, .. } => {
+                if event.call.is_some() || event.label.is_some() {
+                    return Err(violation(ContractRule::TokenFetchWithCall));
+                }
+                if let Ok(generation) = result
+                    && !generations.insert((api, *generation))
+                {
+                    return Err(violation(ContractRule::TokenGenerationRepeated));
                 }
                 continue;
             }

@@ -8,9 +8,10 @@
 use std::time::Duration;
 
 use http::StatusCode;
+use vantage_api_pool::auth::AuthError;
 use vantage_api_pool::{
-    CallEnd, CallId, CallOutcome, EventKind, Instant, TransportErrorKind, TransportEvent,
-    TransportObserver,
+    CallEnd, CallId, CallOutcome, EventKind, Instant, TokenFetchReason, TransportErrorKind,
+    TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::{ContractRule, RecordingObserver, Reply};
 
@@ -99,7 +100,8 @@ fn retry(attempt: u32) -> EventKind {
 
 /// The events of one real call (only the pool builds a `ClientError`): `replies` in
 /// order, then 200s, under a policy of two retries 1 ms apart; with `auth`, a token
-/// source that can refresh after a 401. Checked against the contract.
+/// source that can refresh after a 401 (its fetches, which carry no call, left
+/// out). Checked against the contract.
 fn recorded(replies: &[Reply], auth: bool) -> Vec<EventKind> {
     recorded_with(replies, auth, false)
 }
@@ -146,6 +148,8 @@ fn recorded_with(replies: &[Reply], auth: bool, breaker: bool) -> Vec<EventKind>
     observer
         .events()
         .into_iter()
+        // The call's own events: a token fetch (with `auth`) belongs to no call.
+        .filter(|r| r.event.call.is_some())
         .map(|r| r.event.kind)
         .collect()
 }
@@ -785,6 +789,50 @@ fn a_reset_carries_no_call_and_may_come_anywhere() {
     );
     let v = observer.check_contract().unwrap_err();
     assert_eq!((v.rule, v.index), (ContractRule::ResetWithCall, 6));
+}
+
+#[test]
+fn a_token_fetch_carries_no_call_and_reports_each_generation_once() {
+    let fetched = |generation: Option<u64>| EventKind::TokenFetched {
+        reason: TokenFetchReason::First,
+        ms: 5,
+        result: generation.ok_or_else(|| AuthError::from("identity provider down").into()),
+    };
+    // Anywhere, even while a send is in flight; failures carry no generation, and
+    // another api numbers its tokens on its own.
+    let observer = observe(vec![(0, 1, started(1, 1))]);
+    for (api, generation) in [
+        ("api", Some(1)),
+        ("api", None),
+        ("api", None),
+        ("api", Some(2)),
+    ] {
+        observer.on_event(api, &TransportEvent::new(at(1), None, fetched(generation)));
+    }
+    observer.on_event("other", &TransportEvent::new(at(1), None, fetched(Some(1))));
+    observer.on_event(
+        "api",
+        &TransportEvent::new(at(2), Some(CallId(1)), succeeded(1, 1)),
+    );
+    end_calls(&observer);
+    assert_eq!(observer.check_contract(), Ok(()));
+    // A generation reported again: one fetch reported twice.
+    observer.on_event("api", &TransportEvent::new(at(3), None, fetched(Some(2))));
+    let v = observer.check_contract().unwrap_err();
+    assert_eq!(
+        (v.rule, v.index),
+        (ContractRule::TokenGenerationRepeated, 7)
+    );
+    // With a call, or a label.
+    assert_eq!(
+        first_violation(vec![(0, 1, fetched(Some(1)))]),
+        (ContractRule::TokenFetchWithCall, 0, None)
+    );
+    let observer = RecordingObserver::new();
+    let labelled = TransportEvent::new(at(0), None, fetched(None)).with_label(Some("orders.list"));
+    observer.on_event("api", &labelled);
+    let v = observer.check_contract().unwrap_err();
+    assert_eq!((v.rule, v.index), (ContractRule::TokenFetchWithCall, 0));
 }
 
 #[test]

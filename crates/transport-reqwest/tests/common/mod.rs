@@ -386,6 +386,10 @@ pub(crate) fn trace(observer: &RecordingObserver) -> Vec<String> {
             EventKind::RetryScheduled { attempt, after } => {
                 format!("retry a{attempt} after {}ms", after.as_millis())
             }
+            EventKind::TokenFetched { reason, result, .. } => match result {
+                Ok(generation) => format!("token g{generation} {}", reason.name()),
+                Err(_) => format!("token failed {}", reason.name()),
+            },
             other => other.name().to_owned(),
         })
         .collect()
