@@ -274,10 +274,9 @@ impl<T, R: Runtime, A> Drop for InFlight<'_, T, R, A> {
             drop(self.probe.take());
             let (send, attempt) = (self.send, self.attempt);
             let rt = &self.client.runtime;
-            emit_from_drop(
-                &self.client.events,
-                self.call,
+            self.client.events.emit_from_drop(
                 || rt.now(),
+                Some(self.call),
                 || EventKind::Cancelled { send, attempt },
             );
         }
@@ -361,24 +360,6 @@ fn unsent(send: u32, attempt: u32, error: &ClientError) -> EventKind {
     }
 }
 
-/// Reports from a destructor. While a panic unwinds (an observer's, or one from the
-/// caller's own code), a second panic from the observer is caught and dropped: out
-/// of a destructor it would abort the process, and the first one goes on to the
-/// caller.
-fn emit_from_drop(
-    events: &Events,
-    call: CallTag,
-    at: impl FnOnce() -> Instant,
-    kind: impl FnOnce() -> EventKind,
-) {
-    if std::thread::panicking() {
-        let emit = AssertUnwindSafe(|| events.emit(at, Some(call), kind));
-        let _second_panic = std::panic::catch_unwind(emit);
-    } else {
-        events.emit(at, Some(call), kind);
-    }
-}
-
 /// An event to report when this is dropped: after the one reported while it is
 /// held, even if the observer panics on that one (the panic then goes on to the
 /// caller once this is told).
@@ -410,7 +391,8 @@ impl<'a> Told<'a> {
 impl Drop for Told<'_> {
     fn drop(&mut self) {
         if let Some(kind) = self.kind.take() {
-            emit_from_drop(self.events, self.call, || self.at, || kind);
+            self.events
+                .emit_from_drop(|| self.at, Some(self.call), || kind);
         }
     }
 }

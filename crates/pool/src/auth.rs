@@ -32,8 +32,8 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
-use crate::observer::TokenFetchReason;
-use crate::sync::{Mutex, MutexGuard, PoisonError, Wakers};
+use crate::observer::{TokenFetchOutcome, TokenFetchReason};
+use crate::sync::{Mutex, MutexGuard, PoisonError, ToWake, Wakers};
 use crate::time::Instant;
 
 /// An array of the names no token may take (see [`RESERVED_TOKEN_HEADERS`]), after
@@ -215,10 +215,12 @@ impl std::fmt::Debug for AuthToken {
 /// message and source are reachable through `Display` and [`AuthError::as_error`].
 ///
 /// Its text is the token source's own, unredacted: the client error's `Display` and
-/// `Debug` never show it, but its `source()` chain does. Keep URLs and credentials
-/// out of the errors a token source returns (a `reqwest::Error` from a token
-/// endpoint names its URL: use `without_url()`), or print client errors without
-/// their chain.
+/// `Debug` never show it, nor does the [`SharedAuthError`]'s `Debug` that a failed
+/// fetch's event ([`TokenFetchOutcome::Failed`]) and a health snapshot carry, but
+/// the `source()` chain and the shared error's `Display` do. Keep URLs and
+/// credentials out of the errors a token source returns (a `reqwest::Error` from a
+/// token endpoint names its URL: use `without_url()`), or print client errors
+/// without their chain and the shared error only where its text may go.
 ///
 /// ```
 /// use vantage_api_pool::auth::AuthError;
@@ -541,8 +543,7 @@ pub(crate) struct FetchEnded {
     pub(crate) reason: TokenFetchReason,
     pub(crate) started: Instant,
     pub(crate) ended: Instant,
-    /// The new token's generation, or the fetch's error.
-    pub(crate) result: Result<u64, Arc<AuthError>>,
+    pub(crate) outcome: TokenFetchOutcome,
 }
 
 /// What a fetch needs of its client: the runtime's clock, read at every look (a
@@ -552,8 +553,9 @@ pub(crate) trait FetchEnv {
     /// The runtime's clock.
     fn now(&self) -> Instant;
 
-    /// A fetch this caller ran ended: called once the state's lock is released,
-    /// before the callers that waited for the fetch are woken.
+    /// A fetch this caller ran ended (or was abandoned: from a destructor, maybe
+    /// while a panic unwinds): called once the state's lock is released, before
+    /// the callers that waited for the fetch are woken.
     fn fetched(&self, ended: FetchEnded) {
         let _ = ended;
     }
@@ -684,14 +686,16 @@ impl AuthState {
                     } else {
                         inner.fetching = true;
                         inner.fetches_started += 1;
-                        // No usable token: none yet, an expired one, or one a 401
-                        // refused (this call's, or another's whose refresh was
-                        // abandoned).
+                        // No usable token: none yet, one a 401 refused (this
+                        // call's, or another's whose refresh was abandoned), or,
+                        // newer than that, an expired one.
+                        let floor = inner.rejected.max(stale.unwrap_or(0));
                         let reason = match &inner.token {
-                            _ if stale.is_some() => TokenFetchReason::Rejected,
                             None => TokenFetchReason::First,
-                            Some(cached) if cached.expired(now) => TokenFetchReason::Expired,
-                            Some(_) => TokenFetchReason::Rejected,
+                            Some(cached) if cached.generation <= floor => {
+                                TokenFetchReason::Rejected
+                            }
+                            Some(_) => TokenFetchReason::Expired,
                         };
                         // As for a waiter: a call that only needs a token falls back
                         // to the cached one (decided under the lock that ends the
@@ -790,37 +794,53 @@ impl AuthState {
         reason: TokenFetchReason,
         env: &E,
     ) -> Result<Token, Arc<AuthError>> {
-        let started = env.now();
         let guard = FetchGuard {
             state: self,
             env,
+            reason,
+            started: env.now(),
             armed: true,
         };
         let result = source.fetch().await;
-        guard.complete(result, fall_back, reason, started)
+        guard.complete(result, fall_back)
     }
 }
 
-/// Clears the `fetching` flag if the fetching caller is dropped, and wakes the
-/// waiters so one of them takes over. `env` is the client's.
+/// Clears the `fetching` flag if the fetching caller is dropped, reports the fetch
+/// abandoned, and wakes the waiters so one of them takes over. `env` is the
+/// client's.
 struct FetchGuard<'a, E: FetchEnv> {
     state: &'a AuthState,
     env: &'a E,
+    /// Why the fetch runs, and when it started.
+    reason: TokenFetchReason,
+    started: Instant,
     armed: bool,
 }
 
 impl<E: FetchEnv> FetchGuard<'_, E> {
-    /// Ends the fetch for `reason` that started at `started`, and reports it. On
-    /// failure, `fall_back` hands out the cached token instead of the error, if
-    /// there is one and it has not expired.
+    /// Reports the fetch's end with `outcome` at `now`, then wakes `waiters` (woken
+    /// all the same if the observer panics).
+    fn report(&self, now: Instant, outcome: TokenFetchOutcome, waiters: ToWake) {
+        let waiters = waiters.on_drop();
+        self.env.fetched(FetchEnded {
+            reason: self.reason,
+            started: self.started,
+            ended: now,
+            outcome,
+        });
+        drop(waiters);
+    }
+
+    /// Ends the fetch, and reports it. On failure, `fall_back` hands out the
+    /// cached token instead of the error, if there is one and it has not expired.
     fn complete(
         mut self,
         result: Result<AuthToken, AuthError>,
         fall_back: bool,
-        reason: TokenFetchReason,
-        started: Instant,
     ) -> Result<Token, Arc<AuthError>> {
         self.armed = false;
+        let started = self.started;
         let now = self.env.now();
         let (outcome, fetched, waiters) = {
             let mut inner = self.state.lock();
@@ -864,7 +884,11 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
                         expires_at: expires_at(lifetime),
                     };
                     inner.token = Some(token.clone());
-                    (Ok(token), Ok(inner.generation))
+                    let fetched = TokenFetchOutcome::Fetched {
+                        generation: inner.generation,
+                        lifetime,
+                    };
+                    (Ok(token), fetched)
                 }
                 Err(e) => {
                     let e = Arc::new(e);
@@ -877,21 +901,17 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
                         Some(cached) if fall_back && !cached.expired(now) => Ok(cached.clone()),
                         _ => Err(Arc::clone(&e)),
                     };
-                    (outcome, Err(e))
+                    (
+                        outcome,
+                        TokenFetchOutcome::Failed {
+                            error: SharedAuthError(e),
+                        },
+                    )
                 }
             };
             (outcome, fetched, inner.waiters.take())
         };
-        // The waiters go on once the fetch is reported; woken all the same if the
-        // observer panics.
-        let waiters = waiters.on_drop();
-        self.env.fetched(FetchEnded {
-            reason,
-            started,
-            ended: now,
-            result: fetched,
-        });
-        drop(waiters);
+        self.report(now, fetched, waiters);
         outcome
     }
 }
@@ -909,7 +929,7 @@ impl<E: FetchEnv> Drop for FetchGuard<'_, E> {
                 inner.back_off_renewal(now);
                 inner.waiters.take()
             };
-            waiters.wake();
+            self.report(now, TokenFetchOutcome::Abandoned, waiters);
         }
     }
 }
@@ -984,8 +1004,18 @@ impl Drop for WaitForFetch<'_> {
 ///         .is_some_and(|shared| shared.as_error().is::<Revoked>())
 /// }
 /// ```
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` shows none of the token source's text (as a `ClientError`'s shows
+/// none of its source), so an event or a health snapshot printed with `{:?}`
+/// carries none; its `Display` is the source's text.
+#[derive(Clone)]
 pub struct SharedAuthError(pub(crate) Arc<AuthError>);
+
+impl std::fmt::Debug for SharedAuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedAuthError").finish_non_exhaustive()
+    }
+}
 
 impl SharedAuthError {
     /// The error the token source gave (downcast it to the token source's own type).
@@ -997,7 +1027,7 @@ impl SharedAuthError {
 
 impl From<AuthError> for SharedAuthError {
     /// The error shared, as a fetch's error is: for an observer fed by hand (a
-    /// failed [`TokenFetched`](crate::EventKind::TokenFetched)).
+    /// failed [`TokenFetchEnded`](crate::EventKind::TokenFetchEnded)).
     ///
     /// ```
     /// use vantage_api_pool::auth::{AuthError, SharedAuthError};

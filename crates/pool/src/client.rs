@@ -3,6 +3,7 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -110,7 +111,7 @@ impl<T, R: Runtime, A> Shared<T, R, A> {
 }
 
 /// A client's side of its token fetches: its runtime's clock, and its observer,
-/// which hears of each fetch that ends as a `TokenFetched` with no call.
+/// which hears of each fetch that ends as a `TokenFetchEnded` with no call.
 pub(crate) struct ClientFetchEnv<'a, R> {
     runtime: &'a R,
     events: &'a Events,
@@ -121,15 +122,16 @@ impl<R: Runtime> FetchEnv for ClientFetchEnv<'_, R> {
         self.runtime.now()
     }
 
+    /// Reported from `FetchGuard`'s drop too, when a fetch is abandoned.
     fn fetched(&self, ended: FetchEnded) {
         let at = ended.ended;
-        self.events.emit(
+        self.events.emit_from_drop(
             || at,
             None,
-            || EventKind::TokenFetched {
+            || EventKind::TokenFetchEnded {
                 reason: ended.reason,
                 ms: millis(at.saturating_duration_since(ended.started)),
-                result: ended.result.map_err(SharedAuthError),
+                outcome: ended.outcome,
             },
         );
     }
@@ -177,6 +179,24 @@ impl Events {
                 kind: kind(),
             };
             observer.on_event(key, &event);
+        }
+    }
+
+    /// [`emit`](Self::emit) from a destructor. While a panic unwinds (an
+    /// observer's, or one from the caller's own code), a second panic from the
+    /// observer is caught and dropped: out of a destructor it would abort the
+    /// process, and the first one goes on to the caller.
+    pub(crate) fn emit_from_drop(
+        &self,
+        at: impl FnOnce() -> Instant,
+        call: Option<CallTag>,
+        kind: impl FnOnce() -> EventKind,
+    ) {
+        if std::thread::panicking() {
+            let emit = AssertUnwindSafe(|| self.emit(at, call, kind));
+            let _second_panic = std::panic::catch_unwind(emit);
+        } else {
+            self.emit(at, call, kind);
         }
     }
 
@@ -820,8 +840,11 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     /// and waiting for a permit or a rate token, when the new token comes under the
     /// same header name. A fetch already running (the first, or a refresh a 401
     /// asked for) is joined instead of doubled. It resolves to `Ok` once a token
-    /// newer than the one in use when it was called has landed. No observer event
-    /// reports it; [`token_fetches`](Self::token_fetches) counts it.
+    /// newer than the one in use when it was called has landed. The observer hears
+    /// the fetch it ran end as [`TokenFetchEnded`](crate::EventKind::TokenFetchEnded)
+    /// with the reason [`Requested`](crate::TokenFetchReason::Requested) (a fetch
+    /// it joined reports under the reason it started for), and
+    /// [`token_fetches`](Self::token_fetches) counts it.
     ///
     /// It has no time limit of its own: while its fetch runs, a call that needs a
     /// new token (its 401's replay) waits for that fetch, so a source that never
@@ -883,7 +906,9 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
 
     /// Token fetches started so far by the client's token source: the first fetch,
     /// refreshes, and fetches abandoned because their caller was dropped (the
-    /// source was called, so its endpoint may have been reached).
+    /// source was called, so its endpoint may have been reached). Each fetch that
+    /// ended was reported to the observer as a
+    /// [`TokenFetchEnded`](crate::EventKind::TokenFetchEnded); an abandoned one was not.
     #[must_use]
     pub fn token_fetches(&self) -> u64 {
         self.shared.auth_state.fetches()

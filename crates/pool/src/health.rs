@@ -28,7 +28,8 @@ use http::StatusCode;
 use crate::auth::SharedAuthError;
 use crate::error::ClientError;
 use crate::observer::{
-    CallEnd, CallOutcome, EventKind, TokenFetchReason, TransportEvent, TransportObserver,
+    CallEnd, CallOutcome, EventKind, TokenFetchOutcome, TokenFetchReason, TransportEvent,
+    TransportObserver,
 };
 use crate::time::Instant;
 
@@ -58,7 +59,7 @@ pub struct LastError {
     pub error: ClientError,
 }
 
-/// A token fetch that failed ([`EventKind::TokenFetched`]), and when.
+/// A token fetch that failed ([`EventKind::TokenFetchEnded`]), and when.
 #[non_exhaustive]
 #[derive(Debug, Clone)]
 pub struct LastTokenError {
@@ -171,16 +172,26 @@ pub struct ApiHealth {
     /// around them) keeps its slowest calls out of `mean_call_ms` and
     /// `max_call_ms`, so watch this count beside them.
     pub calls_cancelled: u64,
-    /// Token fetches that ended, all time, failed ones included
-    /// ([`EventKind::TokenFetched`]); 0 for an API without a token source. A
-    /// fetch abandoned by its caller does not count.
-    pub token_fetches: u64,
-    /// Of those, the ones that brought no token. A failed renewal leaves calls
-    /// sending the old token, so no call fails for it: this count and
+    /// Token fetches that brought a token, all time
+    /// ([`EventKind::TokenFetchEnded`]). With the two counts below, the fetches
+    /// that ended; [`ResilientClient::token_fetches`](crate::ResilientClient::token_fetches)
+    /// counts those that started. All three stay 0 for an API without a token
+    /// source, and in a label's figures ([`HealthObserver::per_label`]): a fetch
+    /// belongs to no call.
+    pub tokens_fetched: u64,
+    /// Token fetches that failed, all time. A failed renewal leaves calls sending
+    /// the old token, so no call fails for it: this count and
     /// [`last_token_error`](ApiHealth::last_token_error) are where it shows.
     pub token_fetches_failed: u64,
-    /// The latest token fetch that failed; it stays after later ones succeed
-    /// (compare its `at` with [`updated_at`](ApiHealth::updated_at)).
+    /// Token fetches their callers gave up, all time: a token source that hangs,
+    /// or is slower than the calls' budgets, shows here (its calls end
+    /// `TimedOut`, not `Auth`).
+    pub token_fetches_abandoned: u64,
+    /// When the latest fetch that brought a token ended.
+    pub last_token_fetched_at: Option<Instant>,
+    /// The latest token fetch that failed. It stays once a later one brings a
+    /// token: it is current while its `at` is after
+    /// [`last_token_fetched_at`](ApiHealth::last_token_fetched_at).
     pub last_token_error: Option<LastTokenError>,
     /// The time of the latest event seen for this API, or, before any, when the
     /// first client of it was built.
@@ -403,8 +414,10 @@ struct ApiState {
     redials: u64,
     cancelled: u64,
     calls_cancelled: u64,
-    token_fetches: u64,
+    tokens_fetched: u64,
     token_fetches_failed: u64,
+    token_fetches_abandoned: u64,
+    last_token_fetched_at: Option<Instant>,
     last_token_error: Option<LastTokenError>,
     updated_at: Instant,
 }
@@ -423,8 +436,10 @@ impl ApiState {
             redials: 0,
             cancelled: 0,
             calls_cancelled: 0,
-            token_fetches: 0,
+            tokens_fetched: 0,
             token_fetches_failed: 0,
+            token_fetches_abandoned: 0,
+            last_token_fetched_at: None,
             last_token_error: None,
             updated_at: at,
         }
@@ -741,11 +756,28 @@ impl HealthObserver {
 /// Makes `error` at `at` the one `last` holds, unless it holds a later one (on a tie,
 /// the one heard last wins).
 fn keep_if_latest(last: &mut Option<LastError>, at: Instant, error: &ClientError) {
-    if last.as_ref().is_none_or(|last| last.at <= at) {
-        *last = Some(LastError {
+    keep_unless_later(
+        last,
+        at,
+        |last| last.at,
+        || LastError {
             at,
             error: error.clone(),
-        });
+        },
+    );
+}
+
+/// Puts what `make` builds (from an event at `at`) in `last`, unless what `last`
+/// holds came later (its time read by `at_of`): events relayed out of order keep
+/// the latest.
+fn keep_unless_later<T>(
+    last: &mut Option<T>,
+    at: Instant,
+    at_of: impl Fn(&T) -> Instant,
+    make: impl FnOnce() -> T,
+) {
+    if last.as_ref().is_none_or(|last| at_of(last) <= at) {
+        *last = Some(make());
     }
 }
 
@@ -796,8 +828,10 @@ fn figures(state: &ApiState, end: Instant, slicing: Option<Slicing>) -> ApiHealt
         p90_call_ms: calls.quantile(0.9),
         p99_call_ms: calls.quantile(0.99),
         calls_cancelled: state.calls_cancelled,
-        token_fetches: state.token_fetches,
+        tokens_fetched: state.tokens_fetched,
         token_fetches_failed: state.token_fetches_failed,
+        token_fetches_abandoned: state.token_fetches_abandoned,
+        last_token_fetched_at: state.last_token_fetched_at,
         last_token_error: state.last_token_error.clone(),
         updated_at: state.updated_at,
         covered: slicing.map_or(Duration::ZERO, |slicing| slicing.covered(end)),
@@ -908,23 +942,32 @@ impl HealthObserver {
             EventKind::BreakerClosed | EventKind::BreakerReset => {
                 state.saw_breaker(BreakerView::Closed, event.at);
             }
-            EventKind::TokenFetched { reason, result, .. } => {
-                state.token_fetches += 1;
-                if let Err(error) = result {
+            EventKind::TokenFetchEnded {
+                reason, outcome, ..
+            } => match outcome {
+                TokenFetchOutcome::Fetched { .. } => {
+                    state.tokens_fetched += 1;
+                    let latest = state
+                        .last_token_fetched_at
+                        .map_or(event.at, |at| at.max(event.at));
+                    state.last_token_fetched_at = Some(latest);
+                }
+                TokenFetchOutcome::Failed { error } => {
                     state.token_fetches_failed += 1;
-                    if state
-                        .last_token_error
-                        .as_ref()
-                        .is_none_or(|last| last.at <= event.at)
-                    {
-                        state.last_token_error = Some(LastTokenError {
-                            at: event.at,
+                    let at = event.at;
+                    keep_unless_later(
+                        &mut state.last_token_error,
+                        at,
+                        |last| last.at,
+                        || LastTokenError {
+                            at,
                             reason: *reason,
                             error: error.clone(),
-                        });
-                    }
+                        },
+                    );
                 }
-            }
+                TokenFetchOutcome::Abandoned => state.token_fetches_abandoned += 1,
+            },
             EventKind::RowsPulled { .. } | EventKind::WritePushed => {}
         }
     }
@@ -989,11 +1032,55 @@ mod tests {
     }
 
     #[test]
+    fn token_fetches_are_counted_and_the_latest_ones_kept_whatever_order_they_come_in() {
+        use crate::auth::AuthError;
+        use crate::observer::TokenFetchReason;
+
+        let h = HealthObserver::new(Duration::from_secs(60));
+        let fetch = |ms: u64, outcome: TokenFetchOutcome| {
+            let kind = EventKind::TokenFetchEnded {
+                reason: TokenFetchReason::Renewal,
+                ms: 5,
+                outcome,
+            };
+            TransportEvent::new(at(ms), None, kind)
+        };
+        let failed = |text: &'static str| TokenFetchOutcome::Failed {
+            error: AuthError::from(text).into(),
+        };
+        let fetched = |generation| TokenFetchOutcome::Fetched {
+            generation,
+            lifetime: None,
+        };
+        // Two threads' reports can cross: the later of each kind is kept.
+        h.on_event("a", &fetch(3_000, failed("later")));
+        h.on_event("a", &fetch(2_000, failed("earlier")));
+        h.on_event("a", &fetch(2_500, fetched(2)));
+        h.on_event("a", &fetch(1_000, fetched(1)));
+        h.on_event("a", &fetch(4_000, TokenFetchOutcome::Abandoned));
+        let a = h.snapshot("a").unwrap();
+        assert_eq!(
+            (
+                a.tokens_fetched,
+                a.token_fetches_failed,
+                a.token_fetches_abandoned
+            ),
+            (2, 2, 1)
+        );
+        assert_eq!(a.last_token_fetched_at, Some(at(2_500)));
+        let last = a.last_token_error.unwrap();
+        assert_eq!(
+            (last.at, last.reason, last.error.to_string()),
+            (at(3_000), TokenFetchReason::Renewal, "later".to_owned())
+        );
+    }
+
+    #[test]
     fn memory_is_fixed_and_the_figures_count_the_last_window() {
         // What an API keeps is one ring of slices, whatever the rate (the docs say
         // about 50 KB, most of it the latency histograms of sends and calls).
         let kept = std::mem::size_of::<ApiState>() + std::mem::size_of::<[Slice; SLICES]>();
-        assert!(kept <= 50 * 1024, "{kept} bytes");
+        assert!(kept <= 51 * 1024, "{kept} bytes");
         // 10,000 sends and as many refusals over 100 windows of 1 s (50 slices of
         // 20 ms): the figures count only the last window.
         let h = HealthObserver::new(Duration::from_secs(1));

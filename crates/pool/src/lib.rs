@@ -125,8 +125,8 @@ pub use builder::ClientBuilder;
 pub use client::{CallFuture, ReadResponse, Report, ResilientClient};
 pub use error::{ClientError, ConfigError, ErrorKind, MAX_ERROR_BODY, TimeLimit};
 pub use observer::{
-    CallEnd, CallId, CallOutcome, EventKind, Fanout, MaybeSendSync, NullObserver, TokenFetchReason,
-    TransportEvent, TransportObserver,
+    CallEnd, CallId, CallOutcome, EventKind, Fanout, MaybeSendSync, NullObserver,
+    TokenFetchOutcome, TokenFetchReason, TransportEvent, TransportObserver,
 };
 pub use policy::{BreakerMode, CallPolicy, Jitter, RetryMode, RetryPolicy};
 pub use runtime::{Elapsed, Runtime, timeout_at};

@@ -234,7 +234,12 @@ impl CallOutcome {
 }
 
 /// Why the client's token source was asked for a token
-/// ([`EventKind::TokenFetched`]).
+/// ([`EventKind::TokenFetchEnded`]).
+///
+/// A fetch serves every caller that needs a token while it runs, so it is
+/// reported under the reason it started for: a
+/// [`refresh_token`](crate::ResilientClient::refresh_token) that joins a running
+/// fetch adds no `Requested` one.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TokenFetchReason {
@@ -269,6 +274,50 @@ impl TokenFetchReason {
     }
 }
 
+/// How a token fetch ended ([`EventKind::TokenFetchEnded`]).
+///
+/// Its `Debug` shows no text of the token source's error, as
+/// [`ClientError`]'s shows none of its source: the error's `Display` is the
+/// source's own text, to print where you choose.
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub enum TokenFetchOutcome {
+    /// The source gave a token the client took.
+    Fetched {
+        /// The token's generation: the client's tokens are numbered from 1, one
+        /// more for each token fetched.
+        generation: u64,
+        /// How long the token lives from the fetch's start, as the source said
+        /// ([`AuthToken::expires_in`](crate::AuthToken::expires_in)); `None`: until
+        /// the API refuses it.
+        lifetime: Option<Duration>,
+    },
+    /// The fetch brought no token: the token source's error, or the client's
+    /// refusal of what it gave (a header the request depends on, an empty value,
+    /// a lifetime that ran out before the fetch ended).
+    Failed {
+        /// The error, as the calls that waited for the fetch share it.
+        error: SharedAuthError,
+    },
+    /// Its caller gave the fetch up before it ended: the call was dropped, or its
+    /// budget ran out (a source slower than the budgets, or that hangs, shows as
+    /// these), or the source panicked.
+    Abandoned,
+}
+
+impl TokenFetchOutcome {
+    /// A stable snake_case name of the variant: `fetched`, `failed` or
+    /// `abandoned`.
+    #[must_use]
+    pub const fn name(&self) -> &'static str {
+        match self {
+            TokenFetchOutcome::Fetched { .. } => "fetched",
+            TokenFetchOutcome::Failed { .. } => "failed",
+            TokenFetchOutcome::Abandoned => "abandoned",
+        }
+    }
+}
+
 /// Identifies one call of one client (`execute` / `execute_with`), numbered from 1
 /// per client (its clones share the numbering): two clients' calls can have the same
 /// id, so an observer that hears several tells them apart by the API name as well.
@@ -286,11 +335,11 @@ pub struct TransportEvent {
     /// and what it caused (`Succeeded`, `Failed`, `RetryScheduled`, a breaker
     /// transition), the reading at its response head, at the end of its error body
     /// or failure, or (a call that reads its body) at the end of its success body;
-    /// for `TokenFetched`, the reading as the fetch ended; otherwise the reading
+    /// for `TokenFetchEnded`, the reading as the fetch ended; otherwise the reading
     /// as the event was emitted.
     pub at: Instant,
     /// The call the event is about; `None` for events reported through
-    /// `ResilientClient::report`, for `BreakerReset` and for `TokenFetched`.
+    /// `ResilientClient::report`, for `BreakerReset` and for `TokenFetchEnded`.
     pub call: Option<CallId>,
     /// The label of the call's policy ([`CallPolicy::with_label`]), the same on
     /// every event of the call; `None` for a call whose policy has none, and for
@@ -430,33 +479,31 @@ pub enum EventKind {
     /// It carries no call (no send caused it) and may come at any point, between a
     /// call's events too.
     BreakerReset,
-    /// The client's token source ended a fetch: from now on calls send the new
-    /// token (`Ok`: its generation), or the fetch failed (`Err`) and the token in
-    /// use, if there is one and it has not expired, stays in use (a renewal's
-    /// failure leaves calls sending the old token; a first fetch's or an expired
-    /// token's ends the calls that waited for it with
-    /// [`ErrorKind::Auth`](crate::ErrorKind::Auth), each with its synthetic
-    /// `Started` + `Failed`).
+    /// A fetch of the client's token source ended: it brought a token, which
+    /// calls send from now on; it failed, and the token in use, if there is one
+    /// and it has not expired, stays in use (a failed renewal fails no call; a
+    /// failed first fetch, or one for an expired token, ends the calls that waited
+    /// for it with [`ErrorKind::Auth`](crate::ErrorKind::Auth), each with its
+    /// synthetic `Started` + `Failed`); or its caller gave it up (was dropped, or
+    /// its budget ran out first), and the next caller that needs a token fetches
+    /// again.
     ///
     /// It carries no call and no label, like `BreakerReset`, and may come at any
     /// point, between a call's events too: one fetch serves every call that waits
     /// for it, and [`refresh_token`](crate::ResilientClient::refresh_token) runs
-    /// one outside any call. It comes before the calls that waited for the fetch
-    /// go on. A fetch that did not end (its caller was dropped, or that caller's
-    /// budget ran out first) reports nothing; the next caller that needs a token
-    /// fetches again, and [`token_fetches`](crate::ResilientClient::token_fetches)
-    /// counts both.
-    TokenFetched {
+    /// one outside any call. It is reported once the fetch's result is in place,
+    /// before the calls that waited for it are woken; a call that was not waiting
+    /// (on another thread of a multi-thread runtime) may already be sending the
+    /// new token. Each fetch that started ends once, so these events add up to
+    /// [`token_fetches`](crate::ResilientClient::token_fetches) once no fetch
+    /// runs.
+    TokenFetchEnded {
         /// Why the fetch ran.
         reason: TokenFetchReason,
         /// Milliseconds from the fetch's start to its end, on the runtime's clock.
         ms: u64,
-        /// The new token's generation (the client's tokens numbered from 1, one
-        /// more for each token fetched), or why the fetch brought none: the token
-        /// source's error, or the client's refusal of what it gave (a header the
-        /// request depends on, an empty value, a lifetime that ran out before the
-        /// fetch ended).
-        result: Result<u64, SharedAuthError>,
+        /// What it brought.
+        outcome: TokenFetchOutcome,
     },
     /// Reported by a caller through `ResilientClient::report`: rows parsed from a
     /// response.
@@ -482,7 +529,7 @@ impl EventKind {
             EventKind::BreakerOpened { .. } => "breaker_opened",
             EventKind::BreakerClosed => "breaker_closed",
             EventKind::BreakerReset => "breaker_reset",
-            EventKind::TokenFetched { .. } => "token_fetched",
+            EventKind::TokenFetchEnded { .. } => "token_fetch_ended",
             EventKind::RowsPulled { .. } => "rows_pulled",
             EventKind::WritePushed => "write_pushed",
         }

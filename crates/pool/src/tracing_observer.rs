@@ -5,8 +5,8 @@
 //!
 //! | level | events |
 //! |---|---|
-//! | `WARN` | a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built), a token fetch that failed (`token_fetched`, its error as the message) |
-//! | `INFO` | a breaker closing (`breaker_closed`): the API answers again; a breaker reset by hand (`breaker_reset`); a new auth token (`token_fetched`) |
+//! | `WARN` | a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built), a token fetch that failed (`token_fetch_ended`, `outcome="failed"`; the token source's error text is not logged, as a `ClientError`'s `Display` leaves it out) |
+//! | `INFO` | a breaker closing (`breaker_closed`): the API answers again; a breaker reset by hand (`breaker_reset`); a new auth token, or a token fetch its caller gave up (`token_fetch_ended`) |
 //! | `DEBUG` | a call's end (`call_end`), a call refused because the breaker is open (`failed`, `sent=false`, `kind="breaker_open"`: its opening was a `WARN`, and during an outage there is one such refusal per call), a success, a retry, a redial, a cancellation, reported rows and writes |
 //! | `TRACE` | a send starting (`started`) |
 //!
@@ -22,7 +22,7 @@
 //! | `retry_scheduled` | `attempt` (the retry's), `after_ms` |
 //! | `breaker_opened` | `cooldown_ms` |
 //! | `rows_pulled` | `n` |
-//! | `token_fetched` (no `call`, no `label`) | `reason` (`first`, `rejected`, `renewal`, `expired` or `requested`), `ms`, `generation` (a new token's) |
+//! | `token_fetch_ended` (no `call`, no `label`) | `reason` (`first`, `rejected`, `renewal`, `expired` or `requested`), `outcome` (`fetched`, `failed` or `abandoned`), `ms`, and for a new token `generation` and `lifetime_ms` (when its source gave one) |
 //! | `call_end` ([`TransportObserver::on_call_end`]) | `call`, `label` (when the call has one), `outcome` (`succeeded`, `failed` or `cancelled`), `sends`, `attempts`, `elapsed_ms` (the caller's wait, a float), `status` (a response's, or a failure's HTTP status), `kind` (a failure's `kind_name()`) |
 //!
 //! `at_ms` is the event's time in milliseconds since the client's runtime began (its
@@ -32,7 +32,9 @@
 //! are logged through their `Display`.
 
 use crate::error::ErrorKind;
-use crate::observer::{CallEnd, CallOutcome, EventKind, TransportEvent, TransportObserver};
+use crate::observer::{
+    CallEnd, CallOutcome, EventKind, TokenFetchOutcome, TransportEvent, TransportObserver,
+};
 
 /// Emits every event as a `tracing` event (target `vantage_api_pool`).
 ///
@@ -124,16 +126,36 @@ impl TransportObserver for TracingObserver {
                 target: "vantage_api_pool",
                 api, event = name, at_ms, "circuit breaker reset by hand"
             ),
-            EventKind::TokenFetched { reason, ms, result } => {
-                let reason = reason.name();
-                match result {
-                    Ok(generation) => tracing::info!(
+            EventKind::TokenFetchEnded {
+                reason,
+                ms,
+                outcome,
+            } => {
+                let (reason, outcome_name) = (reason.name(), outcome.name());
+                match outcome {
+                    TokenFetchOutcome::Fetched {
+                        generation,
+                        lifetime,
+                    } => {
+                        let lifetime_ms = lifetime.map(|l| l.as_secs_f64() * 1000.0);
+                        tracing::info!(
+                            target: "vantage_api_pool",
+                            api, event = name, reason, outcome = outcome_name, ms, generation, lifetime_ms, at_ms,
+                            "auth token fetched"
+                        );
+                    }
+                    // The source's own text stays out of the log, as it does out of
+                    // a `ClientError`'s `Display`: it may name what the source
+                    // reached.
+                    TokenFetchOutcome::Failed { .. } => tracing::warn!(
                         target: "vantage_api_pool",
-                        api, event = name, reason, ms, generation, at_ms, "auth token fetched"
+                        api, event = name, reason, outcome = outcome_name, ms, at_ms,
+                        "auth token fetch failed"
                     ),
-                    Err(error) => tracing::warn!(
+                    TokenFetchOutcome::Abandoned => tracing::info!(
                         target: "vantage_api_pool",
-                        api, event = name, reason, ms, at_ms, "auth token fetch failed: {error}"
+                        api, event = name, reason, outcome = outcome_name, ms, at_ms,
+                        "auth token fetch given up by its caller"
                     ),
                 }
             }

@@ -236,7 +236,7 @@ impl Runtime for Ticking {
 struct Tally {
     started: AtomicU64,
     succeeded: AtomicU64,
-    token_fetched: AtomicU64,
+    token_fetch_ended: AtomicU64,
     other: AtomicU64,
 }
 
@@ -245,7 +245,7 @@ impl TransportObserver for Tally {
         let counter = match event.kind {
             EventKind::Started { .. } => &self.started,
             EventKind::Succeeded { .. } => &self.succeeded,
-            EventKind::TokenFetched { .. } => &self.token_fetched,
+            EventKind::TokenFetchEnded { .. } => &self.token_fetch_ended,
             _ => &self.other,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -310,7 +310,7 @@ fn a_send_that_waits_for_nothing_and_succeeds_allocates_nothing_and_reads_the_cl
     assert_eq!(tally.started.load(Ordering::Relaxed), CALLS + 1);
     assert_eq!(tally.succeeded.load(Ordering::Relaxed), CALLS + 1);
     // The token was fetched once, by the first call.
-    assert_eq!(tally.token_fetched.load(Ordering::Relaxed), 1);
+    assert_eq!(tally.token_fetch_ended.load(Ordering::Relaxed), 1);
     assert_eq!(tally.other.load(Ordering::Relaxed), 0);
     // The README's other claim for this path: three clock readings a send (at the
     // gate, just before the send, at the response head), the token at hand included.

@@ -196,7 +196,7 @@ fn a_panic_on_a_token_fetch_still_wakes_the_calls_that_waited_for_it() {
     let recorder = RecordingObserver::new();
     let fanout = Fanout::default()
         .with(Arc::new(recorder.clone()))
-        .with(Panicking::on("token_fetched", 1));
+        .with(Panicking::on("token_fetch_ended", 1));
     let rt = w.rt.clone();
     let source = token_fn(move || {
         let rt = rt.clone();
@@ -229,6 +229,6 @@ fn a_panic_on_a_token_fetch_still_wakes_the_calls_that_waited_for_it() {
         .collect();
     assert_eq!(paths, ["/b"]);
     assert_eq!(client.token_fetches(), 1, "the token it fetched is kept");
-    assert!(recorder.kinds().contains(&"token_fetched"));
+    assert!(recorder.kinds().contains(&"token_fetch_ended"));
     recorder.check_contract().unwrap();
 }

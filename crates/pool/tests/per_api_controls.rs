@@ -1479,10 +1479,10 @@ fn a_refresh_that_fails_after_a_401_is_the_last_failed_event() {
     assert_eq!(
         w.kinds(),
         [
-            "token_fetched",
+            "token_fetch_ended",
             "started",
             "failed",
-            "token_fetched",
+            "token_fetch_ended",
             "started",
             "failed"
         ]
@@ -2203,7 +2203,8 @@ fn a_token_wait_ends_with_the_budget() {
     assert_eq!(err.kind(), ErrorKind::TimedOut);
     assert_eq!(w.now(), secs(30));
     assert_eq!(w.transport.request_count(), 0);
-    assert_eq!(w.kinds(), ["started", "failed"]);
+    // The fetch it gave up, then its refusal.
+    assert_eq!(w.kinds(), ["token_fetch_ended", "started", "failed"]);
     w.assert_contract();
 }
 
@@ -2241,7 +2242,13 @@ fn a_401_whose_body_ends_the_budget_starts_no_refresh() {
     // The first token's fetch, then no other.
     assert_eq!(
         w.kinds(),
-        ["token_fetched", "started", "failed", "started", "failed"]
+        [
+            "token_fetch_ended",
+            "started",
+            "failed",
+            "started",
+            "failed"
+        ]
     );
     w.assert_contract();
 }
@@ -2265,7 +2272,7 @@ fn a_token_source_error_is_final_with_a_synthetic_pair() {
     assert_eq!(err.attempts(), 0);
     assert!(!err.is_retryable());
     assert_eq!(w.transport.request_count(), 0);
-    assert_eq!(w.kinds(), ["token_fetched", "started", "failed"]);
+    assert_eq!(w.kinds(), ["token_fetch_ended", "started", "failed"]);
     assert!(matches!(
         w.events()[2].kind,
         EventKind::Failed {

@@ -1,7 +1,8 @@
-//! `EventKind::TokenFetched`: every token fetch that ends is reported once, with no
-//! call and no label, why it ran, how long it took and what it brought; a fetch
-//! that does not end reports nothing. `HealthObserver` counts them, failed renewals
-//! included (no call fails for one). On virtual time with exact times.
+//! `EventKind::TokenFetchEnded`: every token fetch that ends is reported once, with no
+//! call and no label, why it ran, how long it took and what it brought: a token,
+//! an error, or nothing because its caller gave it up. `HealthObserver` counts
+//! them, failed renewals included (no call fails for one). On virtual time with
+//! exact times.
 
 mod common;
 
@@ -19,7 +20,8 @@ use http::{HeaderValue, StatusCode};
 use vantage_api_pool::auth::{AuthError, AuthToken, token_fn};
 use vantage_api_pool::health::HealthObserver;
 use vantage_api_pool::{
-    CallPolicy, ErrorKind, EventKind, Fanout, ResilientClient, TokenFetchReason, TokenSource,
+    CallPolicy, ErrorKind, EventKind, Fanout, ResilientClient, TokenFetchOutcome, TokenFetchReason,
+    TokenSource,
 };
 use vantage_api_pool_testkit::Reply;
 
@@ -55,28 +57,89 @@ where
     })
 }
 
-/// Every `TokenFetched` recorded: (at, reason, ms, generation or error text), after
-/// checking that it carries no call and no label.
-fn fetched(w: &World) -> Vec<(Duration, TokenFetchReason, u64, Result<u64, String>)> {
+/// A fetch's outcome, comparable: a token's generation and lifetime, or the
+/// error's text.
+#[derive(Debug, PartialEq)]
+enum Out {
+    Token(u64, Option<Duration>),
+    Failed(String),
+    Abandoned,
+}
+
+/// Every `TokenFetchEnded` recorded: (at, reason, ms, outcome), after checking that
+/// it carries no call and no label.
+fn fetched(w: &World) -> Vec<(Duration, TokenFetchReason, u64, Out)> {
     w.events()
         .into_iter()
         .filter_map(|e| match e.kind {
-            EventKind::TokenFetched { reason, ms, result } => {
+            EventKind::TokenFetchEnded {
+                reason,
+                ms,
+                outcome,
+            } => {
                 assert_eq!(
                     (e.call, e.label),
                     (None, None),
                     "a fetch belongs to no call"
                 );
-                let result = result.map_err(|error| error.to_string());
-                Some((e.at.since_origin(), reason, ms, result))
+                let out = match outcome {
+                    TokenFetchOutcome::Fetched {
+                        generation,
+                        lifetime,
+                    } => Out::Token(generation, lifetime),
+                    TokenFetchOutcome::Failed { error } => Out::Failed(error.to_string()),
+                    TokenFetchOutcome::Abandoned => Out::Abandoned,
+                    other => panic!("{other:?}"),
+                };
+                Some((e.at.since_origin(), reason, ms, out))
             }
             _ => None,
         })
         .collect()
 }
 
-fn down() -> Result<u64, String> {
-    Err("identity provider down".to_owned())
+fn down() -> Out {
+    Out::Failed("identity provider down".to_owned())
+}
+
+/// A token without a lifetime.
+fn token(generation: u64) -> Out {
+    Out::Token(generation, None)
+}
+
+/// A client over `w`'s transport and runtime, with `source`, observed by `w`'s
+/// recorder and a health observer (returned with it).
+// On wasm32 observers need not be `Send`, so neither is a `Fanout` of them.
+#[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
+fn observed_by_health<A: TokenSource>(w: &World, source: A) -> (Client<A>, Arc<HealthObserver>) {
+    let health = Arc::new(HealthObserver::new(secs(60)));
+    let fanout = Fanout::default()
+        .with(Arc::new(w.observer.clone()))
+        .with(Arc::clone(&health));
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", Arc::new(fanout))
+        .auth(source)
+        .build()
+        .unwrap();
+    (client, health)
+}
+
+/// A policy whose budget, and so its token waits, ends after a second.
+fn one_second() -> CallPolicy {
+    CallPolicy::background()
+        .with_attempt_timeout(secs(1))
+        .and_then(|p| p.with_budget(Some(secs(1))))
+        .unwrap()
+}
+
+/// (tokens fetched, fetches failed, fetches abandoned) of `api`.
+fn counts(health: &HealthObserver) -> (u64, u64, u64) {
+    let api = health.snapshot("api").unwrap();
+    (
+        api.tokens_fetched,
+        api.token_fetches_failed,
+        api.token_fetches_abandoned,
+    )
 }
 
 #[test]
@@ -97,17 +160,17 @@ fn the_first_fetch_and_a_401_refresh_are_reported_before_the_sends_that_use_them
     assert_eq!(
         fetched(&w),
         [
-            (ms(50), TokenFetchReason::First, 50, Ok(1)),
-            (ms(110), TokenFetchReason::Rejected, 50, Ok(2)),
+            (ms(50), TokenFetchReason::First, 50, token(1)),
+            (ms(110), TokenFetchReason::Rejected, 50, token(2)),
         ]
     );
     assert_eq!(
         w.kinds(),
         [
-            "token_fetched",
+            "token_fetch_ended",
             "started",
             "failed",
-            "token_fetched",
+            "token_fetch_ended",
             "started",
             "succeeded"
         ]
@@ -129,29 +192,22 @@ fn callers_that_share_one_fetch_hear_of_it_once() {
     for call in calls {
         assert!(call.is_finished());
     }
-    assert_eq!(fetched(&w), [(ms(50), TokenFetchReason::First, 50, Ok(1))]);
+    assert_eq!(
+        fetched(&w),
+        [(ms(50), TokenFetchReason::First, 50, token(1))]
+    );
     assert_eq!(w.transport.requests().len(), 3);
     w.assert_contract();
 }
 
 #[test]
-// On wasm32 observers need not be `Send`, so neither is a `Fanout` of them.
-#[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
-fn renewals_and_an_expired_token_are_reported_and_counted_even_when_no_call_fails() {
+fn failed_renewals_and_an_expired_token_are_reported_and_counted_though_no_call_fails() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
-    let health = Arc::new(HealthObserver::new(secs(60)));
-    let fanout = Fanout::default()
-        .with(Arc::new(w.observer.clone()))
-        .with(Arc::clone(&health));
     // t1 at 100 ms, living a minute: due from 30.1 s, expired from 60.1 s. Every
     // later fetch fails.
     let source = tokens(&w, |_| ms(100), Some(secs(60)), |n| n >= 2);
-    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("api", Arc::new(fanout))
-        .auth(source)
-        .build()
-        .unwrap();
+    let (client, health) = observed_by_health(&w, source);
     let get = || {
         w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
             .unwrap()
@@ -160,9 +216,10 @@ fn renewals_and_an_expired_token_are_reported_and_counted_even_when_no_call_fail
     // Due: this call renews t1, the renewal fails, and it sends t1.
     w.rt.run_until(at(secs(31))).unwrap();
     get().unwrap();
+    assert_eq!(counts(&health), (1, 1, 0));
     let api = health.snapshot("api").unwrap();
-    assert_eq!((api.token_fetches, api.token_fetches_failed), (2, 1));
-    let last = api.last_token_error.expect("the failed renewal");
+    assert_eq!(api.last_token_fetched_at, Some(at(ms(100))));
+    let last = api.last_token_error.clone().expect("the failed renewal");
     assert_eq!(
         (
             last.at.since_origin(),
@@ -176,22 +233,86 @@ fn renewals_and_an_expired_token_are_reported_and_counted_even_when_no_call_fail
         )
     );
     assert!(api.last_error.is_none(), "no call failed");
+    // Printed with `{:?}`, neither the snapshot nor the events show the source's
+    // text.
+    for debug in [format!("{api:?}"), format!("{:?}", w.events())] {
+        assert!(debug.contains("SharedAuthError"), "{debug}");
+        assert!(!debug.contains("provider"), "{debug}");
+    }
     // Expired: the call waits for a fetch, which fails, and fails with it.
     w.rt.run_until(at(secs(61))).unwrap();
     assert_eq!(get().unwrap_err().kind(), ErrorKind::Auth);
     assert_eq!(
         fetched(&w),
         [
-            (ms(100), TokenFetchReason::First, 100, Ok(1)),
+            (
+                ms(100),
+                TokenFetchReason::First,
+                100,
+                Out::Token(1, Some(secs(60)))
+            ),
             (ms(31_100), TokenFetchReason::Renewal, 100, down()),
             (ms(61_100), TokenFetchReason::Expired, 100, down()),
         ]
     );
-    let api = health.snapshot("api").unwrap();
-    assert_eq!((api.token_fetches, api.token_fetches_failed), (3, 2));
+    assert_eq!(counts(&health), (1, 2, 0));
+    let last = health.snapshot("api").unwrap().last_token_error;
     assert_eq!(
-        api.last_token_error.map(|last| last.reason),
-        Some(TokenFetchReason::Expired)
+        last.map(|last| (last.at, last.reason)),
+        Some((at(ms(61_100)), TokenFetchReason::Expired))
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn a_successful_renewal_is_reported_with_the_new_tokens_lifetime() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let source = tokens(&w, |_| ms(100), Some(secs(60)), |_| false);
+    let client = w.builder().auth(source).build().unwrap();
+    let get = || {
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
+            .unwrap()
+            .unwrap()
+    };
+    get();
+    w.rt.run_until(at(secs(31))).unwrap();
+    get();
+    let living = |generation| Out::Token(generation, Some(secs(60)));
+    assert_eq!(
+        fetched(&w),
+        [
+            (ms(100), TokenFetchReason::First, 100, living(1)),
+            (ms(31_100), TokenFetchReason::Renewal, 100, living(2)),
+        ]
+    );
+    w.assert_contract();
+}
+
+#[test]
+fn a_replay_whose_newer_token_has_expired_fetches_for_the_expiry() {
+    // A sends t1 (living 1 s) at 0 s and is answered 401 at 3 s. Meanwhile B, at
+    // 1.5 s, found t1 expired and fetched t2, which expired at 2.5 s. A's 401 asks
+    // for a token newer than t1: t2 is, so the fetch runs because t2 expired.
+    let w = World::new();
+    w.transport
+        .push(Reply::status(401).after(secs(3)))
+        .default_reply(Reply::ok());
+    let source = tokens(&w, |_| Duration::ZERO, Some(secs(1)), |_| false);
+    let client = w.builder().auth(source).build().unwrap();
+    let a = w.spawn_call(&client, CallPolicy::background(), "/a");
+    w.rt.run_until(at(ms(1_500))).unwrap();
+    let b = w.spawn_call(&client, CallPolicy::background(), "/b");
+    w.rt.run_until(at(secs(5))).unwrap();
+    assert!(a.is_finished() && b.is_finished());
+    let living = |generation| Out::Token(generation, Some(secs(1)));
+    assert_eq!(
+        fetched(&w),
+        [
+            (Duration::ZERO, TokenFetchReason::First, 0, living(1)),
+            (ms(1_500), TokenFetchReason::Expired, 0, living(2)),
+            (secs(3), TokenFetchReason::Expired, 0, living(3)),
+        ]
     );
     w.assert_contract();
 }
@@ -207,8 +328,8 @@ fn refresh_token_reports_a_requested_fetch_whether_it_lands_or_fails() {
     assert_eq!(
         fetched(&w),
         [
-            (ms(20), TokenFetchReason::Requested, 20, Ok(1)),
-            (ms(40), TokenFetchReason::Requested, 20, Ok(2)),
+            (ms(20), TokenFetchReason::Requested, 20, token(1)),
+            (ms(40), TokenFetchReason::Requested, 20, token(2)),
             (ms(60), TokenFetchReason::Requested, 20, down()),
         ]
     );
@@ -216,7 +337,27 @@ fn refresh_token_reports_a_requested_fetch_whether_it_lands_or_fails() {
 }
 
 #[test]
-fn a_fetch_its_caller_gave_up_on_reports_nothing_and_the_next_one_is_reported_once() {
+fn a_refresh_that_joins_a_running_fetch_adds_no_fetch_of_its_own() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let source = tokens(&w, |_| ms(50), None, |_| false);
+    let client = w.builder().auth(source).build().unwrap();
+    // The call starts the first fetch; the refresh, asked for meanwhile, joins it.
+    let call = w.spawn_call(&client, CallPolicy::background(), "/x");
+    w.rt.run_until(at(ms(10))).unwrap();
+    w.rt.block_on(client.refresh_token()).unwrap().unwrap();
+    w.rt.run_until(at(secs(1))).unwrap();
+    assert!(call.is_finished());
+    assert_eq!(
+        fetched(&w),
+        [(ms(50), TokenFetchReason::First, 50, token(1))]
+    );
+    assert_eq!(client.token_fetches(), 1);
+    w.assert_contract();
+}
+
+#[test]
+fn a_fetch_its_caller_gave_up_is_reported_abandoned_and_the_next_one_once() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
     // The first fetch takes 10 s; later ones 50 ms.
@@ -226,27 +367,70 @@ fn a_fetch_its_caller_gave_up_on_reports_nothing_and_the_next_one_is_reported_on
         None,
         |_| false,
     );
-    let client = w.builder().auth(source).build().unwrap();
-    let short = CallPolicy::background()
-        .with_attempt_timeout(secs(1))
-        .and_then(|p| p.with_budget(Some(secs(1))))
-        .unwrap();
+    let (client, health) = observed_by_health(&w, source);
     let err =
-        w.rt.block_on(client.execute_with(&short, |h| h.get("/x")))
+        w.rt.block_on(client.execute_with(&one_second(), |h| h.get("/x")))
             .unwrap()
             .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::TimedOut);
-    assert!(fetched(&w).is_empty(), "{:?}", fetched(&w));
+    assert_eq!(
+        counts(&health),
+        (0, 0, 1),
+        "a source slower than the budget"
+    );
+    // Given up at 1 s; the next call fetches from 1 s to 1.05 s, still the first
+    // token.
     w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
         .unwrap()
         .unwrap();
-    // Abandoned at 1 s; the next call fetches from 1 s to 1.05 s, still the first
-    // token.
     assert_eq!(
         fetched(&w),
-        [(ms(1_050), TokenFetchReason::First, 50, Ok(1))]
+        [
+            (secs(1), TokenFetchReason::First, 1_000, Out::Abandoned),
+            (ms(1_050), TokenFetchReason::First, 50, token(1)),
+        ]
     );
     assert_eq!(client.token_fetches(), 2);
+    assert_eq!(counts(&health), (1, 0, 1));
+    w.assert_contract();
+}
+
+#[test]
+fn a_call_that_needs_the_token_a_401_refused_after_its_refresh_was_given_up_fetches_for_the_401() {
+    // A's 401 at 10 ms starts a refresh that hangs; A's budget ends it at 1 s. C
+    // then needs a token: t1 is the one the 401 refused, so C's fetch is for that.
+    let w = World::new();
+    w.transport
+        .push(Reply::status(401).after(ms(10)))
+        .default_reply(Reply::ok());
+    let source = tokens(
+        &w,
+        |n| match n {
+            1 => Duration::ZERO,
+            2 => secs(10),
+            _ => ms(50),
+        },
+        None,
+        |_| false,
+    );
+    let client = w.builder().auth(source).build().unwrap();
+    let err =
+        w.rt.block_on(client.execute_with(&one_second(), |h| h.get("/a")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/c")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        fetched(&w),
+        [
+            (Duration::ZERO, TokenFetchReason::First, 0, token(1)),
+            (secs(1), TokenFetchReason::Rejected, 990, Out::Abandoned),
+            (ms(1_050), TokenFetchReason::Rejected, 50, token(2)),
+        ]
+    );
+    assert_eq!(client.token_fetches(), 3);
     w.assert_contract();
 }
 
@@ -262,12 +446,14 @@ fn a_token_the_client_refuses_is_reported_as_a_failed_fetch() {
     assert_eq!(err.kind(), ErrorKind::Auth);
     let fetched = fetched(&w);
     assert_eq!(fetched.len(), 1, "{fetched:?}");
-    let (at, reason, ms, result) = &fetched[0];
+    let (at, reason, ms, out) = &fetched[0];
     assert_eq!(
         (*at, *reason, *ms),
         (Duration::ZERO, TokenFetchReason::First, 0)
     );
-    let error = result.as_ref().unwrap_err();
+    let Out::Failed(error) = out else {
+        panic!("{out:?}")
+    };
     assert!(error.contains("content-type"), "{error}");
     assert!(w.transport.requests().is_empty());
     w.assert_contract();

@@ -14,7 +14,7 @@ use common::*;
 use futures::FutureExt;
 use http::{HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, token_fn};
-use vantage_api_pool::{CallPolicy, TokenSource};
+use vantage_api_pool::{CallPolicy, EventKind, TokenFetchReason, TokenSource};
 use vantage_api_pool_testkit::{Reply, ScriptedRequest, VirtualRuntime};
 
 /// Fetch `n` (from 1) gives `Bearer t{n}` after 50 ms; the one numbered `panics_on`
@@ -84,6 +84,25 @@ fn a_first_fetch_that_panics_is_taken_over_by_a_waiting_caller() {
         .map(|r| r.headers[AUTHORIZATION].clone())
         .collect();
     assert_eq!(sent, ["Bearer t2"]);
+    // The fetch that panicked was given up, as its caller's drop reports; the
+    // waiter's own fetch brought the first token.
+    let fetch_ends: Vec<_> = w
+        .events()
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::TokenFetchEnded {
+                reason, outcome, ..
+            } => Some((reason, outcome.name())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        fetch_ends,
+        [
+            (TokenFetchReason::First, "abandoned"),
+            (TokenFetchReason::First, "fetched")
+        ]
+    );
     // The token the waiter fetched is cached for the next call.
     w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
         .unwrap()

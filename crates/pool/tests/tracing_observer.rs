@@ -403,12 +403,12 @@ fn a_token_fetch_is_info_when_it_lands_and_a_warning_when_it_fails() {
     let lines = capture.0.lock().unwrap().clone();
     let fetched: Vec<_> = lines
         .iter()
-        .filter(|(_, f)| f["event"] == "\"token_fetched\"")
+        .filter(|(_, f)| f["event"] == "\"token_fetch_ended\"")
         .map(|(level, f)| {
             let get = |name: &str| f.get(name).cloned().unwrap_or_default();
             (
                 level.to_string(),
-                [get("api"), get("reason"), get("generation"), get("call")],
+                [get("api"), get("reason"), get("outcome"), get("generation")],
                 get("message"),
             )
         })
@@ -418,13 +418,14 @@ fn a_token_fetch_is_info_when_it_lands_and_a_warning_when_it_fails() {
         [
             (
                 "INFO".to_owned(),
-                ["\"orders-api\"", "\"first\"", "1", ""].map(str::to_owned),
+                ["\"orders-api\"", "\"first\"", "\"fetched\"", "1"].map(str::to_owned),
                 "auth token fetched".to_owned()
             ),
+            // The source's text stays out of the log.
             (
                 "WARN".to_owned(),
-                ["\"orders-api\"", "\"requested\"", "", ""].map(str::to_owned),
-                "auth token fetch failed: token endpoint down".to_owned()
+                ["\"orders-api\"", "\"requested\"", "\"failed\"", ""].map(str::to_owned),
+                "auth token fetch failed".to_owned()
             ),
         ]
     );

@@ -58,7 +58,7 @@ use vantage_api_pool::http::{HeaderName, HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::tracing_observer::TracingObserver;
 use vantage_api_pool::{
     BreakerState, CallId, CallPolicy, ClientError, EventKind, Fanout, Instant, ReadResponse,
-    ResilientClient, RetryPolicy, Runtime, TransportEvent, TransportObserver,
+    ResilientClient, RetryPolicy, Runtime, TokenFetchOutcome, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_reqwest::{ReqwestResponse, ReqwestTransport, reqwest};
 use vantage_api_pool_tokio::TokioRuntime;
@@ -567,7 +567,8 @@ struct ApiTotals {
     /// right after a 401 of the same call, whose send went out (it ended in
     /// `Succeeded` or a sent `Failed`, not refused before sending).
     replays: u64,
-    /// Token fetches that ended (`TokenFetched`), and of them the failed ones.
+    /// Token fetches that ended (`TokenFetchEnded`), and of them the ones that
+    /// brought no token (failed or given up).
     token_fetches: u64,
     token_fetches_failed: u64,
     /// The breaker opened from closed (an outage began).
@@ -693,9 +694,10 @@ impl TransportObserver for Totals {
                     totals.breaker_closings += 1;
                     note = Some(format!("{api}: breaker reset by hand"));
                 }
-                EventKind::TokenFetched { result, .. } => {
+                EventKind::TokenFetchEnded { outcome, .. } => {
                     totals.token_fetches += 1;
-                    totals.token_fetches_failed += u64::from(result.is_err());
+                    let fetched = matches!(outcome, TokenFetchOutcome::Fetched { .. });
+                    totals.token_fetches_failed += u64::from(!fetched);
                 }
                 _ => {}
             }
@@ -1598,7 +1600,7 @@ fn summary(
         out,
         "auth             {fetches} tokens from /token (first use + {} refreshes);\n                 \
          {} sends answered 401, each call's first refreshed and replayed;\n                 \
-         the observer heard {} token fetches end ({} failed)",
+         the observer heard {} token fetches end ({} without a token)",
         fetches.saturating_sub(1),
         profile.unauthorized,
         profile.token_fetches,

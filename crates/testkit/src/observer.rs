@@ -34,8 +34,8 @@
 //! | `TransitionNotAfterTerminal` | `BreakerOpened` and `BreakerClosed` carry the call whose send caused them and come right after that send's `Succeeded` or sent `Failed` (no event of the call between), one per send |
 //! | `ReportWithCall` | `RowsPulled` and `WritePushed` (from `ResilientClient::report`) carry no call id, nor a label |
 //! | `ResetWithCall` | `BreakerReset` (from `ResilientClient::reset_breaker`) carries no call id, nor a label; it may come at any point |
-//! | `TokenFetchWithCall` | `TokenFetched` (a token fetch that ended) carries no call id, nor a label; it may come at any point |
-//! | `TokenGenerationRepeated` | the `TokenFetched` events of an api that brought a token each bring another generation (one fetch is reported once) |
+//! | `TokenFetchWithCall` | `TokenFetchEnded` (a token fetch that ended) carries no call id, nor a label; it may come at any point |
+//! | `TokenGenerationRepeated` | the `TokenFetchEnded` events of an api that brought a token each bring another generation (one fetch is reported once) |
 //! | `NeverEnded` | (end of the record) every `Started` has its terminal |
 //! | `SecondCallEnd` | a call's end ([`TransportObserver::on_call_end`]) is reported once |
 //! | `EventAfterCallEnd` | no event of a call (breaker transitions included) after its end |
@@ -71,8 +71,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use http::StatusCode;
 use vantage_api_pool::classify::MAX_REDIALS;
 use vantage_api_pool::{
-    CallEnd, CallId, CallOutcome, ErrorKind, EventKind, Instant, TransportErrorKind,
-    TransportEvent, TransportObserver,
+    CallEnd, CallId, CallOutcome, ErrorKind, EventKind, Instant, TokenFetchOutcome,
+    TransportErrorKind, TransportEvent, TransportObserver,
 };
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -584,9 +584,9 @@ pub enum ContractRule {
     ReportWithCall,
     /// A `BreakerReset` with a call id.
     ResetWithCall,
-    /// A `TokenFetched` with a call id or a label.
+    /// A `TokenFetchEnded` with a call id or a label.
     TokenFetchWithCall,
-    /// A `TokenFetched` that brought a generation an earlier one of its api brought.
+    /// A `TokenFetchEnded` that brought a generation an earlier one of its api brought.
     TokenGenerationRepeated,
     /// A call's second end.
     SecondCallEnd,
@@ -655,7 +655,7 @@ impl ContractRule {
             }
             ContractRule::ReportWithCall => "RowsPulled and WritePushed carry no call id nor label",
             ContractRule::ResetWithCall => "BreakerReset carries no call id nor label",
-            ContractRule::TokenFetchWithCall => "TokenFetched carries no call id nor label",
+            ContractRule::TokenFetchWithCall => "TokenFetchEnded carries no call id nor label",
             ContractRule::TokenGenerationRepeated => {
                 "each token fetch that brought a token brings a generation of its own"
             }
@@ -924,7 +924,7 @@ fn check<'a>(
             EventKind::RowsPulled { .. }
                 | EventKind::WritePushed
                 | EventKind::BreakerReset
-                | EventKind::TokenFetched { .. }
+                | EventKind::TokenFetchEnded { .. }
         );
         if !own_rule
             && event
@@ -963,11 +963,11 @@ fn check<'a>(
                 continue;
             }
             // One fetch serves every call that waited for it: it may come anywhere.
-            EventKind::TokenFetched { ref result, .. } => {
+            EventKind::TokenFetchEnded { ref outcome, .. } => {
                 if event.call.is_some() || event.label.is_some() {
                     return Err(violation(ContractRule::TokenFetchWithCall));
                 }
-                if let Ok(generation) = result
+                if let TokenFetchOutcome::Fetched { generation, .. } = outcome
                     && !generations.insert((api, *generation))
                 {
                     return Err(violation(ContractRule::TokenGenerationRepeated));

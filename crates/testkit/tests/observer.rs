@@ -10,8 +10,8 @@ use std::time::Duration;
 use http::StatusCode;
 use vantage_api_pool::auth::AuthError;
 use vantage_api_pool::{
-    CallEnd, CallId, CallOutcome, EventKind, Instant, TokenFetchReason, TransportErrorKind,
-    TransportEvent, TransportObserver,
+    CallEnd, CallId, CallOutcome, EventKind, Instant, TokenFetchOutcome, TokenFetchReason,
+    TransportErrorKind, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::{ContractRule, RecordingObserver, Reply};
 
@@ -793,13 +793,21 @@ fn a_reset_carries_no_call_and_may_come_anywhere() {
 
 #[test]
 fn a_token_fetch_carries_no_call_and_reports_each_generation_once() {
-    let fetched = |generation: Option<u64>| EventKind::TokenFetched {
+    let fetched = |generation: Option<u64>| EventKind::TokenFetchEnded {
         reason: TokenFetchReason::First,
         ms: 5,
-        result: generation.ok_or_else(|| AuthError::from("identity provider down").into()),
+        outcome: match generation {
+            Some(generation) => TokenFetchOutcome::Fetched {
+                generation,
+                lifetime: None,
+            },
+            None => TokenFetchOutcome::Failed {
+                error: AuthError::from("identity provider down").into(),
+            },
+        },
     };
-    // Anywhere, even while a send is in flight; failures carry no generation, and
-    // another api numbers its tokens on its own.
+    // Anywhere, even while a send is in flight; failures carry no generation (nor
+    // do fetches given up), and another api numbers its tokens on its own.
     let observer = observe(vec![(0, 1, started(1, 1))]);
     for (api, generation) in [
         ("api", Some(1)),

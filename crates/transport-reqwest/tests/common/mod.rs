@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use vantage_api_pool::{
     CallPolicy, ClientError, ErrorKind, EventKind, Jitter, ResilientClient, RetryPolicy,
-    TransportErrorKind,
+    TokenFetchOutcome, TransportErrorKind,
 };
 use vantage_api_pool_reqwest::ReqwestTransport;
 use vantage_api_pool_testkit::RecordingObserver;
@@ -386,9 +386,13 @@ pub(crate) fn trace(observer: &RecordingObserver) -> Vec<String> {
             EventKind::RetryScheduled { attempt, after } => {
                 format!("retry a{attempt} after {}ms", after.as_millis())
             }
-            EventKind::TokenFetched { reason, result, .. } => match result {
-                Ok(generation) => format!("token g{generation} {}", reason.name()),
-                Err(_) => format!("token failed {}", reason.name()),
+            EventKind::TokenFetchEnded {
+                reason, outcome, ..
+            } => match outcome {
+                TokenFetchOutcome::Fetched { generation, .. } => {
+                    format!("token g{generation} {}", reason.name())
+                }
+                other => format!("token {} {}", other.name(), reason.name()),
             },
             other => other.name().to_owned(),
         })
