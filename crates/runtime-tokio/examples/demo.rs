@@ -1010,6 +1010,19 @@ impl View {
         }
     }
 
+    /// For an API with a token source, from `TokenFetchEnded`: the tokens fetched,
+    /// how long ago the last, and the fetches that brought none.
+    fn token_note(&self, health: Option<&ApiHealth>) -> Option<String> {
+        let h = health?;
+        let last = self.now().saturating_duration_since(h.last_token_fetched_at?);
+        let mut note = format!("tokens {} (last {} ago)", h.tokens_fetched, secs(last));
+        let missed = h.token_fetches_failed + h.token_fetches_abandoned;
+        if missed > 0 {
+            note.push_str(&format!(", {missed} fetches brought none"));
+        }
+        Some(note)
+    }
+
     /// With no events for a while (calls waiting out an open breaker send nothing),
     /// say so: the window keeps moving (`snapshots_at`), so its figures thin out.
     /// The long note and the short one, for a line too full for the long.
@@ -1074,6 +1087,12 @@ impl View {
             lines.push(self.paint(DIM, &fit(&format!("{:<11} {}", "", api.about))));
             let last = self.last_error(h, self.totals.get(api.name).replays);
             let mut error = format!("{:<11} last error: {last}", "");
+            if let Some(note) = self.token_note(h)
+                && error.chars().count() + 2 + note.chars().count() <= WIDTH
+            {
+                error.push_str("; ");
+                error.push_str(&note);
+            }
             if let Some((long, short)) = self.quiet(h) {
                 let note = if error.chars().count() + 2 + long.chars().count() <= WIDTH {
                     long
@@ -1155,6 +1174,10 @@ impl View {
                 "",
                 h.map_or(0, |h| h.retries)
             );
+            if let Some(note) = self.token_note(h) {
+                tail.push_str("; ");
+                tail.push_str(&note);
+            }
             if let Some(idle) = h.map(|h| self.now().saturating_duration_since(h.updated_at))
                 && idle >= Duration::from_secs(1)
             {
