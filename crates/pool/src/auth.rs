@@ -715,7 +715,7 @@ impl AuthState {
                     self.wait_for_fetch(seen).await;
                 }
                 Step::Fetch { fall_back, reason } => {
-                    return self.run_fetch(source, fall_back, reason, env).await;
+                    return self.run_fetch(source, fall_back, reason, now, env).await;
                 }
             }
         }
@@ -735,6 +735,8 @@ impl AuthState {
         let asked_at = self.lock().generation;
         let mut waited_for: Option<u64> = None;
         loop {
+            // Read before the lock: a fetch this caller starts starts now.
+            let now = env.now();
             // The fetch to wait for (by the number of fetches done when it ran), or
             // `None`: this caller fetches.
             let wait = {
@@ -765,7 +767,7 @@ impl AuthState {
                 }
                 None => {
                     return self
-                        .run_fetch(source, false, TokenFetchReason::Requested, env)
+                        .run_fetch(source, false, TokenFetchReason::Requested, now, env)
                         .await
                         .map(|_| ());
                 }
@@ -783,22 +785,24 @@ impl AuthState {
         }
     }
 
-    /// Runs the fetch (for `reason`) whose `fetching` flag this caller set, under a
-    /// guard that hands it over if the caller is dropped; on failure, `fall_back`
-    /// hands out the cached token instead of the error, if there is one and it has
-    /// not expired. A token's lifetime counts from the fetch's start.
+    /// Runs the fetch (for `reason`, starting at `started`, read before this caller
+    /// set the `fetching` flag) under a guard that hands it over if the caller is
+    /// dropped; on failure, `fall_back` hands out the cached token instead of the
+    /// error, if there is one and it has not expired. A token's lifetime counts
+    /// from the fetch's start. Nothing runs between the flag and the guard.
     async fn run_fetch<S: TokenSource, E: FetchEnv>(
         &self,
         source: &S,
         fall_back: bool,
         reason: TokenFetchReason,
+        started: Instant,
         env: &E,
     ) -> Result<Token, Arc<AuthError>> {
         let guard = FetchGuard {
             state: self,
             env,
             reason,
-            started: env.now(),
+            started,
             armed: true,
         };
         let result = source.fetch().await;
@@ -807,7 +811,8 @@ impl AuthState {
 }
 
 /// Clears the `fetching` flag if the fetching caller is dropped, reports the fetch
-/// abandoned, and wakes the waiters so one of them takes over. `env` is the
+/// abandoned (or unwound by a panic), and wakes the waiters so one of them takes
+/// over. `env` is the
 /// client's.
 struct FetchGuard<'a, E: FetchEnv> {
     state: &'a AuthState,
@@ -929,7 +934,12 @@ impl<E: FetchEnv> Drop for FetchGuard<'_, E> {
                 inner.back_off_renewal(now);
                 inner.waiters.take()
             };
-            self.report(now, TokenFetchOutcome::Abandoned, waiters);
+            let outcome = if std::thread::panicking() {
+                TokenFetchOutcome::Panicked
+            } else {
+                TokenFetchOutcome::Abandoned
+            };
+            self.report(now, outcome, waiters);
         }
     }
 }

@@ -906,9 +906,11 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
 
     /// Token fetches started so far by the client's token source: the first fetch,
     /// refreshes, and fetches abandoned because their caller was dropped (the
-    /// source was called, so its endpoint may have been reached). Each fetch that
-    /// ended was reported to the observer as a
-    /// [`TokenFetchEnded`](crate::EventKind::TokenFetchEnded); an abandoned one was not.
+    /// source was called, so its endpoint may have been reached). Each is reported
+    /// to the observer once, as it ends, as a
+    /// [`TokenFetchEnded`](crate::EventKind::TokenFetchEnded), an abandoned one
+    /// too: once no fetch runs, this count and those events agree, and a count
+    /// above them says a fetch is running (or hangs).
     #[must_use]
     pub fn token_fetches(&self) -> u64 {
         self.shared.auth_state.fetches()

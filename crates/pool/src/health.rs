@@ -175,7 +175,8 @@ pub struct ApiHealth {
     /// Token fetches that brought a token, all time
     /// ([`EventKind::TokenFetchEnded`]). With the two counts below, the fetches
     /// that ended; [`ResilientClient::token_fetches`](crate::ResilientClient::token_fetches)
-    /// counts those that started. All three stay 0 for an API without a token
+    /// counts those that started (the same once none runs, for an API name only
+    /// one client reports under). All three stay 0 for an API without a token
     /// source, and in a label's figures ([`HealthObserver::per_label`]): a fetch
     /// belongs to no call.
     pub tokens_fetched: u64,
@@ -183,9 +184,11 @@ pub struct ApiHealth {
     /// the old token, so no call fails for it: this count and
     /// [`last_token_error`](ApiHealth::last_token_error) are where it shows.
     pub token_fetches_failed: u64,
-    /// Token fetches their callers gave up, all time: a token source that hangs,
-    /// or is slower than the calls' budgets, shows here (its calls end
-    /// `TimedOut`, not `Auth`).
+    /// Token fetches that ended with no result, all time: given up by their
+    /// callers, or unwound by a panic. A token source slower than the calls'
+    /// budgets shows here (its calls end `TimedOut`, not `Auth`); one that hangs
+    /// under policies without a budget does not (its fetch never ends: compare
+    /// the three counts with `token_fetches()`).
     pub token_fetches_abandoned: u64,
     /// When the latest fetch that brought a token ended.
     pub last_token_fetched_at: Option<Instant>,
@@ -966,7 +969,9 @@ impl HealthObserver {
                         },
                     );
                 }
-                TokenFetchOutcome::Abandoned => state.token_fetches_abandoned += 1,
+                TokenFetchOutcome::Abandoned | TokenFetchOutcome::Panicked => {
+                    state.token_fetches_abandoned += 1;
+                }
             },
             EventKind::RowsPulled { .. } | EventKind::WritePushed => {}
         }

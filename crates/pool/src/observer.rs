@@ -59,10 +59,13 @@ impl<T: ?Sized> MaybeSendSync for T {}
 /// unwinds: a `Started` whose callback panicked is followed by its `Cancelled` (or,
 /// for a refusal, its `Failed`), and a breaker transition whose terminal event
 /// panicked is still reported, so every other observer of a [`Fanout`] sees a
-/// complete stream. A report made from a destructor while a panic unwinds (the
-/// observer's own first panic, or any other that drops a call) catches a panic of
-/// the observer and drops it: out of a destructor it would abort the process. On
-/// `wasm32` a panic aborts.
+/// complete stream. Some events are reported from a destructor: a send's
+/// `Cancelled` and a token fetch given up ([`TokenFetchOutcome::Abandoned`]) when
+/// the caller drops a call (or a `refresh_token` future); a panic on one of those
+/// leaves that `drop`, to whoever dropped the future. A report made from a
+/// destructor while a panic unwinds (the observer's own first panic, or any other
+/// that drops a call) catches a panic of the observer and drops it: out of a
+/// destructor it would abort the process. On `wasm32` a panic aborts.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU32, Ordering};
@@ -243,7 +246,9 @@ impl CallOutcome {
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TokenFetchReason {
-    /// The client had no token yet.
+    /// The client had no token yet (a
+    /// [`refresh_token`](crate::ResilientClient::refresh_token) before any is
+    /// `Requested`).
     First,
     /// A 401 answered a send that carried the token in use (or the fetch such a
     /// 401 asked for was abandoned, and a call needed a token the API had
@@ -299,21 +304,27 @@ pub enum TokenFetchOutcome {
         /// The error, as the calls that waited for the fetch share it.
         error: SharedAuthError,
     },
-    /// Its caller gave the fetch up before it ended: the call was dropped, or its
-    /// budget ran out (a source slower than the budgets, or that hangs, shows as
-    /// these), or the source panicked.
+    /// Its caller gave the fetch up before it ended: the call (or the
+    /// `refresh_token` future) was dropped, or the call's budget ran out (a source
+    /// slower than the budgets, or that hangs, shows as these, under policies with
+    /// a budget).
     Abandoned,
+    /// A panic unwound through the fetch before it ended: the token source's own,
+    /// most likely (a panic elsewhere in the task that held the fetching caller
+    /// shows so too).
+    Panicked,
 }
 
 impl TokenFetchOutcome {
-    /// A stable snake_case name of the variant: `fetched`, `failed` or
-    /// `abandoned`.
+    /// A stable snake_case name of the variant: `fetched`, `failed`, `abandoned`
+    /// or `panicked`.
     #[must_use]
     pub const fn name(&self) -> &'static str {
         match self {
             TokenFetchOutcome::Fetched { .. } => "fetched",
             TokenFetchOutcome::Failed { .. } => "failed",
             TokenFetchOutcome::Abandoned => "abandoned",
+            TokenFetchOutcome::Panicked => "panicked",
         }
     }
 }
@@ -482,21 +493,25 @@ pub enum EventKind {
     /// A fetch of the client's token source ended: it brought a token, which
     /// calls send from now on; it failed, and the token in use, if there is one
     /// and it has not expired, stays in use (a failed renewal fails no call; a
-    /// failed first fetch, or one for an expired token, ends the calls that waited
-    /// for it with [`ErrorKind::Auth`](crate::ErrorKind::Auth), each with its
-    /// synthetic `Started` + `Failed`); or its caller gave it up (was dropped, or
-    /// its budget ran out first), and the next caller that needs a token fetches
-    /// again.
+    /// failed first fetch, one for an expired token, or a 401's refresh ends the
+    /// calls that waited for it, 401 replays included, with
+    /// [`ErrorKind::Auth`](crate::ErrorKind::Auth), each with its synthetic
+    /// `Started` + `Failed`); or its caller gave it up (was dropped, or its budget
+    /// ran out first) or a panic unwound through it, and the next caller that
+    /// needs a token fetches again. A fetch no caller gives up and that never
+    /// ends (a source that hangs, under policies without a budget) reports
+    /// nothing: [`token_fetches`](crate::ResilientClient::token_fetches) counts it
+    /// from its start.
     ///
     /// It carries no call and no label, like `BreakerReset`, and may come at any
     /// point, between a call's events too: one fetch serves every call that waits
     /// for it, and [`refresh_token`](crate::ResilientClient::refresh_token) runs
     /// one outside any call. It is reported once the fetch's result is in place,
-    /// before the calls that waited for it are woken; a call that was not waiting
-    /// (on another thread of a multi-thread runtime) may already be sending the
-    /// new token. Each fetch that started ends once, so these events add up to
-    /// [`token_fetches`](crate::ResilientClient::token_fetches) once no fetch
-    /// runs.
+    /// before the calls that waited for it are woken; on a multi-thread runtime a
+    /// call polled for a reason of its own (one that was not waiting, or one whose
+    /// budget's timer fired) may already be sending the new token. Each fetch
+    /// that started ends once, so once no fetch runs these events number a
+    /// client's [`token_fetches`](crate::ResilientClient::token_fetches).
     TokenFetchEnded {
         /// Why the fetch ran.
         reason: TokenFetchReason,

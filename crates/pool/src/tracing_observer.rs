@@ -5,7 +5,7 @@
 //!
 //! | level | events |
 //! |---|---|
-//! | `WARN` | a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built), a token fetch that failed (`token_fetch_ended`, `outcome="failed"`; the token source's error text is not logged, as a `ClientError`'s `Display` leaves it out) |
+//! | `WARN` | a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built), a token fetch that failed or that a panic unwound (`token_fetch_ended`, `outcome="failed"` or `"panicked"`; the token source's error text is not logged, as a `ClientError`'s `Display` leaves it out) |
 //! | `INFO` | a breaker closing (`breaker_closed`): the API answers again; a breaker reset by hand (`breaker_reset`); a new auth token, or a token fetch its caller gave up (`token_fetch_ended`) |
 //! | `DEBUG` | a call's end (`call_end`), a call refused because the breaker is open (`failed`, `sent=false`, `kind="breaker_open"`: its opening was a `WARN`, and during an outage there is one such refusal per call), a success, a retry, a redial, a cancellation, reported rows and writes |
 //! | `TRACE` | a send starting (`started`) |
@@ -22,14 +22,15 @@
 //! | `retry_scheduled` | `attempt` (the retry's), `after_ms` |
 //! | `breaker_opened` | `cooldown_ms` |
 //! | `rows_pulled` | `n` |
-//! | `token_fetch_ended` (no `call`, no `label`) | `reason` (`first`, `rejected`, `renewal`, `expired` or `requested`), `outcome` (`fetched`, `failed` or `abandoned`), `ms`, and for a new token `generation` and `lifetime_ms` (when its source gave one) |
+//! | `token_fetch_ended` (no `call`, no `label`) | `reason` (`first`, `rejected`, `renewal`, `expired` or `requested`), `outcome` (`fetched`, `failed`, `abandoned` or `panicked`), `ms`, and for a new token `generation` and `lifetime_ms` (when its source gave one) |
 //! | `call_end` ([`TransportObserver::on_call_end`]) | `call`, `label` (when the call has one), `outcome` (`succeeded`, `failed` or `cancelled`), `sends`, `attempts`, `elapsed_ms` (the caller's wait, a float), `status` (a response's, or a failure's HTTP status), `kind` (a failure's `kind_name()`) |
 //!
 //! `at_ms` is the event's time in milliseconds since the client's runtime began (its
-//! [`Instant`](crate::Instant) origin), not wall-clock time; it, `after_ms` and
-//! `cooldown_ms` are floats and keep fractions of a millisecond, `ms` (a send's
-//! latency) is a whole number. No URL, body or header value is ever logged: errors
-//! are logged through their `Display`.
+//! [`Instant`](crate::Instant) origin), not wall-clock time; it, `after_ms`,
+//! `cooldown_ms` and `lifetime_ms` are floats and keep fractions of a millisecond,
+//! `ms` (a send's latency, a token fetch's time) is a whole number. No URL, body or
+//! header value is ever logged: errors are logged through their `Display`, and a
+//! token source's error not at all.
 
 use crate::error::ErrorKind;
 use crate::observer::{
@@ -156,6 +157,11 @@ impl TransportObserver for TracingObserver {
                         target: "vantage_api_pool",
                         api, event = name, reason, outcome = outcome_name, ms, at_ms,
                         "auth token fetch given up by its caller"
+                    ),
+                    TokenFetchOutcome::Panicked => tracing::warn!(
+                        target: "vantage_api_pool",
+                        api, event = name, reason, outcome = outcome_name, ms, at_ms,
+                        "auth token fetch unwound by a panic"
                     ),
                 }
             }

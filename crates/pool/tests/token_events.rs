@@ -64,6 +64,7 @@ enum Out {
     Token(u64, Option<Duration>),
     Failed(String),
     Abandoned,
+    Panicked,
 }
 
 /// Every `TokenFetchEnded` recorded: (at, reason, ms, outcome), after checking that
@@ -89,6 +90,7 @@ fn fetched(w: &World) -> Vec<(Duration, TokenFetchReason, u64, Out)> {
                     } => Out::Token(generation, lifetime),
                     TokenFetchOutcome::Failed { error } => Out::Failed(error.to_string()),
                     TokenFetchOutcome::Abandoned => Out::Abandoned,
+                    TokenFetchOutcome::Panicked => Out::Panicked,
                     other => panic!("{other:?}"),
                 };
                 Some((e.at.since_origin(), reason, ms, out))
@@ -460,8 +462,8 @@ fn a_token_the_client_refuses_is_reported_as_a_failed_fetch() {
 }
 
 #[test]
-fn a_client_without_an_observer_fetches_as_before() {
-    // The fetch's report costs nothing without an observer, and changes nothing.
+fn a_client_without_an_observer_fetches_and_sends_as_with_one() {
+    // With no observer to report to, a fetch runs and its token goes out the same.
     let w = World::new();
     w.transport.default_reply(Reply::ok());
     let source = tokens(&w, |_| ms(50), None, |_| false);

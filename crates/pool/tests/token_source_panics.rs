@@ -14,7 +14,10 @@ use common::*;
 use futures::FutureExt;
 use http::{HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, token_fn};
-use vantage_api_pool::{CallPolicy, EventKind, TokenFetchReason, TokenSource};
+use vantage_api_pool::{
+    CallPolicy, EventKind, Fanout, ResilientClient, TokenFetchOutcome, TokenFetchReason,
+    TokenSource, TransportEvent, TransportObserver,
+};
 use vantage_api_pool_testkit::{Reply, ScriptedRequest, VirtualRuntime};
 
 /// Fetch `n` (from 1) gives `Bearer t{n}` after 50 ms; the one numbered `panics_on`
@@ -84,8 +87,8 @@ fn a_first_fetch_that_panics_is_taken_over_by_a_waiting_caller() {
         .map(|r| r.headers[AUTHORIZATION].clone())
         .collect();
     assert_eq!(sent, ["Bearer t2"]);
-    // The fetch that panicked was given up, as its caller's drop reports; the
-    // waiter's own fetch brought the first token.
+    // The fetch that panicked is reported so, from its caller's drop; the waiter's
+    // own fetch brought the first token.
     let fetch_ends: Vec<_> = w
         .events()
         .into_iter()
@@ -99,7 +102,7 @@ fn a_first_fetch_that_panics_is_taken_over_by_a_waiting_caller() {
     assert_eq!(
         fetch_ends,
         [
-            (TokenFetchReason::First, "abandoned"),
+            (TokenFetchReason::First, "panicked"),
             (TokenFetchReason::First, "fetched")
         ]
     );
@@ -123,5 +126,63 @@ fn a_refresh_that_panics_is_taken_over_by_a_replay_waiting_on_it() {
     assert!(panicked, "the refreshing caller panicked");
     assert!(succeeded);
     assert_eq!(fetches, 3);
+    w.assert_contract();
+}
+
+/// Panics when it hears of a fetch that a panic unwound: while that first panic
+/// still unwinds.
+struct PanicsOnPanickedFetch;
+
+impl TransportObserver for PanicsOnPanickedFetch {
+    fn on_event(&self, _api: &str, event: &TransportEvent) {
+        if let EventKind::TokenFetchEnded {
+            outcome: TokenFetchOutcome::Panicked,
+            ..
+        } = event.kind
+        {
+            panic!("observer panics on a panicked fetch");
+        }
+    }
+}
+
+#[test]
+fn an_observer_that_panics_on_the_panicked_fetch_does_not_abort_and_the_waiter_goes_on() {
+    // The report comes from the fetching caller's drop while the source's panic
+    // unwinds: a second panic there would abort the process, so it is caught.
+    quiet_panics_starting_with("observer panics");
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let fetches = Arc::new(AtomicU32::new(0));
+    let fanout = Fanout::default()
+        .with(Arc::new(w.observer.clone()))
+        .with(Arc::new(PanicsOnPanickedFetch));
+    let client = ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("api", Arc::new(fanout))
+        .auth(source(&w.rt, &fetches, 1))
+        .build()
+        .unwrap();
+    let running = client.clone();
+    let first = w.rt.spawn(async move {
+        AssertUnwindSafe(running.execute_with(&CallPolicy::background(), |h| h.get("/a")))
+            .catch_unwind()
+            .await
+            .is_err()
+    });
+    let second = w.spawn_call(&client, CallPolicy::background(), "/b");
+    w.rt.run().unwrap();
+    assert!(
+        w.rt.block_on(first).unwrap(),
+        "the source's panic reached its caller"
+    );
+    assert!(w.rt.block_on(second).unwrap().is_ok());
+    let outcomes: Vec<_> = w
+        .events()
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::TokenFetchEnded { outcome, .. } => Some(outcome.name()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(outcomes, ["panicked", "fetched"]);
     w.assert_contract();
 }

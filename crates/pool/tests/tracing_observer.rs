@@ -401,6 +401,12 @@ fn a_token_fetch_is_info_when_it_lands_and_a_warning_when_it_fails() {
         assert!(w.rt.block_on(client.refresh_token()).unwrap().is_err());
     });
     let lines = capture.0.lock().unwrap().clone();
+    // No line, and no field of one, holds the source's text.
+    for (_, fields) in &lines {
+        for value in fields.values() {
+            assert!(!value.contains("token endpoint down"), "{fields:?}");
+        }
+    }
     let fetched: Vec<_> = lines
         .iter()
         .filter(|(_, f)| f["event"] == "\"token_fetch_ended\"")

@@ -570,7 +570,7 @@ struct ApiTotals {
     /// Token fetches that ended (`TokenFetchEnded`), and of them the ones that
     /// brought no token (failed or given up).
     token_fetches: u64,
-    token_fetches_failed: u64,
+    token_fetches_without_token: u64,
     /// The breaker opened from closed (an outage began).
     breaker_openings: u64,
     /// The half-open probe failed and the breaker opened again.
@@ -697,7 +697,7 @@ impl TransportObserver for Totals {
                 EventKind::TokenFetchEnded { outcome, .. } => {
                     totals.token_fetches += 1;
                     let fetched = matches!(outcome, TokenFetchOutcome::Fetched { .. });
-                    totals.token_fetches_failed += u64::from(!fetched);
+                    totals.token_fetches_without_token += u64::from(!fetched);
                 }
                 _ => {}
             }
@@ -1014,9 +1014,15 @@ impl View {
     /// how long ago the last, and the fetches that brought none.
     fn token_note(&self, health: Option<&ApiHealth>) -> Option<String> {
         let h = health?;
-        let last = self.now().saturating_duration_since(h.last_token_fetched_at?);
-        let mut note = format!("tokens {} (last {} ago)", h.tokens_fetched, secs(last));
         let missed = h.token_fetches_failed + h.token_fetches_abandoned;
+        if h.tokens_fetched + missed == 0 {
+            return None;
+        }
+        let mut note = format!("tokens {}", h.tokens_fetched);
+        if let Some(at) = h.last_token_fetched_at {
+            let last = self.now().saturating_duration_since(at);
+            note.push_str(&format!(" (last {} ago)", secs(last)));
+        }
         if missed > 0 {
             note.push_str(&format!(", {missed} fetches brought none"));
         }
@@ -1627,7 +1633,7 @@ fn summary(
         fetches.saturating_sub(1),
         profile.unauthorized,
         profile.token_fetches,
-        profile.token_fetches_failed,
+        profile.token_fetches_without_token,
     );
     let _ = writeln!(out, "timeline:");
     let moments = view.moments.since(0);
