@@ -316,12 +316,13 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
         });
     }
 
-    /// Reports the end of a call dropped before it ended.
+    /// Reports the end of a call dropped before it ended: `Panicked` while a panic
+    /// unwinds, `Cancelled` otherwise.
     #[cold]
     fn dropped(&self) {
         let at = self.client.runtime.now();
         if std::thread::panicking() {
-            let report = AssertUnwindSafe(|| self.report_end(at, CallOutcome::Cancelled));
+            let report = AssertUnwindSafe(|| self.report_end(at, CallOutcome::Panicked));
             let _second_panic = std::panic::catch_unwind(report);
         } else {
             self.report_end(at, CallOutcome::Cancelled);

@@ -167,7 +167,8 @@ pub struct ApiHealth {
     pub p99_call_ms: Option<u64>,
     /// Calls that did not return, all time: dropped by their callers (a call
     /// dropped mid-send also counts its send in [`cancelled`](ApiHealth::cancelled)),
-    /// or unwound by a panic ([`CallOutcome::Cancelled`]). Their time counts in no
+    /// or unwound by a panic ([`CallOutcome::Cancelled`],
+    /// [`CallOutcome::Panicked`]). Their time counts in no
     /// figure: a caller that gives up on slow calls (a `tokio::time::timeout`
     /// around them) keeps its slowest calls out of `mean_call_ms` and
     /// `max_call_ms`, so watch this count beside them.
@@ -857,7 +858,7 @@ impl TransportObserver for HealthObserver {
         self.update(api, end.label, end.at, |state| match end.outcome {
             CallOutcome::Succeeded { .. } => state.saw_call(self.slicing, end.at, true, ms),
             CallOutcome::Failed { .. } => state.saw_call(self.slicing, end.at, false, ms),
-            CallOutcome::Cancelled => state.calls_cancelled += 1,
+            CallOutcome::Cancelled | CallOutcome::Panicked => state.calls_cancelled += 1,
         });
     }
 

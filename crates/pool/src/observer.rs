@@ -103,7 +103,8 @@ pub trait TransportObserver: MaybeSendSync {
 
     /// Called once per call, after its last event, when the call ends: it returned
     /// a response or an error, or it did not return (its caller dropped it, or a
-    /// panic unwound through it: see [`CallOutcome::Cancelled`]). A call dropped
+    /// panic unwound through it: see [`CallOutcome::Cancelled`] and
+    /// [`CallOutcome::Panicked`]). A call dropped
     /// before its first poll never reached the gate, and reports neither events
     /// nor an end. Does nothing unless implemented.
     ///
@@ -217,21 +218,26 @@ pub enum CallOutcome {
     },
     /// The call did not return: its caller dropped the call's future before it
     /// ended (mid-send, its send having reported `Cancelled` first; in a wait at
-    /// the gate; in a back-off), or a panic unwound through it (an observer's, on
-    /// any event, even the `Succeeded` of the response it was about to return; or
-    /// the request closure's).
+    /// the gate; in a back-off).
     Cancelled,
+    /// The call did not return: a panic unwound through it (an observer's, on any
+    /// event, even the `Succeeded` of the response it was about to return; the
+    /// request closure's; the token source's; or one elsewhere in the task that
+    /// dropped the call as it unwound). A send in flight reported `Cancelled`
+    /// first.
+    Panicked,
 }
 
 impl CallOutcome {
-    /// A stable snake_case name of the variant: `succeeded`, `failed` or
-    /// `cancelled`.
+    /// A stable snake_case name of the variant: `succeeded`, `failed`,
+    /// `cancelled` or `panicked`.
     #[must_use]
     pub const fn name(&self) -> &'static str {
         match self {
             CallOutcome::Succeeded { .. } => "succeeded",
             CallOutcome::Failed { .. } => "failed",
             CallOutcome::Cancelled => "cancelled",
+            CallOutcome::Panicked => "panicked",
         }
     }
 }

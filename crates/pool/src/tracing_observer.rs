@@ -5,7 +5,7 @@
 //!
 //! | level | events |
 //! |---|---|
-//! | `WARN` | a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built), a token fetch that failed or that a panic unwound (`token_fetch_ended`, `outcome="failed"` or `"panicked"`; the token source's error text is not logged, as a `ClientError`'s `Display` leaves it out) |
+//! | `WARN` | a call a panic unwound through (`call_end`, `outcome="panicked"`), a failed send (`failed`, `sent=true`), a breaker opening (`breaker_opened`), a call refused for a reason of its own (`failed`, `sent=false`: an auth failure, a budget spent before the send, a request that could not be built), a token fetch that failed or that a panic unwound (`token_fetch_ended`, `outcome="failed"` or `"panicked"`; the token source's error text is not logged, as a `ClientError`'s `Display` leaves it out) |
 //! | `INFO` | a breaker closing (`breaker_closed`): the API answers again; a breaker reset by hand (`breaker_reset`); a new auth token, or a token fetch its caller gave up (`token_fetch_ended`) |
 //! | `DEBUG` | a call's end (`call_end`), a call refused because the breaker is open (`failed`, `sent=false`, `kind="breaker_open"`: its opening was a `WARN`, and during an outage there is one such refusal per call), a success, a retry, a redial, a cancellation, reported rows and writes |
 //! | `TRACE` | a send starting (`started`) |
@@ -23,7 +23,7 @@
 //! | `breaker_opened` | `cooldown_ms` |
 //! | `rows_pulled` | `n` |
 //! | `token_fetch_ended` (no `call`, no `label`) | `reason` (`first`, `rejected`, `renewal`, `expired` or `requested`), `outcome` (`fetched`, `failed`, `abandoned` or `panicked`), `ms`, and for a new token `generation` and `lifetime_ms` (when its source gave one) |
-//! | `call_end` ([`TransportObserver::on_call_end`]) | `call`, `label` (when the call has one), `outcome` (`succeeded`, `failed` or `cancelled`), `sends`, `attempts`, `elapsed_ms` (the caller's wait, a float), `status` (a response's, or a failure's HTTP status), `kind` (a failure's `kind_name()`) |
+//! | `call_end` ([`TransportObserver::on_call_end`]) | `call`, `label` (when the call has one), `outcome` (`succeeded`, `failed`, `cancelled` or `panicked`), `sends`, `attempts`, `elapsed_ms` (the caller's wait, a float), `status` (a response's, or a failure's HTTP status), `kind` (a failure's `kind_name()`) |
 //!
 //! `at_ms` is the event's time in milliseconds since the client's runtime began (its
 //! [`Instant`](crate::Instant) origin), not wall-clock time; it, `after_ms`,
@@ -174,8 +174,9 @@ impl TransportObserver for TracingObserver {
         }
     }
 
-    /// A `DEBUG` event named `call_end`: a failed call's error was already a
-    /// `WARN` (its last `Failed`), or a `DEBUG` for a breaker's refusal.
+    /// An event named `call_end`, a `DEBUG` (a failed call's error was already a
+    /// `WARN`, its last `Failed`, or a `DEBUG` for a breaker's refusal), or a
+    /// `WARN` for a call a panic unwound through.
     fn on_call_end(&self, api: &str, end: &CallEnd) {
         let call = end.call.0;
         let label = end.label;
@@ -188,6 +189,14 @@ impl TransportObserver for TracingObserver {
                 (error.status().map(|s| s.as_u16()), Some(error.kind_name()))
             }
             CallOutcome::Cancelled => (None, None),
+            CallOutcome::Panicked => {
+                tracing::warn!(
+                    target: "vantage_api_pool",
+                    api, event = "call_end", call, label, outcome, sends, attempts, elapsed_ms, at_ms,
+                    "call unwound by a panic"
+                );
+                return;
+            }
         };
         tracing::debug!(
             target: "vantage_api_pool",

@@ -297,9 +297,9 @@ mod panics {
     fn a_panic_in_the_observer_ends_the_call_once() {
         use std::panic::{AssertUnwindSafe, catch_unwind};
 
-        // A panic on `Succeeded` unwinds out of the call: the call ends as dropped,
-        // once, reported to every observer of the fan-out.
-        for (on, outcome) in [(Some("succeeded"), "cancelled"), (None, "succeeded")] {
+        // A panic on `Succeeded` unwinds out of the call: the call ends as unwound
+        // by it, once, reported to every observer of the fan-out.
+        for (on, outcome) in [(Some("succeeded"), "panicked"), (None, "succeeded")] {
             let w = World::new();
             w.transport.push(Reply::ok().after(ms(7)));
             let panics = PanicsOn::new(on);

@@ -436,3 +436,43 @@ fn a_token_fetch_is_info_when_it_lands_and_a_warning_when_it_fails() {
         ]
     );
 }
+
+#[test]
+fn a_call_a_panic_unwound_through_ends_with_a_warning() {
+    // The request closure panics: the call is unwound, and its end says so.
+    quiet_panics_starting_with("request closure panics");
+    let w = World::new();
+    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("orders-api", Arc::new(TracingObserver::new()))
+        .build()
+        .unwrap();
+    let capture = Capture::default();
+    tracing::subscriber::with_default(capture.clone(), || {
+        let call = client.execute(|_| -> vantage_api_pool_testkit::ScriptedRequestBuilder {
+            panic!("request closure panics")
+        });
+        let unwound =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.rt.block_on(call)));
+        assert!(unwound.is_err());
+    });
+    let lines = capture.0.lock().unwrap().clone();
+    let ends: Vec<_> = lines
+        .iter()
+        .filter(|(_, f)| f["event"] == "\"call_end\"")
+        .map(|(level, f)| {
+            (
+                level.to_string(),
+                f["outcome"].clone(),
+                f["message"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ends,
+        [(
+            "WARN".to_owned(),
+            "\"panicked\"".to_owned(),
+            "call unwound by a panic".to_owned()
+        )]
+    );
+}

@@ -821,7 +821,7 @@ fn end_agrees(
     }
     let Some(state) = state else {
         // No event: dropped before its first `Started`.
-        return matches!(end.outcome, CallOutcome::Cancelled)
+        return matches!(end.outcome, CallOutcome::Cancelled | CallOutcome::Panicked)
             && (end.sends, end.attempts) == (0, 0);
     };
     if state.in_flight.is_some()
@@ -838,7 +838,7 @@ fn end_agrees(
     let announced = state.retry_announced || state.redial.is_some();
     let last = state.last_terminal.map(|index| &events[index].event);
     match (&end.outcome, last) {
-        (CallOutcome::Cancelled, _) => true,
+        (CallOutcome::Cancelled | CallOutcome::Panicked, _) => true,
         _ if announced => false,
         (CallOutcome::Succeeded { status }, Some(last)) => {
             matches!(last.kind, EventKind::Succeeded { status: s, .. } if s == *status)
