@@ -812,8 +812,7 @@ impl AuthState {
 
 /// Clears the `fetching` flag if the fetching caller is dropped, reports the fetch
 /// abandoned (or unwound by a panic), and wakes the waiters so one of them takes
-/// over. `env` is the
-/// client's.
+/// over. `env` is the client's.
 struct FetchGuard<'a, E: FetchEnv> {
     state: &'a AuthState,
     env: &'a E,
