@@ -58,6 +58,13 @@ fn two_calls(w: &World, panics_on: u32) -> (bool, bool, u32, Client<impl TokenSo
         .auth(source(&w.rt, &fetches, panics_on))
         .build()
         .unwrap();
+    let (panicked, succeeded) = race(w, &client);
+    (panicked, succeeded, fetches.load(Ordering::SeqCst), client)
+}
+
+/// One call of `client` to `/a` and one to `/b`, started together and driven to
+/// the end: whether the first panicked, whether the second succeeded.
+fn race<A: TokenSource + 'static>(w: &World, client: &Client<A>) -> (bool, bool) {
     let running = client.clone();
     let first = w.rt.spawn(async move {
         AssertUnwindSafe(running.execute_with(&CallPolicy::background(), |h| h.get("/a")))
@@ -65,11 +72,10 @@ fn two_calls(w: &World, panics_on: u32) -> (bool, bool, u32, Client<impl TokenSo
             .await
             .is_err()
     });
-    let second = w.spawn_call(&client, CallPolicy::background(), "/b");
+    let second = w.spawn_call(client, CallPolicy::background(), "/b");
     w.rt.run().unwrap();
     let panicked = w.rt.block_on(first).unwrap();
-    let succeeded = w.rt.block_on(second).unwrap().is_ok();
-    (panicked, succeeded, fetches.load(Ordering::SeqCst), client)
+    (panicked, w.rt.block_on(second).unwrap().is_ok())
 }
 
 #[test]
@@ -161,20 +167,9 @@ fn an_observer_that_panics_on_the_panicked_fetch_does_not_abort_and_the_waiter_g
         .auth(source(&w.rt, &fetches, 1))
         .build()
         .unwrap();
-    let running = client.clone();
-    let first = w.rt.spawn(async move {
-        AssertUnwindSafe(running.execute_with(&CallPolicy::background(), |h| h.get("/a")))
-            .catch_unwind()
-            .await
-            .is_err()
-    });
-    let second = w.spawn_call(&client, CallPolicy::background(), "/b");
-    w.rt.run().unwrap();
-    assert!(
-        w.rt.block_on(first).unwrap(),
-        "the source's panic reached its caller"
-    );
-    assert!(w.rt.block_on(second).unwrap().is_ok());
+    let (panicked, succeeded) = race(&w, &client);
+    assert!(panicked, "the source's panic reached its caller");
+    assert!(succeeded);
     let outcomes: Vec<_> = w
         .events()
         .into_iter()

@@ -11,7 +11,7 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 use vantage_api_pool::tracing_observer::TracingObserver;
-use vantage_api_pool_testkit::Reply;
+use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
 
 type FieldMap = BTreeMap<String, String>;
 
@@ -50,13 +50,16 @@ impl Subscriber for Capture {
     fn exit(&self, _: &Id) {}
 }
 
+/// A builder over `w` whose client a `TracingObserver` observes, keyed `orders-api`.
+fn traced(w: &World) -> vantage_api_pool::ClientBuilder<ScriptedTransport, VirtualRuntime> {
+    vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
+        .observer("orders-api", Arc::new(TracingObserver::new()))
+}
+
 /// Runs one successful call under `policy` through a `TracingObserver` keyed
 /// `orders-api`, and returns what it emitted.
 fn one_traced_call(w: &World, policy: vantage_api_pool::CallPolicy) -> Vec<(Level, FieldMap)> {
-    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("orders-api", Arc::new(TracingObserver::new()))
-        .build()
-        .unwrap();
+    let client = traced(w).build().unwrap();
     let capture = Capture::default();
     tracing::subscriber::with_default(capture.clone(), || {
         w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
@@ -375,8 +378,7 @@ fn a_token_fetch_is_info_when_it_lands_and_a_warning_when_it_fails() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
     let fetches = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("orders-api", Arc::new(TracingObserver::new()))
+    let client = traced(&w)
         .auth(vantage_api_pool::auth::send_token_fn(move || {
             let n = fetches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async move {
@@ -442,10 +444,7 @@ fn a_call_a_panic_unwound_through_ends_with_a_warning() {
     // The request closure panics: the call is unwound, and its end says so.
     quiet_panics_starting_with("request closure panics");
     let w = World::new();
-    let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("orders-api", Arc::new(TracingObserver::new()))
-        .build()
-        .unwrap();
+    let client = traced(&w).build().unwrap();
     let capture = Capture::default();
     tracing::subscriber::with_default(capture.clone(), || {
         let call = client.execute(|_| -> vantage_api_pool_testkit::ScriptedRequestBuilder {
