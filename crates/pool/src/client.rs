@@ -164,7 +164,7 @@ impl Events {
     }
 
     /// Reports an event built by `kind`, which runs only when an observer listens.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn emit(
         &self,
         at: impl FnOnce() -> Instant,
