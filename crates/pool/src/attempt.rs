@@ -8,7 +8,6 @@
 
 use std::borrow::Borrow;
 use std::future::{Future, poll_fn};
-use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -24,7 +23,7 @@ use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotency_key,
     is_idempotent,
 };
-use crate::client::{CallTag, Events, ReadResponse, Shared};
+use crate::client::{CallTag, Events, ReadResponse, Shared, report_from_drop};
 use crate::concurrency::Permit;
 use crate::error::{
     ClientError, ErrorKind, ErrorResponseHead, MAX_ERROR_BODY, TimeLimit, trim_unfinished_char,
@@ -34,7 +33,7 @@ use crate::policy::{BreakerMode, CallPolicy};
 use crate::rate::TokenBucket;
 use crate::runtime::{Elapsed, Runtime, timeout_at};
 use crate::server_delay::server_delay;
-use crate::time::Instant;
+use crate::time::{Instant, millis};
 use crate::transport::{
     PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse, read_body,
 };
@@ -130,8 +129,8 @@ impl<Response> Ending<Response> for ReadBody {
 }
 
 /// One call's state, for the life of one `execute_with` future. Dropped before
-/// [`run`](Call::run) reported its end (the caller dropped the call's future, or a
-/// panic unwinds through it), it reports the end as `Cancelled`.
+/// [`run`](Call::run) reported its end, it reports the end: `Cancelled` when the
+/// caller dropped the call's future, `Panicked` when a panic unwinds through it.
 pub(crate) struct Call<'c, T, R: Runtime, A, P: Borrow<CallPolicy>> {
     client: &'c Shared<T, R, A>,
     /// The call's policy, borrowed (`&CallPolicy`) or kept (`CallPolicy`).
@@ -322,8 +321,7 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
     fn dropped(&self) {
         let at = self.client.runtime.now();
         if std::thread::panicking() {
-            let report = AssertUnwindSafe(|| self.report_end(at, CallOutcome::Panicked));
-            let _second_panic = std::panic::catch_unwind(report);
+            report_from_drop(|| self.report_end(at, CallOutcome::Panicked));
         } else {
             self.report_end(at, CallOutcome::Cancelled);
         }
@@ -396,10 +394,6 @@ impl Drop for Told<'_> {
                 .emit_from_drop(|| self.at, Some(self.call), || kind);
         }
     }
-}
-
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'c, T, R, A, P> {

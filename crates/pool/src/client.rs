@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, StatusCode};
 use pin_project_lite::pin_project;
 
-use crate::attempt::{AtHead, Call, Ending, ReadBody, millis};
+use crate::attempt::{AtHead, Call, Ending, ReadBody};
 use crate::auth::{
     AuthError, AuthState, FetchEnded, FetchEnv, NoAuth, SharedAuthError, TokenSource,
 };
@@ -25,7 +25,7 @@ use crate::observer::{CallEnd, CallId, EventKind, TransportEvent, TransportObser
 use crate::policy::CallPolicy;
 use crate::rate::TokenBucket;
 use crate::runtime::Runtime;
-use crate::time::Instant;
+use crate::time::{Instant, millis};
 use crate::transport::{Transport, TransportResponse};
 
 /// One resilient HTTP client for one remote API.
@@ -137,6 +137,18 @@ impl<R: Runtime> FetchEnv for ClientFetchEnv<'_, R> {
     }
 }
 
+/// Runs `report` (a call into the observer) from a destructor. While a panic
+/// unwinds (an observer's, or one from the caller's own code), a second panic from
+/// the observer is caught and dropped: out of a destructor it would abort the
+/// process, and the first one goes on to the caller.
+pub(crate) fn report_from_drop(report: impl FnOnce()) {
+    if std::thread::panicking() {
+        let _second_panic = std::panic::catch_unwind(AssertUnwindSafe(report));
+    } else {
+        report();
+    }
+}
+
 /// What an event of a call says of it: its id and its policy's label.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CallTag {
@@ -182,22 +194,14 @@ impl Events {
         }
     }
 
-    /// [`emit`](Self::emit) from a destructor. While a panic unwinds (an
-    /// observer's, or one from the caller's own code), a second panic from the
-    /// observer is caught and dropped: out of a destructor it would abort the
-    /// process, and the first one goes on to the caller.
+    /// [`emit`](Self::emit) from a destructor: see [`report_from_drop`].
     pub(crate) fn emit_from_drop(
         &self,
         at: impl FnOnce() -> Instant,
         call: Option<CallTag>,
         kind: impl FnOnce() -> EventKind,
     ) {
-        if std::thread::panicking() {
-            let emit = AssertUnwindSafe(|| self.emit(at, call, kind));
-            let _second_panic = std::panic::catch_unwind(emit);
-        } else {
-            self.emit(at, call, kind);
-        }
+        report_from_drop(|| self.emit(at, call, kind));
     }
 
     /// Reports a call's end built by `end`, which runs only when an observer

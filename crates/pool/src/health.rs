@@ -31,7 +31,7 @@ use crate::observer::{
     CallEnd, CallOutcome, EventKind, TokenFetchOutcome, TokenFetchReason, TransportEvent,
     TransportObserver,
 };
-use crate::time::Instant;
+use crate::time::{Instant, millis};
 
 /// The breaker as the events describe it.
 #[non_exhaustive]
@@ -854,7 +854,7 @@ impl TransportObserver for HealthObserver {
 
     /// Counts the call in the window of its end, or as cancelled.
     fn on_call_end(&self, api: &str, end: &CallEnd) {
-        let ms = u64::try_from(end.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let ms = millis(end.elapsed());
         self.update(api, end.label, end.at, |state| match end.outcome {
             CallOutcome::Succeeded { .. } => state.saw_call(self.slicing, end.at, true, ms),
             CallOutcome::Failed { .. } => state.saw_call(self.slicing, end.at, false, ms),

@@ -145,6 +145,12 @@ impl fmt::Debug for Instant {
     }
 }
 
+/// `d` in whole milliseconds (cut, not rounded), saturating at `u64::MAX`: the
+/// `ms` of events and call figures.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

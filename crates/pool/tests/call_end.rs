@@ -327,6 +327,26 @@ mod panics {
             w.assert_contract();
         }
     }
+
+    #[test]
+    fn a_call_whose_request_closure_panics_ends_panicked_with_no_event() {
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+
+        // It passed the gate, so it ends; no send started, so it has no event, and
+        // the record still keeps the contract.
+        quiet_panics_starting_with("request closure panics");
+        let w = World::new();
+        let client = w.client();
+        let call = client.execute(|_| -> vantage_api_pool_testkit::ScriptedRequestBuilder {
+            panic!("request closure panics")
+        });
+        let unwound = catch_unwind(AssertUnwindSafe(|| w.rt.block_on(call)));
+        assert!(unwound.is_err());
+        assert!(w.events().is_empty());
+        let ((_, _, _, sends, attempts, outcome), _) = only_end(&w);
+        assert_eq!((sends, attempts, outcome), (0, 0, "panicked"));
+        w.assert_contract();
+    }
 }
 
 #[test]
