@@ -25,6 +25,7 @@
 //! fetches a new one while the one in use stays in use.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -843,10 +844,12 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
         result: Result<AuthToken, AuthError>,
         fall_back: bool,
     ) -> Result<Token, Arc<AuthError>> {
+        // The clock before the guard lets go: if it panics, the guard's drop still
+        // clears the flag and wakes the waiters.
+        let now = self.env.now();
         self.armed = false;
         let started = self.started;
-        let now = self.env.now();
-        let (outcome, fetched, waiters) = {
+        let (outcome, fetched, waiters, replaced) = {
             let mut inner = self.state.lock();
             inner.fetching = false;
             inner.fetches_done += 1;
@@ -866,6 +869,7 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
                 }
                 Ok(token)
             });
+            let mut replaced = None;
             let (outcome, fetched) = match result {
                 Ok(AuthToken {
                     name,
@@ -896,7 +900,8 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
                 }
                 Err(e) => {
                     let e = Arc::new(e);
-                    inner.last_error = Some((inner.fetches_done, Arc::clone(&e)));
+                    let this_fetch = inner.fetches_done;
+                    replaced = inner.last_error.replace((this_fetch, Arc::clone(&e)));
                     // No newer token: a call that just needs one sends the cached one
                     // (it may be answered 401 again; its replay then asks again).
                     inner.rejected = 0;
@@ -913,8 +918,11 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
                     )
                 }
             };
-            (outcome, fetched, inner.waiters.take())
+            (outcome, fetched, inner.waiters.take(), replaced)
         };
+        // The error it replaced is the token source's own type: its drop runs
+        // outside the lock.
+        drop(replaced);
         self.report(now, fetched, waiters);
         outcome
     }
@@ -923,22 +931,36 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
 impl<E: FetchEnv> Drop for FetchGuard<'_, E> {
     fn drop(&mut self) {
         if self.armed {
-            let now = self.env.now();
+            let panicking = std::thread::panicking();
+            // A clock that panics here (or did in `complete`, which this drop then
+            // unwinds from) must leave neither the flag set nor the waiters asleep:
+            // its panic is caught, the fetch's start stands in for the reading, and
+            // the panic goes on once the state is put right (unless one already
+            // unwinds: a second one out of a destructor would abort the process).
+            let now = std::panic::catch_unwind(AssertUnwindSafe(|| self.env.now()));
             let waiters = {
                 let mut inner = self.state.lock();
                 inner.fetching = false;
                 // An abandoned renewal (its caller's budget ended, or it was dropped)
                 // backs off as a failed one does: a provider that hangs is not asked
                 // again by every call that looks.
-                inner.back_off_renewal(now);
+                inner.back_off_renewal(*now.as_ref().unwrap_or(&self.started));
                 inner.waiters.take()
             };
-            let outcome = if std::thread::panicking() {
+            let outcome = if panicking || now.is_err() {
                 TokenFetchOutcome::Panicked
             } else {
                 TokenFetchOutcome::Abandoned
             };
-            self.report(now, outcome, waiters);
+            match now {
+                Ok(now) => self.report(now, outcome, waiters),
+                Err(clock_panic) => {
+                    self.report(self.started, outcome, waiters);
+                    if !panicking {
+                        std::panic::resume_unwind(clock_panic);
+                    }
+                }
+            }
         }
     }
 }
@@ -1167,6 +1189,89 @@ mod tests {
             drop(a);
             assert_eq!(waiters(), 0);
             drop(fetching);
+        });
+    }
+
+    /// A clock that panics at its `from`-th reading and every one after it
+    /// (`until` = `from`: that one only).
+    fn breaking_clock(from: u32, until: u32) -> impl Fn() -> Instant {
+        let reads = std::cell::Cell::new(0);
+        move || {
+            reads.set(reads.get() + 1);
+            assert!(!(from..=until).contains(&reads.get()), "the clock broke");
+            Instant::ORIGIN
+        }
+    }
+
+    #[test]
+    fn a_clock_that_panics_as_a_fetch_ends_leaves_no_fetch_running() {
+        // Its first reading starts the fetch; the second, as the fetch ends, panics,
+        // and so does the third, in the guard's drop as that panic unwinds: the
+        // process goes on, and the waiter takes over.
+        let (state, source) = (AuthState::new(), Controlled::default());
+        let clock = breaking_clock(2, u32::MAX);
+        let answer = source.next_fetch();
+        let mut fetching = Box::pin(state.token(&source, None, &clock));
+        assert_eq!(generation(poll(&mut fetching)), None);
+        let mut waiter = Box::pin(state.token(&source, None, &origin));
+        assert_eq!(generation(poll(&mut waiter)), None);
+        answer.send(token("Bearer t1")).unwrap();
+        let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| poll(&mut fetching)));
+        assert!(unwound.is_err());
+        source.next_fetch().send(token("Bearer t2")).unwrap();
+        assert_eq!(generation(poll(&mut waiter)), Some(1));
+        assert_eq!(state.fetches(), 2);
+    }
+
+    #[test]
+    fn a_clock_that_panics_as_a_fetch_is_abandoned_leaves_no_fetch_running() {
+        // The caller drops its fetch, and the clock's reading in the guard's drop
+        // panics: the panic reaches the caller, once the flag is cleared.
+        let (state, source) = (AuthState::new(), Controlled::default());
+        let clock = breaking_clock(2, 2);
+        let _never_answered = source.next_fetch();
+        let mut fetching = Box::pin(state.token(&source, None, &clock));
+        assert_eq!(generation(poll(&mut fetching)), None);
+        let mut waiter = Box::pin(state.token(&source, None, &origin));
+        assert_eq!(generation(poll(&mut waiter)), None);
+        let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| drop(fetching)));
+        assert!(unwound.is_err(), "the clock's panic goes on to the caller");
+        source.next_fetch().send(token("Bearer t1")).unwrap();
+        assert_eq!(generation(poll(&mut waiter)), Some(1));
+        assert_eq!(state.fetches(), 2);
+    }
+
+    #[test]
+    fn a_failed_fetch_drops_the_error_it_replaces_outside_the_lock() {
+        use crate::sync::test_support::without_deadlock;
+        /// A token source's error whose drop reads the auth state.
+        #[derive(Debug)]
+        struct LooksBack(&'static AuthState);
+        impl std::fmt::Display for LooksBack {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("identity provider down")
+            }
+        }
+        impl std::error::Error for LooksBack {}
+        impl Drop for LooksBack {
+            fn drop(&mut self) {
+                let _ = self.0.fetches();
+            }
+        }
+        struct Failing(&'static AuthState);
+        impl TokenSource for Failing {
+            fn fetch(&self) -> impl Future<Output = Result<AuthToken, AuthError>> {
+                std::future::ready(Err(AuthError::from(LooksBack(self.0))))
+            }
+        }
+        without_deadlock(|| {
+            let state: &'static AuthState = Box::leak(Box::new(AuthState::new()));
+            let source = Failing(state);
+            for _ in 0..2 {
+                let failed = futures::executor::block_on(state.token(&source, None, &origin));
+                assert!(failed.is_err());
+            }
+            assert_eq!(state.fetches(), 2);
         });
     }
 
