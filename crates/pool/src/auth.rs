@@ -476,7 +476,8 @@ struct AuthInner {
     /// the refresh instead). Lowered again when the refresh fails, so callers that
     /// only need a token fall back to the cached one rather than fail.
     rejected: u64,
-    fetching: bool,
+    /// The `fetching` flag: the start of the fetch that runs, if one does.
+    fetching: Option<Instant>,
     /// Fetches started so far (a fetch abandoned by a dropped caller included).
     fetches_started: u64,
     /// Fetches finished so far (successful or not).
@@ -493,7 +494,7 @@ impl std::fmt::Debug for AuthState {
         f.debug_struct("AuthState")
             .field("generation", &inner.generation)
             .field("has_token", &inner.token.is_some())
-            .field("fetching", &inner.fetching)
+            .field("fetching", &inner.fetching.is_some())
             .finish()
     }
 }
@@ -576,7 +577,7 @@ impl AuthState {
                 generation: 0,
                 renamed_at: 0,
                 rejected: 0,
-                fetching: false,
+                fetching: None,
                 fetches_started: 0,
                 fetches_done: 0,
                 last_error: None,
@@ -594,6 +595,11 @@ impl AuthState {
         self.lock().fetches_started
     }
 
+    /// The start of the fetch that runs now, if one does.
+    pub(crate) fn fetch_running_since(&self) -> Option<Instant> {
+        self.lock().fetching
+    }
+
     /// The current token if there is one that no 401 rejected (and newer than
     /// `stale` when given) and that has not expired by `now`, without waiting: the
     /// path of every send once a token is cached. `None` too for a token due for
@@ -602,7 +608,7 @@ impl AuthState {
     pub(crate) fn current(&self, stale: Option<u64>, now: Instant) -> Option<Token> {
         let inner = self.lock();
         let token = inner.usable(stale, now)?;
-        if token.due(now) && !inner.fetching {
+        if token.due(now) && inner.fetching.is_none() {
             return None;
         }
         Some(token.clone())
@@ -656,8 +662,8 @@ impl AuthState {
                     // Due for renewal, and nobody renewing it: this caller does, and
                     // keeps the token it could have sent if that fails (a caller that
                     // waited for a fetch already takes what it brought).
-                    if token.due(now) && !inner.fetching && waited_for.is_none() {
-                        inner.fetching = true;
+                    if token.due(now) && inner.fetching.is_none() && waited_for.is_none() {
+                        inner.fetching = Some(now);
                         inner.fetches_started += 1;
                         Step::Fetch {
                             fall_back: true,
@@ -672,7 +678,9 @@ impl AuthState {
                     // a replay shares the error.
                     match (stale, &inner.token) {
                         // Another 401 started a new refresh meanwhile: wait for it.
-                        (None, Some(_)) if inner.fetching => Step::Wait(inner.fetches_done),
+                        (None, Some(_)) if inner.fetching.is_some() => {
+                            Step::Wait(inner.fetches_done)
+                        }
                         (None, Some(cached)) if !cached.expired(now) => Step::Ready(cached.clone()),
                         _ => Step::Failed(error),
                     }
@@ -682,10 +690,10 @@ impl AuthState {
                     if let Some(g) = stale {
                         inner.rejected = inner.rejected.max(g);
                     }
-                    if inner.fetching {
+                    if inner.fetching.is_some() {
                         Step::Wait(inner.fetches_done)
                     } else {
-                        inner.fetching = true;
+                        inner.fetching = Some(now);
                         inner.fetches_started += 1;
                         // No usable token: none yet, one a 401 refused (this
                         // call's, or another's whose refresh was abandoned), or,
@@ -752,10 +760,10 @@ impl AuthState {
                             _ => Ok(()),
                         };
                     }
-                    _ if inner.fetching => Some(inner.fetches_done),
+                    _ if inner.fetching.is_some() => Some(inner.fetches_done),
                     // None runs, or the one waited for was abandoned: start one.
                     _ => {
-                        inner.fetching = true;
+                        inner.fetching = Some(now);
                         inner.fetches_started += 1;
                         None
                     }
@@ -851,7 +859,7 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
         let started = self.started;
         let (outcome, fetched, waiters, replaced) = {
             let mut inner = self.state.lock();
-            inner.fetching = false;
+            inner.fetching = None;
             inner.fetches_done += 1;
             // A lifetime that ran out before the fetch ended (zero, or shorter than
             // the fetch took) gives a token nobody may send: a failed fetch.
@@ -940,7 +948,7 @@ impl<E: FetchEnv> Drop for FetchGuard<'_, E> {
             let now = std::panic::catch_unwind(AssertUnwindSafe(|| self.env.now()));
             let waiters = {
                 let mut inner = self.state.lock();
-                inner.fetching = false;
+                inner.fetching = None;
                 // An abandoned renewal (its caller's budget ended, or it was dropped)
                 // backs off as a failed one does: a provider that hangs is not asked
                 // again by every call that looks.
@@ -981,7 +989,7 @@ impl Future for WaitForFetch<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let state = self.state;
         let mut inner = state.lock();
-        if !inner.fetching || inner.fetches_done != self.seen {
+        if inner.fetching.is_none() || inner.fetches_done != self.seen {
             return Poll::Ready(());
         }
         // A replaced waker is dropped after the lock: its drop may be the last of a

@@ -920,6 +920,17 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         self.shared.auth_state.fetches()
     }
 
+    /// When the token fetch that runs now started (on the runtime's clock), or
+    /// `None` if none runs. A fetch is reported to the observer only as it ends, so
+    /// this is how a dashboard tells a token source that hangs (under policies
+    /// without a budget its calls wait as long as it does, and nothing reaches the
+    /// observer meanwhile) from a quiet API: the fetch's age is
+    /// `runtime().now() - since`.
+    #[must_use]
+    pub fn token_fetch_running_since(&self) -> Option<Instant> {
+        self.shared.auth_state.fetch_running_since()
+    }
+
     /// The API's name, the key its observer's events come under, if an observer is
     /// set. (Not a credential: tokens come from the client's token source.)
     #[must_use]

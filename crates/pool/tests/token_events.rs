@@ -478,3 +478,45 @@ fn a_client_without_an_observer_fetches_and_sends_as_with_one() {
     assert_eq!(sent[0].headers[AUTHORIZATION], "Bearer t1");
     assert_eq!(sent[0].at.since_origin(), ms(50));
 }
+
+#[test]
+fn a_running_fetch_shows_its_start_until_it_ends_or_is_given_up() {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    // The first fetch would take an hour; the next one 50 ms.
+    let source = tokens(
+        &w,
+        |n| if n == 1 { secs(3_600) } else { ms(50) },
+        None,
+        |_| false,
+    );
+    let client = w.builder().auth(source).build().unwrap();
+    let no_budget = CallPolicy::background().with_budget(None).unwrap();
+    w.rt.run_until(at(secs(5))).unwrap();
+    assert_eq!(client.token_fetch_running_since(), None);
+    let hung = w.spawn_call(&client, no_budget.clone(), "/x");
+    // A minute on, the call still waits and the observer has heard nothing: the
+    // client says since when its fetch runs.
+    w.rt.run_until(at(secs(65))).unwrap();
+    assert!(!hung.is_finished());
+    assert_eq!(w.kinds(), Vec::<&str>::new());
+    assert_eq!(client.token_fetch_running_since(), Some(at(secs(5))));
+    // Given up, it runs no more.
+    hung.abort();
+    assert_eq!(client.token_fetch_running_since(), None);
+    // The next one shows its own start while it runs, and nothing once it ends.
+    let next = w.spawn_call(&client, no_budget, "/x");
+    w.rt.run_until(at(ms(65_020))).unwrap();
+    assert_eq!(client.token_fetch_running_since(), Some(at(secs(65))));
+    w.rt.run_until(at(secs(66))).unwrap();
+    assert!(next.is_finished());
+    assert_eq!(client.token_fetch_running_since(), None);
+    assert_eq!(
+        fetched(&w),
+        [
+            (secs(65), TokenFetchReason::First, 60_000, Out::Abandoned),
+            (ms(65_050), TokenFetchReason::First, 50, token(1)),
+        ]
+    );
+    w.assert_contract();
+}
