@@ -155,7 +155,12 @@ pub struct CallEnd {
     /// replays and a synthetic `Started` + `Failed` pair (a refusal) included; 0
     /// for a call dropped before its first `Started`.
     pub sends: u32,
-    /// The `attempt` of the call's last `Started` (0 before any).
+    /// The `attempt` of the call's last `Started` (0 before any). A refusal's
+    /// synthetic `Started` counts here as it does in the events: a call the
+    /// breaker refused before any send ends with 1, where its error's
+    /// [`attempts`](crate::ClientError::attempts), which counts only sends that
+    /// went through the transport, is 0. For that figure, read the error
+    /// ([`CallOutcome::Failed`]).
     pub attempts: u32,
     /// What the caller got.
     pub outcome: CallOutcome,

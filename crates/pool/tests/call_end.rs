@@ -142,6 +142,8 @@ fn a_refused_call_counts_its_synthetic_send() {
         panic!()
     };
     assert_eq!(error.kind(), ErrorKind::BreakerOpen);
+    // The error counts only sends that went through the transport: none.
+    assert_eq!((error.attempts(), error.nothing_sent()), (0, true));
     w.assert_contract();
 }
 

@@ -624,9 +624,21 @@ impl TransportObserver for Totals {
                 .unwrap_or_else(PoisonError::into_inner);
             let mut replays = self.replays.lock().unwrap_or_else(PoisonError::into_inner);
             let key = event.call.map(|call| (api.to_owned(), call));
-            // A replay is the `Started` right after a 401 of the same call; it counts
-            // once its send went out (not refused before sending).
-            let stage = key.as_ref().and_then(|key| replays.remove(key));
+            // A replay is the next `Started` of a call after its 401; it counts once
+            // its send went out (not refused before sending). A breaker change
+            // between the two (the 401 of a probe closes the breaker) leaves the
+            // stage as it is.
+            let send_event = matches!(
+                event.kind,
+                EventKind::Started { .. }
+                    | EventKind::Succeeded { .. }
+                    | EventKind::Failed { .. }
+                    | EventKind::Cancelled { .. }
+            );
+            let stage = key
+                .as_ref()
+                .filter(|_| send_event)
+                .and_then(|key| replays.remove(key));
             match (stage, &event.kind) {
                 (Some(Replay::After401), EventKind::Started { .. }) => {
                     replays.extend(key.clone().map(|key| (key, Replay::Started)));
