@@ -1640,10 +1640,11 @@ fn summary(
     let _ = writeln!(
         out,
         "auth             {fetches} tokens from /token (first use + {} refreshes);\n                 \
-         {} sends answered 401, each call's first refreshed and replayed;\n                 \
+         {} sends answered 401, {} of them replayed with a new token;\n                 \
          the observer heard {} token fetches end ({} without a token)",
         fetches.saturating_sub(1),
         profile.unauthorized,
+        profile.replays,
         profile.token_fetches,
         profile.token_fetches_without_token,
     );
