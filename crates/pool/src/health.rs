@@ -182,7 +182,8 @@ pub struct ApiHealth {
     /// belongs to no call.
     pub tokens_fetched: u64,
     /// Token fetches that failed, all time. A failed renewal leaves calls sending
-    /// the old token, so no call fails for it: this count and
+    /// the old token, so no call fails for it (but a 401's replay that waited for
+    /// it, needing a newer token): this count and
     /// [`last_token_error`](ApiHealth::last_token_error) are where it shows.
     pub token_fetches_failed: u64,
     /// Token fetches that ended with no result, all time: given up by their

@@ -504,9 +504,10 @@ pub enum EventKind {
     BreakerReset,
     /// A fetch of the client's token source ended: it brought a token, which
     /// calls send from now on; it failed, and the token in use, if there is one
-    /// and it has not expired, stays in use (a failed renewal fails no call; a
-    /// failed first fetch, one for an expired token, or a 401's refresh ends the
-    /// calls that waited for it, 401 replays included, with
+    /// and it has not expired, stays in use (a failed renewal fails no call but
+    /// a 401's replay that waited for it, which needed the newer token it was to
+    /// bring; a failed first fetch, one for an expired token, or a 401's refresh
+    /// ends the calls that waited for it, 401 replays included, with
     /// [`ErrorKind::Auth`](crate::ErrorKind::Auth), each with its synthetic
     /// `Started` + `Failed`); or its caller gave it up (was dropped, or its budget
     /// ran out first) or a panic unwound through it, and the next caller that

@@ -171,9 +171,9 @@ pub trait Transport {
         std::future::ready(())
     }
 
-    /// Called after the pool's own time limit cut a send (or the read of an error
-    /// body): the connection it used may be stuck, so the next send should not reuse
-    /// it. Not called for a `TimedOut` the transport reports itself (its own timeout
+    /// Called after the pool's own time limit cut a send (or the read of a body: an
+    /// error body, or the body of a call that reads it): the connection it used may
+    /// be stuck, so the next send should not reuse it. Not called for a `TimedOut` the transport reports itself (its own timeout
     /// already knows which connection it gave up on). The default does nothing.
     fn distrust_connection(&self) {}
 }
@@ -396,9 +396,13 @@ pub trait TransportResponse {
     /// nothing: the loop's error-body read takes it as the end, and
     /// [`read_body`] skips it, giving way once.
     ///
-    /// The loop calls this only for error responses, to keep up to 2048 bytes of the
-    /// body, and always inside the send's time limit. Dropping the future abandons the
-    /// read; the bytes already returned stay valid.
+    /// The loop calls this for error responses, to keep up to 2048 bytes of the
+    /// body, and for every body of a call that reads it
+    /// ([`execute_read`](crate::ResilientClient::execute_read)), inside the send's
+    /// time limit; one exception: an error body that reached exactly 2048 bytes is
+    /// asked once more for a chunk that is already there, polled once with a waker
+    /// that does nothing, and the future dropped if it is not ready. Dropping the
+    /// future abandons the read; the bytes already returned stay valid.
     fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>>;
 }
 

@@ -520,3 +520,62 @@ fn a_running_fetch_shows_its_start_until_it_ends_or_is_given_up() {
     );
     w.assert_contract();
 }
+
+#[test]
+fn a_failed_renewal_fails_the_401_replay_that_waited_for_it_and_no_other_call() {
+    let w = World::new();
+    // `/admin` refuses every token, half a second after it is sent.
+    w.transport.respond_with(|request, _| match request.path() {
+        "/admin" => Reply::status(401).after(ms(500)),
+        _ => Reply::ok(),
+    });
+    // t1 at once, living two minutes (due for renewal from 60 s); every later
+    // fetch takes 2 s and fails.
+    let source = tokens(
+        &w,
+        |n| if n == 1 { Duration::ZERO } else { secs(2) },
+        Some(secs(120)),
+        |n| n >= 2,
+    );
+    let client = w.builder().auth(source).build().unwrap();
+    let call_at = |start: Duration, path: &'static str| {
+        let (client, rt) = (client.clone(), w.rt.clone());
+        w.rt.spawn(async move {
+            rt.sleep_until(at(start)).await;
+            client
+                .execute_with(&CallPolicy::background(), |h| h.get(path))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.kind())
+        })
+    };
+    let (first, renewer, refused) = (
+        call_at(Duration::ZERO, "/x"),
+        call_at(secs(60), "/x"),
+        call_at(ms(60_100), "/admin"),
+    );
+    w.rt.run().unwrap();
+    // The call at 60 s renews t1 (60 s to 62 s); `/admin` answers t1 401 at
+    // 60.6 s, and its replay, which needs a newer token, waits for the renewal and
+    // shares its failure. The renewer sends t1, and succeeds.
+    assert_eq!(
+        fetched(&w),
+        [
+            (
+                Duration::ZERO,
+                TokenFetchReason::First,
+                0,
+                Out::Token(1, Some(secs(120)))
+            ),
+            (secs(62), TokenFetchReason::Renewal, 2_000, down()),
+        ]
+    );
+    for (call, expected) in [
+        (first, Ok(())),
+        (renewer, Ok(())),
+        (refused, Err(ErrorKind::Auth)),
+    ] {
+        assert_eq!(w.rt.block_on(call).unwrap(), expected);
+    }
+    w.assert_contract();
+}
