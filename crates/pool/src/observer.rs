@@ -156,10 +156,12 @@ pub struct CallEnd {
     /// for a call dropped before its first `Started`.
     pub sends: u32,
     /// The `attempt` of the call's last `Started` (0 before any). A refusal's
-    /// synthetic `Started` counts here as it does in the events: a call the
-    /// breaker refused before any send ends with 1, where its error's
+    /// synthetic `Started` counts here as it does in the events, so a call that
+    /// ends refused before a send (the breaker open, a failed token fetch) can
+    /// show one attempt more than its error's
     /// [`attempts`](crate::ClientError::attempts), which counts only sends that
-    /// went through the transport, is 0. For that figure, read the error
+    /// went through the transport: a call the breaker refused outright ends with 1
+    /// here and 0 there. For that figure, read the error
     /// ([`CallOutcome::Failed`]).
     pub attempts: u32,
     /// What the caller got.
