@@ -1644,25 +1644,6 @@ fn all_succeed<E: std::fmt::Debug>(
     }
 }
 
-/// Spawns a background call to `path` that starts at `start` on the virtual clock;
-/// it yields the call's error kind, if any.
-fn background_call_at<A: vantage_api_pool::TokenSource + 'static>(
-    w: &World,
-    client: &Client<A>,
-    start: Duration,
-    path: &'static str,
-) -> vantage_api_pool_testkit::JoinHandle<Result<(), ErrorKind>> {
-    let (client, rt) = (client.clone(), w.rt.clone());
-    w.rt.spawn(async move {
-        rt.sleep_until(at(start)).await;
-        client
-            .execute_with(&CallPolicy::background(), |h| h.get(path))
-            .await
-            .map(|_| ())
-            .map_err(|e| e.kind())
-    })
-}
-
 /// The tokens the transport saw, in send order, for `path` (all paths: `None`).
 fn tokens_sent(w: &World, path: Option<&str>) -> Vec<String> {
     w.transport
@@ -1784,7 +1765,7 @@ fn a_401_replay_never_gets_a_token_that_another_401_rejected() {
         }
     });
     let (client, fetches) = client_with_counted_tokens(&w, |b| b);
-    let call_at = |start, path| background_call_at(&w, &client, start, path);
+    let call_at = |start, path| w.background_call_at(&client, start, path);
     let a = call_at(Duration::ZERO, "/slow");
     let b = call_at(ms(100), "/b");
     let c = call_at(ms(200), "/c");
@@ -2037,7 +2018,7 @@ fn callers_that_waited_on_a_failed_refresh_fall_back_to_the_cached_token() {
     w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
         .unwrap()
         .unwrap();
-    let call_at = |start, path| background_call_at(&w, &client, start, path);
+    let call_at = |start, path| w.background_call_at(&client, start, path);
     // 10 ms: A's and B's t1 get 401s; A refreshes (fails at 70 ms), B waits.
     // 40 ms: E only needs a token and waits for that refresh too.
     // 100 ms: C comes after it all.

@@ -538,17 +538,7 @@ fn a_failed_renewal_fails_the_401_replay_that_waited_for_it_and_no_other_call() 
         |n| n >= 2,
     );
     let client = w.builder().auth(source).build().unwrap();
-    let call_at = |start: Duration, path: &'static str| {
-        let (client, rt) = (client.clone(), w.rt.clone());
-        w.rt.spawn(async move {
-            rt.sleep_until(at(start)).await;
-            client
-                .execute_with(&CallPolicy::background(), |h| h.get(path))
-                .await
-                .map(|_| ())
-                .map_err(|e| e.kind())
-        })
-    };
+    let call_at = |start, path| w.background_call_at(&client, start, path);
     let (first, renewer, refused) = (
         call_at(Duration::ZERO, "/x"),
         call_at(secs(60), "/x"),

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::{
-    CallPolicy, ClientBuilder, ClientError, EventKind, Instant, Jitter, NoAuth, ResilientClient,
-    RetryMode, RetryPolicy, TokenSource, Transport, TransportError, TransportErrorKind,
-    TransportEvent, TransportResponse,
+    CallPolicy, ClientBuilder, ClientError, ErrorKind, EventKind, Instant, Jitter, NoAuth,
+    ResilientClient, RetryMode, RetryPolicy, TokenSource, Transport, TransportError,
+    TransportErrorKind, TransportEvent, TransportResponse,
 };
 use vantage_api_pool_testkit::{
     JoinHandle, RecordingObserver, ScriptedHttp, ScriptedRequestBuilder, ScriptedTransport,
@@ -123,6 +123,25 @@ impl World {
             .block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
             .expect("the call finishes")
             .expect_err("the call fails")
+    }
+
+    /// Spawns a background call to `path` that starts at `start` on the virtual
+    /// clock; it yields the call's error kind, if any.
+    pub fn background_call_at<A: TokenSource + 'static>(
+        &self,
+        client: &Client<A>,
+        start: Duration,
+        path: &'static str,
+    ) -> JoinHandle<Result<(), ErrorKind>> {
+        let (client, rt) = (client.clone(), self.rt.clone());
+        self.rt.spawn(async move {
+            rt.sleep_until(at(start)).await;
+            client
+                .execute_with(&CallPolicy::background(), |h| h.get(path))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.kind())
+        })
     }
 
     /// Spawns one call of `client` under `policy` (a GET of `path`) on the driver.
