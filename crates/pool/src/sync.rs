@@ -20,7 +20,9 @@ pub(crate) use std::sync::{Mutex, MutexGuard};
 #[cfg(feature = "shuttle")]
 pub(crate) use model::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard};
 
+use std::any::Any;
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 pub(crate) use std::sync::PoisonError;
 pub(crate) use std::sync::atomic::Ordering;
 use std::task::Waker;
@@ -282,9 +284,13 @@ pub(crate) struct Wakers {
 pub(crate) struct ToWake(BTreeMap<u64, Waker>);
 
 impl ToWake {
-    /// Wakes every one of them.
+    /// Wakes every one of them. A waker whose `wake` panics (an executor's bug)
+    /// does not leave the others asleep for good: each is woken, and the first
+    /// panic goes on afterwards.
     pub(crate) fn wake(self) {
-        self.0.into_values().for_each(Waker::wake);
+        if let Some(panic) = wake_all(self.0) {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     /// Wakes every one of them when the result is dropped, by a panic's unwinding
@@ -299,8 +305,24 @@ pub(crate) struct WakeOnDrop(BTreeMap<u64, Waker>);
 
 impl Drop for WakeOnDrop {
     fn drop(&mut self) {
-        ToWake(std::mem::take(&mut self.0)).wake();
+        let panic = wake_all(std::mem::take(&mut self.0));
+        // Out of a destructor while a panic unwinds, a second one would abort.
+        if let Some(panic) = panic.filter(|_| !std::thread::panicking()) {
+            std::panic::resume_unwind(panic);
+        }
     }
+}
+
+/// Wakes each of `wakers`, in key order, all of them even if one's `wake` panics;
+/// returns the first such panic.
+fn wake_all(wakers: BTreeMap<u64, Waker>) -> Option<Box<dyn Any + Send>> {
+    let mut first = None;
+    for waker in wakers.into_values() {
+        if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| waker.wake())) {
+            first.get_or_insert(panic);
+        }
+    }
+    first
 }
 
 impl Wakers {
@@ -384,5 +406,66 @@ pub(crate) mod test_support {
                 panic!("deadlocked: a waker was dropped under the lock its drop takes")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    /// Counts its wakes into a shared count, and panics on them if told to.
+    struct Counted {
+        woken: Arc<AtomicUsize>,
+        panics: bool,
+    }
+
+    impl Wake for Counted {
+        fn wake(self: Arc<Self>) {
+            self.woken.fetch_add(1, Ordering::SeqCst);
+            assert!(!self.panics, "a waker that panics");
+        }
+    }
+
+    /// Three wakers in a `Wakers`, the first of which panics when woken, all taken.
+    fn taken(woken: &Arc<AtomicUsize>) -> ToWake {
+        let mut wakers = Wakers::default();
+        for panics in [true, false, false] {
+            let waker = Waker::from(Arc::new(Counted {
+                woken: Arc::clone(woken),
+                panics,
+            }));
+            let _ = wakers.register(&mut None, &waker);
+        }
+        wakers.take()
+    }
+
+    #[test]
+    fn a_waker_that_panics_leaves_none_of_the_others_asleep() {
+        let woken = Arc::new(AtomicUsize::new(0));
+        let to_wake = taken(&woken);
+        let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| to_wake.wake()));
+        assert!(panicked.is_err(), "the panic goes on");
+        assert_eq!(woken.load(Ordering::SeqCst), 3);
+        // Dropped as a guard, the same, and no second panic out of the drop while
+        // another unwinds (which would abort).
+        let woken = Arc::new(AtomicUsize::new(0));
+        let guard = taken(&woken).on_drop();
+        let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| drop(guard)));
+        assert!(panicked.is_err());
+        assert_eq!(woken.load(Ordering::SeqCst), 3);
+        let woken = Arc::new(AtomicUsize::new(0));
+        let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let _guard = taken(&woken).on_drop();
+            panic!("the observer's panic");
+        }));
+        let message = unwound.unwrap_err();
+        assert_eq!(
+            message.downcast_ref::<&str>(),
+            Some(&"the observer's panic")
+        );
+        assert_eq!(woken.load(Ordering::SeqCst), 3);
     }
 }
