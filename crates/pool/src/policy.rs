@@ -369,7 +369,8 @@ impl CallPolicy {
         if self.budget.is_some_and(|b| timeout > b) {
             return Err(ConfigError::new(
                 "attempt_timeout",
-                "must not exceed the budget",
+                "must not exceed the policy's budget (to change both, set them together \
+                 with with_time_limits)",
             ));
         }
         self.attempt_timeout = timeout;
@@ -386,7 +387,18 @@ impl CallPolicy {
     /// # Errors
     ///
     /// A [`ConfigError`] naming `budget` if it is zero or shorter than the attempt
-    /// timeout.
+    /// timeout; its reason points to [`with_time_limits`](Self::with_time_limits).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool::{CallPolicy, RetryPolicy};
+    /// let five = Some(Duration::from_secs(5));
+    /// // Under the presets' 10 s attempt timeout: refused, with the way out.
+    /// let refused = CallPolicy::bounded(RetryPolicy::default()).with_budget(five);
+    /// let error = refused.unwrap_err();
+    /// assert_eq!(error.setting(), "budget");
+    /// assert!(error.reason().contains("with_time_limits"), "{error}");
+    /// ```
     pub fn with_budget(mut self, budget: Option<Duration>) -> Result<Self, ConfigError> {
         if let Some(b) = budget {
             if b.is_zero() {
@@ -395,7 +407,8 @@ impl CallPolicy {
             if b < self.attempt_timeout {
                 return Err(ConfigError::new(
                     "budget",
-                    "must not be shorter than the attempt timeout",
+                    "must not be shorter than the policy's attempt timeout (10 s unless \
+                     set; to change both, set them together with with_time_limits)",
                 ));
             }
         }

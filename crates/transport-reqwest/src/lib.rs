@@ -295,7 +295,10 @@ pub use response::ReqwestResponse;
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub use scripted::ScriptedReqwest;
 
-/// Re-exported so callers name the same reqwest as the adapter.
+/// Re-exported so callers name the same reqwest as the adapter. The adapter's
+/// features `json`, `query` and `form` turn on reqwest's own of those names
+/// (`RequestBuilder::json`, `Response::json`, `RequestBuilder::query`,
+/// `RequestBuilder::form`), so these need no `reqwest` dependency of your own.
 pub use reqwest;
 /// Re-exported so callers name the same `vantage-api-pool` as the adapter,
 /// with no second dependency to keep at the same version:

@@ -791,3 +791,48 @@ fn code_bound_on_send_reqwest_like_reads_a_body_that_broke_off_again() {
     fn bound<T: vantage_api_pool_reqwest::SendReqwestLike>(_: &T) {}
     bound(&ReqwestTransport::new(reqwest::Client::new()));
 }
+
+/// The adapter's `json`, `query` and `form` features turn on reqwest's own, so the
+/// re-exported `reqwest` builds and reads such bodies.
+#[cfg(all(feature = "json", feature = "query", feature = "form"))]
+#[test]
+fn the_json_query_and_form_features_reach_reqwest() {
+    let (rt, script, client) = set_up();
+    script.push(
+        Reply::ok()
+            .header("content-type", "application/json")
+            .body(r#"[["a",1],["b",2]]"#),
+    );
+    script.push(Reply::status(201));
+    script.push(Reply::status(201));
+    let rows = rt
+        .block_on(async {
+            let response = client
+                .execute(|http| http.get(URL).query(&[("page", "2")]))
+                .await?;
+            Ok::<_, vantage_api_pool::ClientError>(
+                response.into_inner().json::<Vec<(String, u32)>>().await,
+            )
+        })
+        .expect("driven")
+        .expect("answered")
+        .expect("a JSON body");
+    assert_eq!(rows, [("a".to_owned(), 1), ("b".to_owned(), 2)]);
+    for build in [
+        |http: &reqwest::Client| http.post(URL).json(&[("a", 1)]),
+        |http: &reqwest::Client| http.post(URL).form(&[("name", "x y")]),
+    ] {
+        rt.block_on(client.execute(build))
+            .expect("driven")
+            .expect("answered");
+    }
+    let sent = script.requests();
+    assert_eq!(sent[0].path, "/v1/orders?page=2");
+    assert_eq!(sent[1].body, Bytes::from_static(br#"[["a",1]]"#));
+    assert_eq!(sent[1].headers["content-type"], "application/json");
+    assert_eq!(sent[2].body, Bytes::from_static(b"name=x+y"));
+    assert_eq!(
+        sent[2].headers["content-type"],
+        "application/x-www-form-urlencoded"
+    );
+}
