@@ -686,6 +686,14 @@ mod tests {
             .unwrap();
         assert_eq!(whole.attempt_timeout(), Duration::from_secs(30));
         assert_eq!(name(b.clone().with_budget(Some(Duration::ZERO))), "budget");
+        // Refused for being zero, not (as well) for being under the attempt timeout.
+        assert_eq!(
+            b.clone()
+                .with_budget(Some(Duration::ZERO))
+                .unwrap_err()
+                .reason(),
+            "must be greater than zero"
+        );
         assert_eq!(
             name(b.clone().with_budget(Some(Duration::from_secs(9)))),
             "budget"

@@ -404,6 +404,13 @@ mod tests {
             "rate_limit.burst"
         );
         assert_eq!(RateLimit::per_second(0.5).unwrap().burst(), 1);
+        // Rounded up, not to the nearest.
+        assert_eq!(RateLimit::per_second(2.2).unwrap().burst(), 3);
+        // A rate whose interval does not fit the bucket's nanoseconds says so.
+        assert_eq!(
+            RateLimit::per_second(1e-300).unwrap_err().reason(),
+            "is too small"
+        );
         assert_eq!(
             RateLimit::per_second(1e12).unwrap().interval(),
             Duration::from_nanos(1)

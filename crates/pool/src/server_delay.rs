@@ -284,6 +284,13 @@ mod tests {
                 &[(MS, b"18446744073709551616000")],
                 Some(Duration::MAX),
             ),
+            (
+                // Fits a u128 as milliseconds, not once scaled to nanoseconds (where
+                // a wrapping product would read as under a millisecond).
+                "ms past u128 only in nanoseconds",
+                &[(MS, b"340282366920938463463374607431769")],
+                Some(Duration::MAX),
+            ),
             ("ms empty", &[(MS, b"")], None),
             ("ms only whitespace", &[(MS, b"  ")], None),
             ("ms non-ASCII digits", &[(MS, b"\xd9\xa1\xd9\xa5")], None), // "١٥" in UTF-8
