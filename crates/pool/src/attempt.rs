@@ -319,11 +319,13 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
     /// unwinds, `Cancelled` otherwise.
     #[cold]
     fn dropped(&self) {
-        let at = self.client.runtime.now();
+        let now = || self.client.runtime.now();
         if std::thread::panicking() {
-            report_from_drop(|| self.report_end(at, CallOutcome::Panicked));
+            // The clock is read inside too: one that panics (as it may have done
+            // to start this unwinding) must not abort the process from here.
+            report_from_drop(|| self.report_end(now(), CallOutcome::Panicked));
         } else {
-            self.report_end(at, CallOutcome::Cancelled);
+            self.report_end(now(), CallOutcome::Cancelled);
         }
     }
 }

@@ -928,10 +928,11 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
             };
             (outcome, fetched, inner.waiters.take(), replaced)
         };
-        // The error it replaced is the token source's own type: its drop runs
-        // outside the lock.
-        drop(replaced);
         self.report(now, fetched, waiters);
+        // The error it replaced is the token source's own type: its drop runs
+        // outside the lock, and after the waiters are woken (a drop that panics
+        // leaves none asleep).
+        drop(replaced);
         outcome
     }
 }
@@ -1200,6 +1201,24 @@ mod tests {
         });
     }
 
+    /// A waker that counts its wakes, and the count.
+    fn counting_waker() -> (std::task::Waker, Arc<std::sync::atomic::AtomicUsize>) {
+        struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+        impl std::task::Wake for Counting {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let waker = std::task::Waker::from(Arc::new(Counting(Arc::clone(&count))));
+        (waker, count)
+    }
+
+    /// Polls `future` once with `waker`.
+    fn poll_with<F: Future + Unpin>(future: &mut F, waker: &std::task::Waker) -> Poll<F::Output> {
+        Pin::new(future).poll(&mut Context::from_waker(waker))
+    }
+
     /// A clock that panics at its `from`-th reading and every one after it
     /// (`until` = `from`: that one only).
     fn breaking_clock(from: u32, until: u32) -> impl Fn() -> Instant {
@@ -1222,10 +1241,12 @@ mod tests {
         let mut fetching = Box::pin(state.token(&source, None, &clock));
         assert_eq!(generation(poll(&mut fetching)), None);
         let mut waiter = Box::pin(state.token(&source, None, &origin));
-        assert_eq!(generation(poll(&mut waiter)), None);
+        let (waker, woken) = counting_waker();
+        assert_eq!(generation(poll_with(&mut waiter, &waker)), None);
         answer.send(token("Bearer t1")).unwrap();
         let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| poll(&mut fetching)));
         assert!(unwound.is_err());
+        assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 1, "woken");
         source.next_fetch().send(token("Bearer t2")).unwrap();
         assert_eq!(generation(poll(&mut waiter)), Some(1));
         assert_eq!(state.fetches(), 2);
@@ -1241,9 +1262,11 @@ mod tests {
         let mut fetching = Box::pin(state.token(&source, None, &clock));
         assert_eq!(generation(poll(&mut fetching)), None);
         let mut waiter = Box::pin(state.token(&source, None, &origin));
-        assert_eq!(generation(poll(&mut waiter)), None);
+        let (waker, woken) = counting_waker();
+        assert_eq!(generation(poll_with(&mut waiter, &waker)), None);
         let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| drop(fetching)));
         assert!(unwound.is_err(), "the clock's panic goes on to the caller");
+        assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 1, "woken");
         source.next_fetch().send(token("Bearer t1")).unwrap();
         assert_eq!(generation(poll(&mut waiter)), Some(1));
         assert_eq!(state.fetches(), 2);

@@ -397,6 +397,14 @@ impl CircuitBreaker {
     /// [`Transition::Closed`] when the breaker was open or half-open (`None` when it
     /// was closed already: only its run of failures, if any, is cleared).
     pub fn reset(&self) -> Option<Transition> {
+        self.reset_then(|_| ())
+    }
+
+    /// [`reset`](Self::reset), calling `report` with the transition once the lock is
+    /// released and before the waiting callers are woken (who are woken all the
+    /// same if `report` panics, and whose wakers, should one panic, cannot keep the
+    /// report from being made).
+    pub(crate) fn reset_then(&self, report: impl FnOnce(Option<Transition>)) -> Option<Transition> {
         let (transition, waiting) = {
             let mut s = self.lock();
             let was_closed = matches!(s.mode, Mode::Closed);
@@ -411,7 +419,9 @@ impl CircuitBreaker {
                 s.waiting.take(),
             )
         };
-        waiting.wake();
+        let waiting = waiting.on_drop();
+        report(transition);
+        drop(waiting);
         transition
     }
 
@@ -830,6 +840,57 @@ mod tests {
                 cooldown: Duration::from_secs(5)
             })
         );
+    }
+
+    #[test]
+    fn a_reset_is_reported_before_its_waiters_are_woken_even_if_a_waker_panics() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicUsize;
+        use std::task::{Wake, Waker};
+
+        /// Counts its wakes, and panics on them if told to.
+        struct Count(AtomicUsize, bool);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                assert!(!self.1, "a waker that panics");
+            }
+        }
+        let b = breaker();
+        for _ in 0..5 {
+            let _ = b.record(Failure, None, at(0));
+        }
+        assert!(matches!(b.state(at(0)), BreakerState::Open { .. }));
+        let seen = b.lock().resets;
+        let (bad, good) = (
+            Arc::new(Count(AtomicUsize::new(0), true)),
+            Arc::new(Count(AtomicUsize::new(0), false)),
+        );
+        let mut waits = [Box::pin(b.reset_since(seen)), Box::pin(b.reset_since(seen))];
+        for (wait, count) in waits.iter_mut().zip([&bad, &good]) {
+            let waker = Waker::from(Arc::clone(count));
+            assert!(
+                wait.as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            );
+        }
+        let mut heard = None;
+        let reset = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            b.reset_then(|transition| {
+                // Nobody is woken yet when the report is made.
+                let woken = bad.0.load(Ordering::Relaxed) + good.0.load(Ordering::Relaxed);
+                heard = Some((transition, woken));
+            })
+        }));
+        assert!(reset.is_err(), "the waker's panic goes on");
+        assert_eq!(heard, Some((Some(Transition::Closed), 0)));
+        assert_eq!(
+            good.0.load(Ordering::Relaxed),
+            1,
+            "the other waiter is woken"
+        );
+        assert_eq!(b.state(at(1)), BreakerState::Closed);
     }
 
     #[test]

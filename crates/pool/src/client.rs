@@ -784,13 +784,17 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
         let Some(breaker) = &shared.breaker else {
             return false;
         };
-        let closed = breaker.reset().is_some();
-        if closed {
-            shared
-                .events
-                .emit(|| shared.runtime.now(), None, || EventKind::BreakerReset);
-        }
-        closed
+        // Reported before the calls waiting out the cooldown are woken, so none of
+        // their sends comes ahead of it.
+        breaker
+            .reset_then(|transition| {
+                if transition.is_some() {
+                    shared
+                        .events
+                        .emit(|| shared.runtime.now(), None, || EventKind::BreakerReset);
+                }
+            })
+            .is_some()
     }
 
     /// Permits held right now: sends in flight up to their response head, and sends

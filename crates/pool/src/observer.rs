@@ -324,8 +324,9 @@ pub enum TokenFetchOutcome {
     Abandoned,
     /// A panic unwound through the fetch before it ended: the token source's own,
     /// most likely (a panic elsewhere in the task that held the fetching caller
-    /// shows so too, as does the runtime's clock panicking as the fetch ends: then
-    /// the event's time is the fetch's start, and its `ms` 0).
+    /// shows so too, as does the runtime's clock panicking as the fetch ends or is
+    /// given up: then the event's time is a reading taken as the fetch's guard is
+    /// dropped, or, if the clock panics there too, the fetch's start, with `ms` 0).
     Panicked,
 }
 

@@ -440,6 +440,14 @@ impl CallPolicy {
         attempt_timeout: Duration,
         budget: Option<Duration>,
     ) -> Result<Self, ConfigError> {
+        // The pair first, with a reason of its own (the single setter's would send the
+        // caller back here).
+        if budget.is_some_and(|b| !b.is_zero() && b < attempt_timeout) {
+            return Err(ConfigError::new(
+                "budget",
+                "must not be shorter than the attempt timeout given with it",
+            ));
+        }
         // Checked from no budget at all, so the old budget does not interfere.
         self.with_budget(None)?
             .with_attempt_timeout(attempt_timeout)?
@@ -606,6 +614,13 @@ mod tests {
         assert_eq!(
             name(b.clone().with_time_limits(Duration::ZERO, None)),
             "attempt_timeout"
+        );
+        assert_eq!(
+            b.clone()
+                .with_time_limits(secs(60), Some(secs(30)))
+                .unwrap_err()
+                .reason(),
+            "must not be shorter than the attempt timeout given with it"
         );
         assert_eq!(
             name(b.clone().with_time_limits(secs(10), Some(secs(9)))),

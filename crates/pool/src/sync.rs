@@ -284,17 +284,11 @@ pub(crate) struct Wakers {
 pub(crate) struct ToWake(BTreeMap<u64, Waker>);
 
 impl ToWake {
-    /// Wakes every one of them. A waker whose `wake` panics (an executor's bug)
-    /// does not leave the others asleep for good: each is woken, and the first
-    /// panic goes on afterwards.
-    pub(crate) fn wake(self) {
-        if let Some(panic) = wake_all(self.0) {
-            std::panic::resume_unwind(panic);
-        }
-    }
-
     /// Wakes every one of them when the result is dropped, by a panic's unwinding
-    /// too: for wakers taken before a callback that may panic (an observer's).
+    /// too: for wakers taken before a callback that may panic (an observer's). A
+    /// waker whose `wake` panics (an executor's bug) does not leave the others
+    /// asleep for good: each is woken, and the first such panic goes on afterwards
+    /// (unless another one unwinds already).
     pub(crate) fn on_drop(self) -> WakeOnDrop {
         WakeOnDrop(self.0)
     }
@@ -445,17 +439,12 @@ mod tests {
     #[test]
     fn a_waker_that_panics_leaves_none_of_the_others_asleep() {
         let woken = Arc::new(AtomicUsize::new(0));
-        let to_wake = taken(&woken);
-        let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| to_wake.wake()));
-        assert!(panicked.is_err(), "the panic goes on");
-        assert_eq!(woken.load(Ordering::SeqCst), 3);
-        // Dropped as a guard, the same, and no second panic out of the drop while
-        // another unwinds (which would abort).
-        let woken = Arc::new(AtomicUsize::new(0));
         let guard = taken(&woken).on_drop();
         let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| drop(guard)));
-        assert!(panicked.is_err());
+        assert!(panicked.is_err(), "the panic goes on");
         assert_eq!(woken.load(Ordering::SeqCst), 3);
+        // And no second panic out of the drop while another unwinds (which would
+        // abort).
         let woken = Arc::new(AtomicUsize::new(0));
         let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let _guard = taken(&woken).on_drop();
