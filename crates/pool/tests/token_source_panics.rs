@@ -15,8 +15,8 @@ use futures::FutureExt;
 use http::{HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, token_fn};
 use vantage_api_pool::{
-    CallPolicy, EventKind, Fanout, ResilientClient, TokenFetchOutcome, TokenFetchReason,
-    TokenSource, TransportEvent, TransportObserver,
+    CallPolicy, EventKind, Fanout, Instant, ResilientClient, Runtime, TokenFetchOutcome,
+    TokenFetchReason, TokenSource, TransportEvent, TransportObserver,
 };
 use vantage_api_pool_testkit::{Reply, ScriptedRequest, VirtualRuntime};
 
@@ -179,5 +179,87 @@ fn an_observer_that_panics_on_the_panicked_fetch_does_not_abort_and_the_waiter_g
         })
         .collect();
     assert_eq!(outcomes, ["panicked", "fetched"]);
+    w.assert_contract();
+}
+
+/// The testkit's clock, which panics on every reading while `broken` is set.
+#[derive(Clone)]
+struct BreakingClock {
+    rt: VirtualRuntime,
+    broken: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Runtime for BreakingClock {
+    fn now(&self) -> Instant {
+        assert!(
+            !self.broken.load(Ordering::SeqCst),
+            "token source panics: the clock broke"
+        );
+        self.rt.now()
+    }
+
+    fn wall_clock(&self) -> std::time::SystemTime {
+        self.rt.wall_clock()
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> impl std::future::Future<Output = ()> {
+        self.rt.sleep_until(deadline)
+    }
+
+    fn random(&self) -> f64 {
+        self.rt.random()
+    }
+}
+
+#[test]
+fn a_clock_that_keeps_panicking_as_a_fetch_ends_aborts_nothing_and_leaves_no_fetch_running() {
+    // The fetch's end reads the clock, which panics; so does every reading while
+    // that panic unwinds (the fetch's guard, the call's end for its observer). Out
+    // of a destructor any of them would abort the process.
+    quiet_panics_starting_with("token source panics");
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let clock = BreakingClock {
+        rt: w.rt.clone(),
+        broken: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    };
+    let (rt, broken, fetches) = (
+        w.rt.clone(),
+        Arc::clone(&clock.broken),
+        Arc::new(AtomicU32::new(0)),
+    );
+    let counted = Arc::clone(&fetches);
+    let source = token_fn(move || {
+        let (rt, broken) = (rt.clone(), Arc::clone(&broken));
+        let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            rt.sleep(ms(50)).await;
+            // The first fetch breaks the clock just as it ends.
+            broken.store(n == 1, Ordering::SeqCst);
+            let value = HeaderValue::from_str(&format!("Bearer t{n}")).unwrap();
+            Ok::<_, AuthError>((AUTHORIZATION, value))
+        }
+    });
+    let client = ResilientClient::builder(w.transport.clone(), clock.clone())
+        .observer("api", Arc::new(w.observer.clone()))
+        .auth(source)
+        .build()
+        .unwrap();
+    let policy = CallPolicy::background();
+    let call = || client.execute_with(&policy, |h| h.get("/a"));
+    let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| w.rt.block_on(call())));
+    assert!(unwound.is_err(), "the clock's panic reached the caller");
+    // The clock mended, the next call fetches anew and goes out with its token.
+    clock.broken.store(false, Ordering::SeqCst);
+    assert_eq!(client.token_fetch_running_since(), None);
+    w.rt.block_on(call()).unwrap().unwrap();
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    let sent: Vec<_> = w
+        .transport
+        .requests()
+        .iter()
+        .map(|r| r.headers[AUTHORIZATION].clone())
+        .collect();
+    assert_eq!(sent, ["Bearer t2"]);
     w.assert_contract();
 }
