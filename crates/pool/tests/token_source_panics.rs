@@ -43,6 +43,15 @@ fn source(
     })
 }
 
+/// The `Authorization` header of each request the server got, in order.
+fn tokens_sent(w: &World) -> Vec<HeaderValue> {
+    w.transport
+        .requests()
+        .iter()
+        .map(|r| r.headers[AUTHORIZATION].clone())
+        .collect()
+}
+
 fn bearer(request: &ScriptedRequest) -> Option<&str> {
     request.headers().get(AUTHORIZATION)?.to_str().ok()
 }
@@ -86,13 +95,7 @@ fn a_first_fetch_that_panics_is_taken_over_by_a_waiting_caller() {
     assert!(panicked, "the fetching caller panicked");
     assert!(succeeded);
     assert_eq!(fetches, 2);
-    let sent: Vec<_> = w
-        .transport
-        .requests()
-        .iter()
-        .map(|r| r.headers[AUTHORIZATION].clone())
-        .collect();
-    assert_eq!(sent, ["Bearer t2"]);
+    assert_eq!(tokens_sent(&w), ["Bearer t2"]);
     // The fetch that panicked is reported so, from its caller's drop; the waiter's
     // own fetch brought the first token.
     let fetch_ends: Vec<_> = w
@@ -254,12 +257,6 @@ fn a_clock_that_keeps_panicking_as_a_fetch_ends_aborts_nothing_and_leaves_no_fet
     assert_eq!(client.token_fetch_running_since(), None);
     w.rt.block_on(call()).unwrap().unwrap();
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
-    let sent: Vec<_> = w
-        .transport
-        .requests()
-        .iter()
-        .map(|r| r.headers[AUTHORIZATION].clone())
-        .collect();
-    assert_eq!(sent, ["Bearer t2"]);
+    assert_eq!(tokens_sent(&w), ["Bearer t2"]);
     w.assert_contract();
 }
