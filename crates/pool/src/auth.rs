@@ -1201,19 +1201,6 @@ mod tests {
         });
     }
 
-    /// A waker that counts its wakes, and the count.
-    fn counting_waker() -> (std::task::Waker, Arc<std::sync::atomic::AtomicUsize>) {
-        struct Counting(Arc<std::sync::atomic::AtomicUsize>);
-        impl std::task::Wake for Counting {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let waker = std::task::Waker::from(Arc::new(Counting(Arc::clone(&count))));
-        (waker, count)
-    }
-
     /// Polls `future` once with `waker`.
     fn poll_with<F: Future + Unpin>(future: &mut F, waker: &std::task::Waker) -> Poll<F::Output> {
         Pin::new(future).poll(&mut Context::from_waker(waker))
@@ -1241,7 +1228,7 @@ mod tests {
         let mut fetching = Box::pin(state.token(&source, None, &clock));
         assert_eq!(generation(poll(&mut fetching)), None);
         let mut waiter = Box::pin(state.token(&source, None, &origin));
-        let (waker, woken) = counting_waker();
+        let (waker, woken) = crate::sync::test_support::counting_waker(false);
         assert_eq!(generation(poll_with(&mut waiter, &waker)), None);
         answer.send(token("Bearer t1")).unwrap();
         let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| poll(&mut fetching)));
@@ -1262,7 +1249,7 @@ mod tests {
         let mut fetching = Box::pin(state.token(&source, None, &clock));
         assert_eq!(generation(poll(&mut fetching)), None);
         let mut waiter = Box::pin(state.token(&source, None, &origin));
-        let (waker, woken) = counting_waker();
+        let (waker, woken) = crate::sync::test_support::counting_waker(false);
         assert_eq!(generation(poll_with(&mut waiter, &waker)), None);
         let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| drop(fetching)));
         assert!(unwound.is_err(), "the clock's panic goes on to the caller");

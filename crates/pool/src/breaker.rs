@@ -844,31 +844,16 @@ mod tests {
 
     #[test]
     fn a_reset_is_reported_before_its_waiters_are_woken_even_if_a_waker_panics() {
-        use std::sync::Arc;
-        use std::sync::atomic::AtomicUsize;
-        use std::task::{Wake, Waker};
-
-        /// Counts its wakes, and panics on them if told to.
-        struct Count(AtomicUsize, bool);
-        impl Wake for Count {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, Ordering::Relaxed);
-                assert!(!self.1, "a waker that panics");
-            }
-        }
+        use crate::sync::test_support::counting_waker;
         let b = breaker();
         for _ in 0..5 {
             let _ = b.record(Failure, None, at(0));
         }
         assert!(matches!(b.state(at(0)), BreakerState::Open { .. }));
         let seen = b.lock().resets;
-        let (bad, good) = (
-            Arc::new(Count(AtomicUsize::new(0), true)),
-            Arc::new(Count(AtomicUsize::new(0), false)),
-        );
+        let ((bad_waker, bad), (good_waker, good)) = (counting_waker(true), counting_waker(false));
         let mut waits = [Box::pin(b.reset_since(seen)), Box::pin(b.reset_since(seen))];
-        for (wait, count) in waits.iter_mut().zip([&bad, &good]) {
-            let waker = Waker::from(Arc::clone(count));
+        for (wait, waker) in waits.iter_mut().zip([&bad_waker, &good_waker]) {
             assert!(
                 wait.as_mut()
                     .poll(&mut Context::from_waker(&waker))
@@ -879,17 +864,13 @@ mod tests {
         let reset = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             b.reset_then(|transition| {
                 // Nobody is woken yet when the report is made.
-                let woken = bad.0.load(Ordering::Relaxed) + good.0.load(Ordering::Relaxed);
+                let woken = bad.load(Ordering::Relaxed) + good.load(Ordering::Relaxed);
                 heard = Some((transition, woken));
             })
         }));
         assert!(reset.is_err(), "the waker's panic goes on");
         assert_eq!(heard, Some((Some(Transition::Closed), 0)));
-        assert_eq!(
-            good.0.load(Ordering::Relaxed),
-            1,
-            "the other waiter is woken"
-        );
+        assert_eq!(good.load(Ordering::Relaxed), 1, "the other waiter is woken");
         assert_eq!(b.state(at(1)), BreakerState::Closed);
     }
 

@@ -380,6 +380,30 @@ pub(crate) mod test_support {
         Waker::from(Arc::new(DropsOnLastRef(Mutex::new(Some(value)))))
     }
 
+    /// Counts its wakes into a shared count, and panics on them if told to.
+    struct Counted {
+        woken: Arc<std::sync::atomic::AtomicUsize>,
+        panics: bool,
+    }
+
+    impl Wake for Counted {
+        fn wake(self: Arc<Self>) {
+            self.woken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            assert!(!self.panics, "a waker that panics");
+        }
+    }
+
+    /// A waker that counts its wakes (and panics on each when `panics`), and the
+    /// count.
+    pub(crate) fn counting_waker(panics: bool) -> (Waker, Arc<std::sync::atomic::AtomicUsize>) {
+        let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let waker = Waker::from(Arc::new(Counted {
+            woken: Arc::clone(&woken),
+            panics,
+        }));
+        (waker, woken)
+    }
+
     /// Runs `test` on a thread of its own and fails if it has not finished in 10 s,
     /// so a deadlock fails the test instead of hanging the suite.
     pub(crate) fn without_deadlock(test: impl FnOnce() + Send + 'static) {
@@ -405,49 +429,36 @@ pub(crate) mod test_support {
 
 #[cfg(test)]
 mod tests {
+    use super::test_support::counting_waker;
     use super::*;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::Wake;
+    use std::sync::atomic::Ordering;
 
-    /// Counts its wakes into a shared count, and panics on them if told to.
-    struct Counted {
-        woken: Arc<AtomicUsize>,
-        panics: bool,
-    }
-
-    impl Wake for Counted {
-        fn wake(self: Arc<Self>) {
-            self.woken.fetch_add(1, Ordering::SeqCst);
-            assert!(!self.panics, "a waker that panics");
-        }
-    }
-
-    /// Three wakers in a `Wakers`, the first of which panics when woken, all taken.
-    fn taken(woken: &Arc<AtomicUsize>) -> ToWake {
+    /// Three wakers in a `Wakers`, the first of which panics when woken, all taken,
+    /// and how many of them were woken.
+    fn taken() -> (ToWake, impl Fn() -> usize) {
         let mut wakers = Wakers::default();
+        let mut counts = Vec::new();
         for panics in [true, false, false] {
-            let waker = Waker::from(Arc::new(Counted {
-                woken: Arc::clone(woken),
-                panics,
-            }));
+            let (waker, woken) = counting_waker(panics);
             let _ = wakers.register(&mut None, &waker);
+            counts.push(woken);
         }
-        wakers.take()
+        let woken = move || counts.iter().map(|c| c.load(Ordering::SeqCst)).sum();
+        (wakers.take(), woken)
     }
 
     #[test]
     fn a_waker_that_panics_leaves_none_of_the_others_asleep() {
-        let woken = Arc::new(AtomicUsize::new(0));
-        let guard = taken(&woken).on_drop();
+        let (to_wake, woken) = taken();
+        let guard = to_wake.on_drop();
         let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| drop(guard)));
         assert!(panicked.is_err(), "the panic goes on");
-        assert_eq!(woken.load(Ordering::SeqCst), 3);
+        assert_eq!(woken(), 3);
         // And no second panic out of the drop while another unwinds (which would
         // abort).
-        let woken = Arc::new(AtomicUsize::new(0));
-        let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let _guard = taken(&woken).on_drop();
+        let (to_wake, woken) = taken();
+        let unwound = std::panic::catch_unwind(AssertUnwindSafe(move || {
+            let _guard = to_wake.on_drop();
             panic!("the observer's panic");
         }));
         let message = unwound.unwrap_err();
@@ -455,6 +466,6 @@ mod tests {
             message.downcast_ref::<&str>(),
             Some(&"the observer's panic")
         );
-        assert_eq!(woken.load(Ordering::SeqCst), 3);
+        assert_eq!(woken(), 3);
     }
 }
