@@ -856,7 +856,7 @@ mod tests {
         for (wait, waker) in waits.iter_mut().zip([&bad_waker, &good_waker]) {
             assert!(
                 wait.as_mut()
-                    .poll(&mut Context::from_waker(&waker))
+                    .poll(&mut Context::from_waker(waker))
                     .is_pending()
             );
         }
