@@ -12,7 +12,11 @@ use vantage_api_pool::PreparedRequest;
 /// Dereferences to the [`reqwest::Request`], so its URL, body and timeout can be read
 /// or changed before sending.
 ///
-/// Its `Debug` shows the method only: never the URL or a header value.
+/// Its `Debug` shows the method only: never the URL or a header value. The
+/// [`reqwest::Request`] it dereferences to has reqwest's own `Debug`, which prints
+/// the whole URL (query included) and the header values (a value marked sensitive,
+/// as the client's token is, shows as `Sensitive`): format `*request` only where
+/// that may be seen.
 pub struct ReqwestRequest {
     client: reqwest::Client,
     request: reqwest::Request,

@@ -64,6 +64,11 @@ mod imp {
     /// Dereferences to the [`reqwest::Response`]; [`ReqwestResponse::into_inner`]
     /// gives it back to be read with reqwest's own methods (`bytes`, `json`,
     /// `bytes_stream`, ...).
+    ///
+    /// Its `Debug` shows the status and the body length only. The
+    /// [`reqwest::Response`] behind it has reqwest's own `Debug`, which prints the
+    /// final URL (query included) and every header value: format `*response` or
+    /// [`into_inner`](ReqwestResponse::into_inner)'s result only where that may be seen.
     pub struct ReqwestResponse {
         inner: reqwest::Response,
     }
