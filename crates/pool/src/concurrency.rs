@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use crate::error::ConfigError;
-use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering, PoisonError};
+use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering, PoisonError, wake_from_drop};
 
 #[derive(Debug)]
 struct Waiter {
@@ -307,7 +307,7 @@ impl Drop for Acquire<'_> {
             drop(queue);
             drop(removed);
             if let Some(w) = next {
-                w.wake();
+                wake_from_drop(w);
             }
         }
     }
@@ -333,7 +333,7 @@ impl Drop for Permit<'_> {
         let next = limiter.wake_front(&queue);
         drop(queue);
         if let Some(w) = next {
-            w.wake();
+            wake_from_drop(w);
         }
     }
 }
@@ -413,6 +413,66 @@ mod tests {
         };
         assert_eq!((l.in_flight(), l.waiting()), (1, 0));
         drop(permit);
+    }
+
+    #[test]
+    fn a_permit_dropped_while_a_panic_unwinds_survives_a_waker_that_panics() {
+        use crate::sync::test_support::counting_waker;
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+        // The permit comes back as a panic unwinds through its holder (an observer's,
+        // say) and wakes the front, whose waker panics too: a second panic out of the
+        // drop would abort the process.
+        let l = Limiter::new(1).unwrap();
+        let held = l.acquire().now_or_never().unwrap();
+        let mut waiting = l.acquire();
+        let (waker, woken) = counting_waker(true);
+        assert!(
+            waiting
+                .poll_unpin(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        let unwound = catch_unwind(AssertUnwindSafe(move || {
+            let _held = held;
+            panic!("the holder panics");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(woken.load(Ordering::SeqCst), 1, "the front was woken");
+        // The permit is back, kept for the front.
+        assert_eq!((l.in_flight(), l.waiting()), (0, 1));
+        let Poll::Ready(permit) = poll(&mut waiting) else {
+            panic!("the permit did not come back")
+        };
+        drop(permit);
+        assert_eq!((l.in_flight(), l.waiting()), (0, 0));
+    }
+
+    #[test]
+    fn a_front_waiter_dropped_while_a_panic_unwinds_survives_the_next_ones_panicking_waker() {
+        use crate::sync::test_support::counting_waker;
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+        let l = Limiter::new(1).unwrap();
+        let held = l.acquire().now_or_never().unwrap();
+        let (mut front, mut next) = (l.acquire(), l.acquire());
+        assert!(poll(&mut front).is_pending());
+        let (waker, woken) = counting_waker(true);
+        assert!(
+            next.poll_unpin(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        // The permit comes back for the front, which is dropped by a panic before it
+        // takes it: the wake passed on to the next one panics.
+        drop(held);
+        let unwound = catch_unwind(AssertUnwindSafe(move || {
+            let _front = front;
+            panic!("the front's task panics");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(woken.load(Ordering::SeqCst), 1, "the next one was woken");
+        let Poll::Ready(permit) = poll(&mut next) else {
+            panic!("the permit was not passed on")
+        };
+        drop(permit);
+        assert_eq!((l.in_flight(), l.waiting()), (0, 0));
     }
 
     #[test]

@@ -307,6 +307,17 @@ impl Drop for WakeOnDrop {
     }
 }
 
+/// Wakes `waker` from a destructor: while a panic unwinds, a panic of its `wake` is
+/// swallowed, as a second panic out of a destructor would abort the process; the
+/// waker's task is then left asleep, as it would be by any waker that cannot wake.
+pub(crate) fn wake_from_drop(waker: Waker) {
+    if std::thread::panicking() {
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| waker.wake()));
+    } else {
+        waker.wake();
+    }
+}
+
 /// Wakes each of `wakers`, in key order, all of them even if one's `wake` panics;
 /// returns the first such panic.
 fn wake_all(wakers: BTreeMap<u64, Waker>) -> Option<Box<dyn Any + Send>> {
