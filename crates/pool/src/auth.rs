@@ -19,7 +19,8 @@
 //! refresh, or goes back through the gate.
 //!
 //! A token with a lifetime ([`AuthToken::expires_in`]) is renewed ahead of its expiry
-//! by the first call to look once [`REFRESH_AHEAD`] or less of it is left, and never
+//! by the first call to look once [`REFRESH_AHEAD`] (or its own
+//! [`renew_ahead`](AuthToken::renew_ahead)) or less of it is left, and never
 //! sent once expired. A token without one is used until the API rejects it, unless
 //! you ask: [`ResilientClient::refresh_token`](crate::ResilientClient::refresh_token)
 //! fetches a new one while the one in use stays in use.
@@ -85,7 +86,8 @@ fn checked(token: AuthToken) -> Result<AuthToken, AuthError> {
 
 /// Once this much of a token's lifetime or less is left (or half of it, for a token
 /// that lives less than twice as long), the next call to look fetches a new one
-/// while the others go on sending it: one minute.
+/// while the others go on sending it: one minute, unless the token says otherwise
+/// ([`AuthToken::renew_ahead`]).
 pub const REFRESH_AHEAD: Duration = Duration::from_secs(60);
 
 /// After a failed renewal the next is due halfway to the token's expiry, unless less
@@ -97,8 +99,9 @@ const RENEW_RETRY_FLOOR: Duration = Duration::from_secs(2);
 /// `expires_in`, say).
 ///
 /// With a lifetime, counted from the moment its fetch started, the client renews the
-/// token before it expires: once what is left is at most [`REFRESH_AHEAD`] (or half
-/// the lifetime, if less), the first call to look fetches a new token and waits for
+/// token before it expires: once what is left is at most [`REFRESH_AHEAD`] or the
+/// token's own [`renew_ahead`](AuthToken::renew_ahead) (or half the lifetime, if
+/// less), the first call to look fetches a new token and waits for
 /// it (sending the current one if that fetch fails), while other calls go on sending
 /// the current one. After a failed renewal the next is tried halfway to the expiry
 /// (none in the last 2 s), so a provider that is down is not asked once per call.
@@ -115,8 +118,10 @@ const RENEW_RETRY_FLOOR: Duration = Duration::from_secs(2);
 /// rate token: sends keep to the rate). A token that, once fetched, lives less than
 /// a rate interval can never go out: such a call ends when its budget does. A token whose
 /// lifetime ran out before its fetch ended (a lifetime of zero, or shorter than the
-/// fetch took) counts as a failed fetch. To renew earlier (a server whose clock runs
-/// ahead), give a shorter lifetime. Without one, a token is used until the API
+/// fetch took) counts as a failed fetch. To renew earlier or later than a minute
+/// ahead, give the token a margin of its own with
+/// [`renew_ahead`](AuthToken::renew_ahead); for a server whose clock runs ahead,
+/// give a shorter lifetime. Without a lifetime, a token is used until the API
 /// answers 401.
 ///
 /// A `(HeaderName, HeaderValue)` pair converts into a token without a lifetime.
@@ -136,6 +141,7 @@ pub struct AuthToken {
     name: HeaderName,
     value: HeaderValue,
     lifetime: Option<Duration>,
+    renew_ahead: Duration,
 }
 
 impl AuthToken {
@@ -146,6 +152,7 @@ impl AuthToken {
             name,
             value,
             lifetime: None,
+            renew_ahead: REFRESH_AHEAD,
         }
     }
 
@@ -185,6 +192,46 @@ impl AuthToken {
     pub fn lifetime(&self) -> Option<Duration> {
         self.lifetime
     }
+
+    /// The same token, due for renewal once `ahead` or less of its lifetime is left,
+    /// instead of [`REFRESH_AHEAD`]: earlier for a provider that is slow to answer
+    /// or one that should not be asked at the last minute, later (down to zero:
+    /// renewed only once expired) to ask it less often. Never more than half the
+    /// lifetime, as with the default, so a token is always sent for at least half
+    /// its life and a source is never asked once per call. Changes nothing for a
+    /// token without a lifetime.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use vantage_api_pool::auth::{AuthToken, REFRESH_AHEAD};
+    ///
+    /// let hour = Duration::from_secs(3600);
+    /// let token = AuthToken::bearer("abc")?.expires_in(hour);
+    /// assert_eq!(token.renewal_margin(), REFRESH_AHEAD);
+    /// // Renewed with ten minutes left ...
+    /// let early = token.clone().renew_ahead(Duration::from_secs(600));
+    /// assert_eq!(early.renewal_margin(), Duration::from_secs(600));
+    /// // ... and never with more than half of its life left.
+    /// assert_eq!(token.renew_ahead(2 * hour).renewal_margin(), hour / 2);
+    /// # Ok::<(), vantage_api_pool::auth::AuthError>(())
+    /// ```
+    #[must_use]
+    pub fn renew_ahead(mut self, ahead: Duration) -> Self {
+        self.renew_ahead = ahead;
+        self
+    }
+
+    /// How much of its lifetime is left when the token is due for renewal: the
+    /// margin given with [`renew_ahead`](AuthToken::renew_ahead) or
+    /// [`REFRESH_AHEAD`], at most half the lifetime (without a lifetime, the margin
+    /// as given: it has no use then).
+    #[must_use]
+    pub fn renewal_margin(&self) -> Duration {
+        match self.lifetime {
+            Some(lifetime) => self.renew_ahead.min(lifetime / 2),
+            None => self.renew_ahead,
+        }
+    }
 }
 
 impl From<(HeaderName, HeaderValue)> for AuthToken {
@@ -199,6 +246,7 @@ impl std::fmt::Debug for AuthToken {
         f.debug_struct("AuthToken")
             .field("name", &self.name)
             .field("lifetime", &self.lifetime)
+            .field("renew_ahead", &self.renew_ahead)
             .finish_non_exhaustive()
     }
 }
@@ -879,11 +927,14 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
             });
             let mut replaced = None;
             let (outcome, fetched) = match result {
-                Ok(AuthToken {
-                    name,
-                    mut value,
-                    lifetime,
-                }) => {
+                Ok(fetched_token) => {
+                    let margin = fetched_token.renewal_margin();
+                    let AuthToken {
+                        name,
+                        mut value,
+                        lifetime,
+                        ..
+                    } = fetched_token;
                     value.set_sensitive(true);
                     inner.generation += 1;
                     if inner.token.as_ref().is_some_and(|old| old.name != name) {
@@ -893,10 +944,8 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
                         name,
                         value,
                         generation: inner.generation,
-                        renew_at: lifetime.map(|lifetime| {
-                            let ahead = REFRESH_AHEAD.min(lifetime / 2);
-                            started.saturating_add(lifetime - ahead)
-                        }),
+                        renew_at: lifetime
+                            .map(|lifetime| started.saturating_add(lifetime - margin)),
                         expires_at: expires_at(lifetime),
                     };
                     inner.token = Some(token.clone());

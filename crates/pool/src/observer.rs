@@ -267,8 +267,9 @@ pub enum TokenFetchReason {
     /// 401 asked for was abandoned, and a call needed a token the API had
     /// refused).
     Rejected,
-    /// The token in use is near its expiry ([`REFRESH_AHEAD`](crate::auth::REFRESH_AHEAD)):
-    /// renewed while calls go on sending it.
+    /// The token in use is near its expiry ([`REFRESH_AHEAD`](crate::auth::REFRESH_AHEAD),
+    /// or its own [`renew_ahead`](crate::auth::AuthToken::renew_ahead)): renewed
+    /// while calls go on sending it.
     Renewal,
     /// The token in use has expired: calls wait for a new one.
     Expired,

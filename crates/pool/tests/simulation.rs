@@ -362,6 +362,9 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     // Each token's fetch start, to tell when it was due for renewal and when it
     // expired; and the requests that went out with a token past its expiry.
     let issued: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    // Each token's renewal margin: the default minute or one of its own, at most
+    // half its lifetime.
+    let margins: Arc<Mutex<HashMap<String, Duration>>> = Arc::default();
     let sent_expired: Arc<Mutex<Vec<String>>> = Arc::default();
 
     // The server: faults drawn per send; with auth, the server's valid token changes
@@ -434,12 +437,12 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     let source = {
         let (fetches, server_token, rt) = (fetches.clone(), server_token.clone(), rt.clone());
         let (completed, replaced, current) = (completed.clone(), replaced.clone(), current.clone());
-        let (issued, healthy) = (issued.clone(), healthy.clone());
+        let (issued, healthy, margins) = (issued.clone(), healthy.clone(), margins.clone());
         token_fn(move || {
             let fetch = fetches.fetch_add(1, Ordering::SeqCst);
             let previous = current.lock().unwrap().clone();
             let start = rt.now();
-            let (issued, healthy) = (issued.clone(), healthy.clone());
+            let (issued, healthy, margins) = (issued.clone(), healthy.clone(), margins.clone());
             // The source hands out the server's current token after a short delay.
             let (server_token, rt, completed) =
                 (server_token.clone(), rt.clone(), completed.clone());
@@ -464,10 +467,23 @@ fn run_seed(seed: u64) -> Result<u64, String> {
                 *current.lock().unwrap() = Some(token.clone());
                 issued.lock().unwrap().insert(token.clone(), start);
                 let value = HeaderValue::from_str(&token).unwrap();
-                let token = AuthToken::new(AUTHORIZATION, value);
+                let auth = AuthToken::new(AUTHORIZATION, value);
                 Ok::<_, AuthError>(match lifetime {
-                    Some(lifetime) => token.expires_in(lifetime),
-                    None => token,
+                    // One token in three keeps the default margin; the others get
+                    // one of their own, from none to the whole lifetime (cut to
+                    // half of it).
+                    Some(lifetime) => {
+                        let own = !(mix >> 40).is_multiple_of(3);
+                        let ahead = lifetime.mul_f64(((mix >> 44) % 1_000) as f64 / 1_000.0);
+                        let margin = if own { ahead } else { secs(60) };
+                        margins
+                            .lock()
+                            .unwrap()
+                            .insert(token, margin.min(lifetime / 2));
+                        let auth = auth.expires_in(lifetime);
+                        if own { auth.renew_ahead(ahead) } else { auth }
+                    }
+                    None => auth,
                 })
             }
         })
@@ -981,9 +997,15 @@ fn run_seed(seed: u64) -> Result<u64, String> {
         let replaced = replaced.lock().unwrap();
         let got_401 = got_401.lock().unwrap();
         let issued = issued.lock().unwrap();
+        let margins = margins.lock().unwrap();
         let due = |token: &str, at: Instant| {
             lifetime.is_some_and(|lifetime| {
-                let renew_after = lifetime.saturating_sub(secs(60).min(lifetime / 2));
+                let margin = margins
+                    .get(token)
+                    .copied()
+                    .unwrap_or(secs(60))
+                    .min(lifetime / 2);
+                let renew_after = lifetime.saturating_sub(margin);
                 issued
                     .get(token)
                     .is_some_and(|&start| at >= start.saturating_add(renew_after))
