@@ -195,8 +195,9 @@ impl AuthToken {
 
     /// The same token, due for renewal once `ahead` or less of its lifetime is left,
     /// instead of [`REFRESH_AHEAD`]: earlier for a provider that is slow to answer
-    /// or one that should not be asked at the last minute, later (down to zero:
-    /// renewed only once expired) to ask it less often. Never more than half the
+    /// or one that should not be asked at the last minute, later to ask it less
+    /// often (down to zero: fetched anew only once expired, the calls that need it
+    /// then waiting for the fetch). Never more than half the
     /// lifetime, as with the default, so a token is always sent for at least half
     /// its life and a source is never asked once per call. Changes nothing for a
     /// token without a lifetime.
