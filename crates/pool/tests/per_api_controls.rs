@@ -1540,6 +1540,12 @@ fn a_refresh_that_fails_after_a_401_is_the_last_failed_event() {
     let err = w.background_error(&client);
     assert_eq!(err.kind(), ErrorKind::Auth);
     assert!(!err.nothing_sent());
+    // Its source is the source's own error, not the 401 the call had before it
+    // (which a refusal with no source of its own would get).
+    assert_eq!(
+        err.auth_error().map(ToString::to_string).as_deref(),
+        Some("identity provider down")
+    );
     assert_eq!(
         fetches.load(Ordering::SeqCst),
         2,
