@@ -541,6 +541,14 @@ mod tests {
     }
 
     #[test]
+    fn keeps_the_settings_it_was_made_with() {
+        let config =
+            BreakerConfig::new(7, Duration::from_secs(3), Duration::from_secs(40)).unwrap();
+        assert_ne!(config, BreakerConfig::default());
+        assert_eq!(CircuitBreaker::new(config).config(), config);
+    }
+
+    #[test]
     fn the_lock_free_paths_follow_every_change_of_state() {
         let b = breaker();
         assert!(b.quiet.load(Ordering::Relaxed));

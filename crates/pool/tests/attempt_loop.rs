@@ -2086,11 +2086,14 @@ fn retry_scheduled_carries_the_failures_reading_not_the_clock_after_its_callback
     assert_eq!(at("retry_scheduled"), Some(ms(30)));
 }
 
-/// A transport whose every response is a 500 with the body "ab", "", "cd": an empty
-/// chunk in the middle.
-struct EmptyChunkMidBody(vantage_api_pool_testkit::ScriptedTransport);
+/// A transport whose every response is a 500 whose body comes in these chunks, each
+/// ready when asked for.
+struct ErrorInChunks(
+    vantage_api_pool_testkit::ScriptedTransport,
+    Vec<&'static str>,
+);
 
-impl vantage_api_pool::Transport for EmptyChunkMidBody {
+impl vantage_api_pool::Transport for ErrorInChunks {
     type Handle = vantage_api_pool_testkit::ScriptedHttp;
     type Draft = vantage_api_pool_testkit::ScriptedRequestBuilder;
     type Request = vantage_api_pool_testkit::ScriptedRequest;
@@ -2109,9 +2112,10 @@ impl vantage_api_pool::Transport for EmptyChunkMidBody {
         request: Self::Request,
     ) -> impl std::future::Future<Output = Result<Chunks, vantage_api_pool::TransportError>> {
         let sent = self.0.send(request);
+        let chunks = self.1.clone();
         async move {
             sent.await?;
-            let mut body = Chunks::new([Ok("ab"), Ok(""), Ok("cd")]);
+            let mut body = Chunks::new(chunks.into_iter().map(Ok));
             body.status = StatusCode::INTERNAL_SERVER_ERROR;
             Ok(body)
         }
@@ -2122,10 +2126,27 @@ impl vantage_api_pool::Transport for EmptyChunkMidBody {
 fn an_empty_chunk_ends_the_error_body() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
-    let client = ResilientClient::builder(EmptyChunkMidBody(w.transport.clone()), w.rt.clone())
+    let chunks = vec!["ab", "", "cd"];
+    let client = ResilientClient::builder(ErrorInChunks(w.transport.clone(), chunks), w.rt.clone())
         .build()
         .unwrap();
     let err = w.background_error(&client);
     assert_eq!(err.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
     assert_eq!(err.body(), Some(&b"ab"[..]));
+}
+
+#[test]
+fn an_empty_chunk_right_after_an_error_body_of_exactly_the_limit_ends_it() {
+    // At the limit the next chunk is looked at without waiting, for the first byte
+    // of what follows: an empty one has none, and is the end.
+    let limit = vantage_api_pool::MAX_ERROR_BODY;
+    let full: &'static str = Box::leak("a".repeat(limit).into_boxed_str());
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let chunks = vec![full, "", "more"];
+    let client = ResilientClient::builder(ErrorInChunks(w.transport.clone(), chunks), w.rt.clone())
+        .build()
+        .unwrap();
+    let err = w.background_error(&client);
+    assert_eq!(err.body().map(<[u8]>::len), Some(limit));
 }
