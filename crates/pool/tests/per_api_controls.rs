@@ -918,12 +918,12 @@ fn sent(at: Duration, path: &str, token: &str) -> (Duration, String, String) {
     (at, path.to_owned(), format!("Bearer {token}"))
 }
 
-/// A client over `w` whose token source's n-th fetch gives `Bearer t{n}` after 1 s,
-/// living ten minutes and due for renewal `ahead` of its end.
-fn with_tokens_renewed_ahead(
-    w: &World,
-    ahead: Duration,
-) -> Client<impl vantage_api_pool::TokenSource + use<>> {
+/// The tokens that three calls, `/a`, `/b` and `/c` at `wakes`, send when the token
+/// source's n-th fetch gives `Bearer t{n}` after 1 s, living ten minutes and due for
+/// renewal `ahead` of its end.
+fn tokens_sent_renewing(ahead: Duration, wakes: [Duration; 3]) -> Vec<(Duration, String, String)> {
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
     let rt = w.rt.clone();
     let fetches = Arc::new(AtomicU32::new(0));
     let source = token_fn(move || {
@@ -938,54 +938,42 @@ fn with_tokens_renewed_ahead(
             )
         }
     });
-    w.builder().auth(source).build().unwrap()
-}
-
-#[test]
-fn a_token_with_a_margin_of_its_own_is_renewed_that_far_ahead() {
-    // Five minutes ahead: t1 (fetched from 0 s) is due at 300 s, not at 540 s.
-    let w = World::new();
-    w.transport.default_reply(Reply::ok());
-    let client = with_tokens_renewed_ahead(&w, secs(300));
-    for (wake, path) in [(secs(0), "/a"), (secs(299), "/b"), (secs(301), "/c")] {
+    let client = w.builder().auth(source).build().unwrap();
+    for (wake, path) in wakes.into_iter().zip(["/a", "/b", "/c"]) {
         w.rt.run_until(at(wake)).unwrap();
         w.rt.block_on(client.execute(|h| h.get(path)))
             .unwrap()
             .unwrap();
     }
+    w.assert_contract();
+    sent_tokens(&w)
+}
+
+#[test]
+fn a_token_with_a_margin_of_its_own_is_renewed_that_far_ahead() {
+    // Five minutes ahead: t1 (fetched from 0 s) is due at 300 s, not at 540 s.
     assert_eq!(
-        sent_tokens(&w),
+        tokens_sent_renewing(secs(300), [secs(0), secs(299), secs(301)]),
         [
             sent(secs(1), "/a", "t1"),
             sent(secs(299), "/b", "t1"),
             sent(secs(302), "/c", "t2"),
         ]
     );
-    w.assert_contract();
 }
 
 #[test]
 fn a_token_renewed_no_time_ahead_is_sent_until_it_expires() {
     // No margin: t1 (fetched from 0 s) is sent up to its expiry at 600 s, where the
     // default would have renewed it from 540 s.
-    let w = World::new();
-    w.transport.default_reply(Reply::ok());
-    let client = with_tokens_renewed_ahead(&w, Duration::ZERO);
-    for (wake, path) in [(secs(0), "/a"), (secs(599), "/b"), (secs(600), "/c")] {
-        w.rt.run_until(at(wake)).unwrap();
-        w.rt.block_on(client.execute(|h| h.get(path)))
-            .unwrap()
-            .unwrap();
-    }
     assert_eq!(
-        sent_tokens(&w),
+        tokens_sent_renewing(Duration::ZERO, [secs(0), secs(599), secs(600)]),
         [
             sent(secs(1), "/a", "t1"),
             sent(secs(599), "/b", "t1"),
             sent(secs(601), "/c", "t2"),
         ]
     );
-    w.assert_contract();
 }
 
 #[test]
