@@ -362,8 +362,8 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     // Each token's fetch start, to tell when it was due for renewal and when it
     // expired; and the requests that went out with a token past its expiry.
     let issued: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    // Each token's renewal margin: the default minute or one of its own, at most
-    // half its lifetime.
+    // The renewal margin of each token given one of its own (the others are renewed
+    // a minute ahead); either way at most half its lifetime, as the checker caps it.
     let margins: Arc<Mutex<HashMap<String, Duration>>> = Arc::default();
     let sent_expired: Arc<Mutex<Vec<String>>> = Arc::default();
 
@@ -473,15 +473,14 @@ fn run_seed(seed: u64) -> Result<u64, String> {
                     // one of their own, from none to the whole lifetime (cut to
                     // half of it).
                     Some(lifetime) => {
-                        let own = !(mix >> 40).is_multiple_of(3);
-                        let ahead = lifetime.mul_f64(((mix >> 44) % 1_000) as f64 / 1_000.0);
-                        let margin = if own { ahead } else { secs(60) };
-                        margins
-                            .lock()
-                            .unwrap()
-                            .insert(token, margin.min(lifetime / 2));
                         let auth = auth.expires_in(lifetime);
-                        if own { auth.renew_ahead(ahead) } else { auth }
+                        if (mix >> 40).is_multiple_of(3) {
+                            auth
+                        } else {
+                            let ahead = lifetime.mul_f64(((mix >> 44) % 1_000) as f64 / 1_000.0);
+                            margins.lock().unwrap().insert(token, ahead);
+                            auth.renew_ahead(ahead)
+                        }
                     }
                     None => auth,
                 })
