@@ -150,6 +150,10 @@ pub(crate) struct Call<'c, T, R: Runtime, A, P: Borrow<CallPolicy>> {
     redialing: bool,
     /// Whether the call already replayed after a 401.
     replayed: bool,
+    /// Whether the call is on its way to a 401's replay and has not sent since: the
+    /// gate takes the token its refresh brought (or a newer one) due for renewal or
+    /// not, as a caller that waited for a fetch does.
+    replaying: bool,
     /// The auth token of the last send's request.
     token: Option<Held>,
     /// Whether the call reached the gate yet (the first visit turns the policy's
@@ -411,6 +415,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             reached: false,
             redialing: false,
             replayed: false,
+            replaying: false,
             token: None,
             gate_reached: false,
             began: Instant::ORIGIN,
@@ -896,6 +901,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 None
             } else if let Some(token) = client.auth_state.current(None, now) {
                 Some(token)
+            } else if let Some(token) = self
+                .replaying
+                .then(|| client.auth_state.current_due_or_not(now))
+                .flatten()
+            {
+                Some(token)
             } else {
                 // `auth_token` would look for a token at hand again first.
                 match Box::pin(self.fetch_token(None)).await {
@@ -1094,6 +1105,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
             // ---- record, then decide (a sync helper: its error and verdict never
             // sit in the call's state across a wait).
+            self.replaying = false;
             match self.record_failure(sent, guard, ended, ms, idempotent) {
                 Next::Return(error) => return Err(self.end_failed(error)),
                 Next::Replay => {
@@ -1101,6 +1113,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     if let Err(error) = self.auth_token(stale).await {
                         return Err(self.refuse(error));
                     }
+                    self.replaying = true;
                 }
                 Next::Redial => {}
                 Next::Retry { wake } => {

@@ -90,8 +90,8 @@ fn checked(token: AuthToken) -> Result<AuthToken, AuthError> {
 /// ([`AuthToken::renew_ahead`]).
 pub const REFRESH_AHEAD: Duration = Duration::from_secs(60);
 
-/// After a failed renewal the next is due halfway to the token's expiry, unless less
-/// than this is left: then none before it expires.
+/// After a failed renewal the next is due halfway to the token's expiry, unless that
+/// would leave less than this before the expiry: then none before it expires.
 const RENEW_RETRY_FLOOR: Duration = Duration::from_secs(2);
 
 /// A token as a [`TokenSource`] gives it: the header to apply to every send, and how
@@ -558,9 +558,9 @@ impl AuthInner {
             && cached.due(now)
             && !cached.expired(now)
         {
-            let left = cached.expires_at.saturating_duration_since(now);
-            cached.renew_at = Some(if left >= RENEW_RETRY_FLOOR {
-                now.saturating_add(left / 2)
+            let half_left = cached.expires_at.saturating_duration_since(now) / 2;
+            cached.renew_at = Some(if half_left >= RENEW_RETRY_FLOOR {
+                now.saturating_add(half_left)
             } else {
                 cached.expires_at
             });
@@ -661,6 +661,13 @@ impl AuthState {
             return None;
         }
         Some(token.clone())
+    }
+
+    /// The current token if no 401 rejected it and it has not expired by `now`, due
+    /// for renewal or not: what a replay takes once its refresh (run or waited for)
+    /// has ended, as a caller that waited for a fetch takes what it brought.
+    pub(crate) fn current_due_or_not(&self, now: Instant) -> Option<Token> {
+        self.lock().usable(None, now).cloned()
     }
 
     /// A usable token newer than generation `held`, if every token since `held`

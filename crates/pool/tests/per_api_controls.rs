@@ -1060,6 +1060,25 @@ fn a_failed_renewal_sends_the_token_still_valid_and_an_expired_token_is_never_se
 }
 
 #[test]
+fn failed_renewals_back_off_halfway_to_the_expiry_and_none_is_tried_in_its_last_2_s() {
+    // t1 lives 60 s and every renewal fails at once. With a call every 125 ms,
+    // renewals are tried at 30 s, 45 s, 52.5 s and 56.25 s; the next halfway point,
+    // 58.125 s, would leave less than 2 s, so none is tried before the expiry.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (client, fetches) = with_expiring_tokens(&w, Duration::ZERO, Some(2), |b| b);
+    for tick in 0..480 {
+        w.rt.run_until(at(ms(tick * 125))).unwrap();
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/a")))
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(fetches.load(Ordering::SeqCst), 5);
+    assert_eq!(w.transport.requests().len(), 480);
+    w.assert_contract();
+}
+
+#[test]
 fn a_replay_that_finds_the_newer_token_due_renews_it_and_keeps_it_if_that_fails() {
     // A sends t1 at 0 s, answered 401 at 70 s. B renews t1 at 31 s (t2: due from
     // 61 s, expired from 91 s). A's replay at 70 s finds t2 due, renews it, the
@@ -1258,6 +1277,98 @@ fn a_caller_that_waited_for_a_fetch_takes_its_token_even_when_it_is_due() {
         sent_tokens(&w),
         [sent(secs(3), "/a", "t1"), sent(secs(3), "/b", "t1")]
     );
+}
+
+/// What `paths`, each called at once and answered 401 for `t1` after 1 s (200 for
+/// any other token), send when tokens live 4 s, each fetch takes 3 s and every fetch
+/// after the second fails; and how many fetches ran.
+fn replays_of_tokens_that_land_due(
+    paths: &[&'static str],
+) -> (Vec<(Duration, String, String)>, u32) {
+    let w = World::new();
+    w.transport.respond_with(|req, _| {
+        if req.headers().get(AUTHORIZATION).unwrap() == "Bearer t1" {
+            Reply::status(401).after(secs(1))
+        } else {
+            Reply::ok()
+        }
+    });
+    let (client, fetches) = with_tokens_living(&w, secs(4), secs(3), Some(3), |b| b);
+    let calls: Vec<_> = paths
+        .iter()
+        .map(|path| w.spawn_call(&client, CallPolicy::background(), path))
+        .collect();
+    w.rt.run_until(at(secs(20))).unwrap();
+    for call in calls {
+        w.rt.block_on(call).unwrap().unwrap();
+    }
+    w.assert_contract();
+    (sent_tokens(&w), fetches.load(Ordering::SeqCst))
+}
+
+#[test]
+fn a_replay_sends_the_token_its_refresh_brought_even_when_it_lands_due() {
+    // t1 is sent at 3 s and refused at 4 s. The replay's refresh runs from 4 s to
+    // 7 s: t2 lives until 8 s and lands due (renewal from 6 s). The replay sends it,
+    // as a caller that waited for a fetch does, rather than renewing it at once (a
+    // third fetch, which fails at 10 s, after t2 expired, and would end the call
+    // `Auth`).
+    let (sent_by, fetches) = replays_of_tokens_that_land_due(&["/a"]);
+    assert_eq!(
+        sent_by,
+        [sent(secs(3), "/a", "t1"), sent(secs(7), "/a", "t2")]
+    );
+    assert_eq!(fetches, 2);
+}
+
+#[test]
+fn a_replay_that_waited_for_another_calls_refresh_sends_its_token_even_when_it_lands_due() {
+    // As above, with /b's 401 at 4 s too: /b waits for /a's refresh and sends t2
+    // at 7 s as well; neither renews it.
+    let (sent_by, fetches) = replays_of_tokens_that_land_due(&["/a", "/b"]);
+    assert_eq!(
+        sent_by,
+        [
+            sent(secs(3), "/a", "t1"),
+            sent(secs(3), "/b", "t1"),
+            sent(secs(7), "/a", "t2"),
+            sent(secs(7), "/b", "t2"),
+        ]
+    );
+    assert_eq!(fetches, 2);
+}
+
+#[test]
+fn a_replay_answered_503_renews_its_due_token_before_it_retries() {
+    // As above, with t2 answered 503 (retry after 100 ms) the first time: the
+    // retry, before t2 expires at 8 s, is the first call to look at t2 since its
+    // send, so it renews it (a 3 s fetch) like any caller, and sends t3.
+    let w = World::new();
+    let t2_seen = Arc::new(AtomicU32::new(0));
+    w.transport.respond_with(move |req, _| {
+        let token = req.headers().get(AUTHORIZATION).unwrap();
+        if token == "Bearer t1" {
+            Reply::status(401).after(secs(1))
+        } else if token == "Bearer t2" && t2_seen.fetch_add(1, Ordering::SeqCst) == 0 {
+            Reply::status(503).header("retry-after-ms", "100")
+        } else {
+            Reply::ok()
+        }
+    });
+    let (client, fetches) = with_tokens_living(&w, secs(4), secs(3), None, |b| b);
+    w.rt.block_on(client.execute_with(&CallPolicy::essential(), |h| h.get("/a")))
+        .unwrap()
+        .unwrap();
+    let sent_by = sent_tokens(&w);
+    assert_eq!(
+        sent_by[..2],
+        [sent(secs(3), "/a", "t1"), sent(secs(7), "/a", "t2")]
+    );
+    let (last_at, _, last_token) = &sent_by[2];
+    assert_eq!((sent_by.len(), last_token.as_str()), (3, "Bearer t3"));
+    assert!(*last_at > ms(10_100) && *last_at < secs(11), "{last_at:?}");
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    w.assert_contract();
 }
 
 #[test]
