@@ -209,6 +209,10 @@ struct Shared {
     /// Times a driver waited for `waking` to fall: lets a unit test see that it did.
     #[cfg(test)]
     waited_for_wakes: AtomicUsize,
+    /// Run once just before the driver next moves the clock (a unit test's stand-in
+    /// for another thread acting at that moment).
+    #[cfg(test)]
+    before_fire: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 struct Clock {
@@ -510,6 +514,8 @@ impl VirtualRuntime {
                 waking: AtomicUsize::new(0),
                 #[cfg(test)]
                 waited_for_wakes: AtomicUsize::new(0),
+                #[cfg(test)]
+                before_fire: Mutex::new(None),
             }),
         }
     }
@@ -931,10 +937,16 @@ impl VirtualRuntime {
     }
 
     /// Jumps to the earliest timer before [`Instant::FAR_FUTURE`] (not past `limit`)
-    /// and fires every timer at that deadline.
+    /// and fires every timer at that deadline, unless a task was woken since the
+    /// driver found none ([`woken_meanwhile`](Self::woken_meanwhile)).
     fn fire_next(&self, limit: Option<Instant>, wakers: &mut Vec<Waker>) -> Fired {
+        #[cfg(test)]
+        self.run_before_fire_hook();
         {
             let mut clock = lock(&self.shared.clock);
+            if self.woken_meanwhile() {
+                return Fired::LookAgain;
+            }
             let Some(deadline) = clock.timers.first() else {
                 return Fired::Nothing;
             };
@@ -950,6 +962,26 @@ impl VirtualRuntime {
             waker.wake();
         }
         Fired::Some
+    }
+
+    /// Whether a task was woken, or an `advance` on another thread is waking one,
+    /// since the driver found the ready queue empty. Asked holding the clock lock,
+    /// before the clock moves: `advance` counts its wakes in transit under that
+    /// lock and they reach the queue before the count falls, so one of the two
+    /// shows an `advance` that ran, wholly or in part, after the driver looked. A
+    /// task it woke then runs at the time it was woken, not after a later timer.
+    fn woken_meanwhile(&self) -> bool {
+        self.shared.waking.load(Ordering::SeqCst) != 0 || !self.shared.queue.is_empty()
+    }
+
+    /// Runs the hook a unit test set to act just before the driver moves the clock
+    /// (where another thread's `advance` could run), once.
+    #[cfg(test)]
+    fn run_before_fire_hook(&self) {
+        let hook = lock(&self.shared.before_fire).take();
+        if let Some(hook) = hook {
+            hook();
+        }
     }
 
     /// Spawns `future` as a task of this runtime's driver and returns its handle.
@@ -1303,6 +1335,10 @@ impl VirtualRuntime {
             queue: &shared.queue,
             keys: VecDeque::new(),
         };
+        let mut foreign = Foreign {
+            queue: &shared.queue,
+            keys: VecDeque::new(),
+        };
         let mut wakers: Vec<Waker> = Vec::new();
         // The clock moves no further than `until`'s own end, or for a call that has
         // none (block_on, run), than the time limit past where it stands now.
@@ -1337,12 +1373,17 @@ impl VirtualRuntime {
                     return Ok(());
                 }
                 let fired = self.fire_next(time_limit, &mut wakers);
-                if let Fired::Some = fired {
+                if let Fired::Some | Fired::LookAgain = fired {
                     continue;
                 }
                 if let Until::Time(t) = until {
                     {
+                        #[cfg(test)]
+                        self.run_before_fire_hook();
                         let mut clock = lock(&shared.clock);
+                        if self.woken_meanwhile() {
+                            continue;
+                        }
                         self.move_clock(&mut clock, t, &mut wakers);
                     }
                     for waker in wakers.drain(..) {
@@ -1388,6 +1429,16 @@ impl VirtualRuntime {
                         executor = self.executor(false);
                     }
                     let Some(task) = executor.as_ref().and_then(|e| e.take(key)) else {
+                        if shared
+                            .home
+                            .get()
+                            .is_some_and(|&home| home != current_thread())
+                        {
+                            // A task another thread spawned first while this driver
+                            // ran (binding the runtime to that thread): its key
+                            // waits for that thread's driver.
+                            foreign.keys.push_back(key);
+                        }
                         continue;
                     };
                     taken = Some(task);
@@ -1446,6 +1497,23 @@ impl Drop for Batch<'_> {
     }
 }
 
+/// The keys of tasks another thread spawned while a driver with no task of its own
+/// ran on this one (the first spawn binds the runtime to its thread, so that
+/// driver's own start checked nothing). Polling them here is impossible (their
+/// executor is that thread's) and dropping them would lose them: they are marked
+/// queued, so no later wake would queue them again. They go back to the queue when
+/// the driver ends, for the thread they belong to.
+struct Foreign<'q> {
+    queue: &'q ReadyQueue,
+    keys: VecDeque<u64>,
+}
+
+impl Drop for Foreign<'_> {
+    fn drop(&mut self) {
+        self.queue.requeue_front(&mut self.keys);
+    }
+}
+
 impl SendRuntime for VirtualRuntime {
     fn now(&self) -> Instant {
         VirtualRuntime::now(self)
@@ -1480,6 +1548,8 @@ enum Fired {
     Nothing,
     /// The next timer lies past the limit given.
     Beyond,
+    /// A task was woken meanwhile: the clock did not move; run it first.
+    LookAgain,
 }
 
 #[derive(Clone, Copy)]
@@ -2264,5 +2334,107 @@ mod tests {
         );
         assert_eq!(rt.run(), Ok(()));
         assert_eq!(rt.elapsed(), Duration::from_secs(5));
+    }
+
+    /// Sets what runs just before the driver next moves the clock, once.
+    fn before_the_clock_moves(rt: &VirtualRuntime, hook: impl FnOnce() + Send + 'static) {
+        *lock(&rt.shared.before_fire) = Some(Box::new(hook));
+    }
+
+    /// Another thread's `advance` made wholly between the driver finding no task
+    /// woken and its move to the next timer: the task it woke runs at the time it
+    /// was woken, not after the later timer.
+    #[test]
+    fn a_wake_made_just_before_the_clock_moves_runs_before_a_later_timer() {
+        let rt = VirtualRuntime::new();
+        let sleeper = rt.clone();
+        let first = rt.spawn(async move {
+            sleeper.sleep(Duration::from_secs(1)).await;
+            sleeper.elapsed()
+        });
+        let later = rt.clone();
+        rt.spawn(async move { later.sleep(Duration::from_secs(5)).await })
+            .detach();
+        rt.run_until_idle().unwrap();
+        let advancer = rt.clone();
+        before_the_clock_moves(&rt, move || advancer.advance(Duration::from_secs(1)));
+        assert_eq!(
+            rt.block_on(first),
+            Ok(Duration::from_secs(1)),
+            "the clock jumped ahead"
+        );
+        assert_eq!(rt.run(), Ok(()));
+        assert_eq!(rt.elapsed(), Duration::from_secs(5));
+    }
+
+    /// The same for `run_until`'s last move, to its end: a task woken from another
+    /// thread just before it runs at the time it was woken, before `run_until`
+    /// returns.
+    #[test]
+    fn a_wake_made_just_before_run_until_moves_to_its_end_runs_first() {
+        let rt = VirtualRuntime::new();
+        let (tx, rx) = futures::channel::oneshot::channel::<()>();
+        let waiter = rt.clone();
+        let task = rt.spawn(async move {
+            rx.await.unwrap();
+            waiter.elapsed()
+        });
+        rt.run_until_idle().unwrap();
+        // The first look for a timer finds none; the wake comes just before the
+        // move to the end.
+        let again = rt.clone();
+        before_the_clock_moves(&rt, move || {
+            before_the_clock_moves(&again, move || tx.send(()).unwrap());
+        });
+        rt.run_until(Instant::from_origin(Duration::from_secs(10)))
+            .unwrap();
+        assert!(task.is_finished(), "run_until returned with a woken task");
+        assert_eq!(rt.block_on(task), Ok(Duration::ZERO));
+        assert_eq!(rt.elapsed(), Duration::from_secs(10));
+    }
+
+    /// A first spawn on another thread while a driver with no task of its own runs
+    /// here: that driver leaves the task's key alone (the task lives on the other
+    /// thread), and the other thread's driver runs the task.
+    #[test]
+    fn a_task_spawned_first_on_another_thread_while_a_driver_runs_is_not_lost() {
+        let rt = VirtualRuntime::new();
+        let running = Arc::new(AtomicBool::new(false));
+        let spawned = Arc::new(AtomicBool::new(false));
+        let driver_done = Arc::new(AtomicBool::new(false));
+        let other = {
+            let (rt, running, spawned, driver_done) = (
+                rt.clone(),
+                Arc::clone(&running),
+                Arc::clone(&spawned),
+                Arc::clone(&driver_done),
+            );
+            std::thread::spawn(move || {
+                while !running.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+                let task = rt.spawn(async { 42 });
+                spawned.store(true, Ordering::SeqCst);
+                while !driver_done.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+                rt.block_on(task)
+            })
+        };
+        // The driver here spins until the spawn is made, then polls once more, so
+        // it has taken the task's key off the queue before it returns.
+        let mut seen = false;
+        let here = rt.block_on(std::future::poll_fn(|cx| {
+            running.store(true, Ordering::SeqCst);
+            if seen {
+                return Poll::Ready(());
+            }
+            seen = spawned.load(Ordering::SeqCst);
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }));
+        driver_done.store(true, Ordering::SeqCst);
+        assert_eq!(here, Ok(()));
+        assert_eq!(other.join().unwrap(), Ok(42));
     }
 }
