@@ -6,6 +6,12 @@
 //! dashboard reads [`HealthObserver::snapshot`] whenever it redraws. Time comes from
 //! the events' `at`, so the figures work the same on virtual time.
 //!
+//! Several clients may report under one API name (their figures add up), but only
+//! on one clock: build them over clones of one runtime. A runtime made apart has
+//! its own origin (each `TokioRuntime::new()`, each `VirtualRuntime::new()`), so
+//! the events of a client on another clock fall outside the window or lose every
+//! "latest wins" comparison, and that client's figures do not show.
+//!
 //! Events of different calls can reach an observer out of order (two tasks on a
 //! multi-thread runtime report at nearly the same moment), so the figures go by each
 //! event's `at`, not by when it arrived: a send counts in the slice of the window
@@ -137,7 +143,9 @@ pub struct ApiHealth {
     pub retries: u64,
     /// Redials, all time.
     pub redials: u64,
-    /// Sends cancelled by their callers, all time.
+    /// Sends that ended `Cancelled`, all time: their calls were dropped, or a panic
+    /// unwound through them (an observer's, say: see
+    /// [`CallOutcome::Panicked`]).
     pub cancelled: u64,
     /// Calls that ended in the window ([`TransportObserver::on_call_end`]) with a
     /// response or an error, whatever their sends did: what callers saw. A call
@@ -574,7 +582,9 @@ impl HealthObserver {
     /// how much).
     ///
     /// Memory is fixed per API (60 slices, about 50 KB with their latency
-    /// histograms of sends and calls) whatever the rate, and an
+    /// histograms of sends and calls) whatever the rate, and kept for every API
+    /// name ever attached or seen (there is no way to forget one): name APIs, not
+    /// tenants or users, or give such clients an observer each. An
     /// event or a snapshot, which both hold the lock every client's events take,
     /// costs the same at ten sends a second or a hundred thousand.
     /// `Duration::MAX` counts every send for ever. A zero window holds no send: its
@@ -759,8 +769,12 @@ impl HealthObserver {
 }
 
 /// Makes `error` at `at` the one `last` holds, unless it holds a later one (on a tie,
-/// the one heard last wins).
-fn keep_if_latest(last: &mut Option<LastError>, at: Instant, error: &ClientError) {
+/// the one heard last wins); gives back the one it replaced.
+fn keep_if_latest(
+    last: &mut Option<LastError>,
+    at: Instant,
+    error: &ClientError,
+) -> Option<LastError> {
     keep_unless_later(
         last,
         at,
@@ -769,21 +783,33 @@ fn keep_if_latest(last: &mut Option<LastError>, at: Instant, error: &ClientError
             at,
             error: error.clone(),
         },
-    );
+    )
 }
 
 /// Puts what `make` builds (from an event at `at`) in `last`, unless what `last`
 /// holds came later (its time read by `at_of`): events relayed out of order keep
-/// the latest.
+/// the latest. Gives back what it replaced, for the caller to drop once its lock
+/// is released.
 fn keep_unless_later<T>(
     last: &mut Option<T>,
     at: Instant,
     at_of: impl Fn(&T) -> Instant,
     make: impl FnOnce() -> T,
-) {
+) -> Option<T> {
     if last.as_ref().is_none_or(|last| at_of(last) <= at) {
-        *last = Some(make());
+        return last.replace(make());
     }
+    None
+}
+
+/// What an update replaced. The errors in it may hold the user's types (a token
+/// source's error, as an `Auth` error's source or a failed fetch's), whose `Drop`
+/// may read this observer or panic: they are dropped once the lock is released.
+#[derive(Default)]
+struct Replaced {
+    error: Option<LastError>,
+    send_error: Option<LastError>,
+    token_error: Option<LastTokenError>,
 }
 
 /// The figures of `state` over the window that ends at `end`.
@@ -856,7 +882,7 @@ impl TransportObserver for HealthObserver {
     /// Counts the call in the window of its end, or as cancelled.
     fn on_call_end(&self, api: &str, end: &CallEnd) {
         let ms = millis(end.elapsed());
-        self.update(api, end.label, end.at, |state| match end.outcome {
+        self.update(api, end.label, end.at, |state, _| match end.outcome {
             CallOutcome::Succeeded { .. } => state.saw_call(self.slicing, end.at, true, ms),
             CallOutcome::Failed { .. } => state.saw_call(self.slicing, end.at, false, ms),
             CallOutcome::Cancelled | CallOutcome::Panicked => state.calls_cancelled += 1,
@@ -864,47 +890,58 @@ impl TransportObserver for HealthObserver {
     }
 
     fn on_event(&self, api: &str, event: &TransportEvent) {
-        self.update(api, event.label, event.at, |state| self.count(state, event));
+        self.update(api, event.label, event.at, |state, replaced| {
+            self.count(state, event, replaced);
+        });
     }
 }
 
 impl HealthObserver {
     /// Runs `update` on the state of `api` (listed now if it was not), then, when
     /// the observer keeps figures per label, on that of `label` of `api`; each
-    /// one's latest time first moved on to `at`.
+    /// one's latest time first moved on to `at`. What each replaces is dropped
+    /// after its lock is released.
     fn update(
         &self,
         api: &str,
         label: Option<&'static str>,
         at: Instant,
-        update: impl Fn(&mut ApiState),
+        update: impl Fn(&mut ApiState, &mut Replaced),
     ) {
-        let touch = |state: &mut ApiState| {
+        let touch = |state: &mut ApiState, replaced: &mut Replaced| {
             state.updated_at = state.updated_at.max(at);
-            update(state);
+            update(state, replaced);
         };
+        let mut replaced = Replaced::default();
         {
             let mut apis = self.lock();
             match apis.get_mut(api) {
-                Some(state) => touch(state),
+                Some(state) => touch(state, &mut replaced),
                 None => touch(
                     apis.entry(Arc::from(api))
                         .or_insert_with(|| ApiState::new(at)),
+                    &mut replaced,
                 ),
             }
         }
+        drop(replaced);
         if let (Some(labels), Some(label)) = (&self.labels, label) {
-            let mut labels = lock(labels);
-            let of_api = match labels.get_mut(api) {
-                Some(of_api) => of_api,
-                None => labels.entry(Arc::from(api)).or_default(),
-            };
-            touch(of_api.entry(label).or_insert_with(|| ApiState::new(at)));
+            let mut replaced = Replaced::default();
+            {
+                let mut labels = lock(labels);
+                let of_api = match labels.get_mut(api) {
+                    Some(of_api) => of_api,
+                    None => labels.entry(Arc::from(api)).or_default(),
+                };
+                let state = of_api.entry(label).or_insert_with(|| ApiState::new(at));
+                touch(state, &mut replaced);
+            }
+            drop(replaced);
         }
     }
 
-    /// Counts `event` into `state`.
-    fn count(&self, state: &mut ApiState, event: &TransportEvent) {
+    /// Counts `event` into `state`; the errors it replaces go to `replaced`.
+    fn count(&self, state: &mut ApiState, event: &TransportEvent, replaced: &mut Replaced) {
         match &event.kind {
             EventKind::Started { .. } => state.in_flight += 1,
             EventKind::Succeeded { status, ms, .. } => {
@@ -925,11 +962,12 @@ impl HealthObserver {
                     if let Some(status) = error.status() {
                         state.saw_status(status, event.at);
                     }
-                    keep_if_latest(&mut state.last_send_error, event.at, error);
+                    replaced.send_error =
+                        keep_if_latest(&mut state.last_send_error, event.at, error);
                 } else {
                     state.saw_refusal(self.slicing, event.at);
                 }
-                keep_if_latest(&mut state.last_error, event.at, error);
+                replaced.error = keep_if_latest(&mut state.last_error, event.at, error);
             }
             EventKind::Cancelled { .. } => {
                 state.in_flight -= 1;
@@ -960,7 +998,7 @@ impl HealthObserver {
                 TokenFetchOutcome::Failed { error } => {
                     state.token_fetches_failed += 1;
                     let at = event.at;
-                    keep_unless_later(
+                    replaced.token_error = keep_unless_later(
                         &mut state.last_token_error,
                         at,
                         |last| last.at,
@@ -1036,6 +1074,84 @@ mod tests {
         let a = h.snapshot("a").unwrap();
         assert_eq!((a.sends_in_window, a.updated_at), (1, at(2_040)));
         assert!(h.snapshot("b").is_none());
+    }
+
+    /// An error whose `Drop` reads the observer, as a token source's error may: it
+    /// counts its drops, and those made while a lock of the observer was held.
+    #[derive(Debug)]
+    struct ReadsTheObserver {
+        observer: std::sync::Weak<HealthObserver>,
+        dropped: Arc<std::sync::atomic::AtomicUsize>,
+        dropped_under_a_lock: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl std::fmt::Display for ReadsTheObserver {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("identity provider down")
+        }
+    }
+
+    impl std::error::Error for ReadsTheObserver {}
+
+    impl Drop for ReadsTheObserver {
+        fn drop(&mut self) {
+            self.dropped
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let Some(observer) = self.observer.upgrade() else {
+                return;
+            };
+            let labels_locked = observer
+                .labels
+                .as_ref()
+                .is_some_and(|labels| labels.try_lock().is_err());
+            if observer.apis.try_lock().is_err() || labels_locked {
+                self.dropped_under_a_lock
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// A replaced last error, last send error or last token error may hold a token
+    /// source's error, whose `Drop` may read the observer (or panic): each is
+    /// dropped once the lock it was replaced under is released, per API and per
+    /// label.
+    #[test]
+    fn a_replaced_error_is_dropped_after_the_lock() {
+        use crate::auth::{AuthError, SharedAuthError};
+        use crate::observer::TokenFetchReason;
+        use std::sync::atomic::Ordering;
+        let h = Arc::new(HealthObserver::new(Duration::from_secs(60)).per_label());
+        let (dropped, dropped_under_a_lock) = (Arc::default(), Arc::default());
+        let source = || ReadsTheObserver {
+            observer: Arc::downgrade(&h),
+            dropped: Arc::clone(&dropped),
+            dropped_under_a_lock: Arc::clone(&dropped_under_a_lock),
+        };
+        let failed = |sent| EventKind::Failed {
+            send: 1,
+            attempt: 1,
+            error: ClientError::new(ErrorKind::Auth, 1).with_source(Arc::new(source())),
+            ms: 0,
+            sent,
+        };
+        let fetch_failed = || EventKind::TokenFetchEnded {
+            reason: TokenFetchReason::First,
+            ms: 0,
+            outcome: TokenFetchOutcome::Failed {
+                error: SharedAuthError::from(AuthError::from(source())),
+            },
+        };
+        for ms in [0, 10] {
+            for kind in [failed(true), failed(false), fetch_failed()] {
+                h.on_event("a", &ev(ms, kind).with_label(Some("orders")));
+            }
+        }
+        // The first three errors (kept per API and per label, the first also as
+        // the last send error) are replaced by the next three.
+        assert_eq!(dropped.load(Ordering::SeqCst), 3);
+        assert_eq!(dropped_under_a_lock.load(Ordering::SeqCst), 0);
+        let a = h.snapshot("a").unwrap();
+        assert_eq!((a.sends_in_window, a.refused_in_window), (2, 2));
     }
 
     #[test]
