@@ -2308,11 +2308,9 @@ mod tests {
         assert!(handle.is_finished());
     }
 
-    /// As above, with a later timer: the driver waits for the wake in transit before
-    /// it looks for the next timer, so the woken task runs at the time it was due.
-    #[test]
-    fn a_wake_in_transit_runs_before_the_clock_moves_to_a_later_timer() {
-        let rt = VirtualRuntime::new();
+    /// A task that sleeps one second and returns when it woke, beside a detached one
+    /// sleeping five, both parked.
+    fn sleeping_one_second_with_a_later_timer(rt: &VirtualRuntime) -> JoinHandle<Duration> {
         let sleeper = rt.clone();
         let first = rt.spawn(async move {
             sleeper.sleep(Duration::from_secs(1)).await;
@@ -2322,6 +2320,15 @@ mod tests {
         rt.spawn(async move { later.sleep(Duration::from_secs(5)).await })
             .detach();
         rt.run_until_idle().unwrap();
+        first
+    }
+
+    /// As above, with a later timer: the driver waits for the wake in transit before
+    /// it looks for the next timer, so the woken task runs at the time it was due.
+    #[test]
+    fn a_wake_in_transit_runs_before_the_clock_moves_to_a_later_timer() {
+        let rt = VirtualRuntime::new();
+        let first = sleeping_one_second_with_a_later_timer(&rt);
         let done = Arc::new(AtomicBool::new(false));
         let waker_thread = advance_with_its_wake_in_transit(&rt, &done);
         let woke_at = rt.block_on(first);
@@ -2347,15 +2354,7 @@ mod tests {
     #[test]
     fn a_wake_made_just_before_the_clock_moves_runs_before_a_later_timer() {
         let rt = VirtualRuntime::new();
-        let sleeper = rt.clone();
-        let first = rt.spawn(async move {
-            sleeper.sleep(Duration::from_secs(1)).await;
-            sleeper.elapsed()
-        });
-        let later = rt.clone();
-        rt.spawn(async move { later.sleep(Duration::from_secs(5)).await })
-            .detach();
-        rt.run_until_idle().unwrap();
+        let first = sleeping_one_second_with_a_later_timer(&rt);
         let advancer = rt.clone();
         before_the_clock_moves(&rt, move || advancer.advance(Duration::from_secs(1)));
         assert_eq!(
