@@ -1215,6 +1215,39 @@ mod tests {
     }
 
     #[test]
+    fn debug_shows_the_settings_and_never_a_token_value() {
+        let token = AuthToken::bearer("s3cret")
+            .unwrap()
+            .expires_in(Duration::from_secs(90))
+            .renew_ahead(Duration::from_secs(5));
+        assert_eq!(token.lifetime(), Some(Duration::from_secs(90)));
+        assert_eq!(
+            format!("{token:?}"),
+            "AuthToken { name: \"authorization\", lifetime: Some(90s), renew_ahead: 5s, .. }"
+        );
+        assert_eq!(AuthToken::bearer("s3cret").unwrap().lifetime(), None);
+        assert_eq!(
+            format!("{:?}", AuthError::from("provider down")),
+            "\"provider down\""
+        );
+        let fetch = || async { AuthToken::bearer("s3cret") };
+        assert_eq!(format!("{:?}", token_fn(fetch)), "TokenFn");
+        assert_eq!(format!("{:?}", send_token_fn(fetch)), "SendTokenFn");
+        let state = AuthState::new();
+        assert_eq!(
+            format!("{state:?}"),
+            "AuthState { generation: 0, has_token: false, fetching: false }"
+        );
+        let got = futures::executor::block_on(state.token(&token_fn(fetch), None, &origin));
+        assert!(got.is_ok());
+        assert_eq!(
+            format!("{state:?}"),
+            "AuthState { generation: 1, has_token: true, fetching: false }"
+        );
+        assert!(!format!("{state:?}").contains("s3cret"));
+    }
+
+    #[test]
     fn a_waker_whose_drop_reaches_back_into_the_auth_state_is_dropped_after_the_lock() {
         use crate::sync::test_support::{waker_dropping, without_deadlock};
         // A waiter's stored waker may be the last of a task that holds another
@@ -1485,6 +1518,83 @@ mod tests {
             Some(0),
             "R must share F2's failure"
         );
+    }
+
+    /// A shared fetch error reads as the token source's error: its text, and that
+    /// error's own source as its source.
+    #[test]
+    fn a_shared_auth_error_gives_the_source_of_the_sources_error() {
+        #[derive(Debug)]
+        struct Refused(std::io::Error);
+        impl std::fmt::Display for Refused {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("token endpoint refused")
+            }
+        }
+        impl std::error::Error for Refused {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let cause = std::io::Error::other("connection reset");
+        let shared = SharedAuthError::from(AuthError::from(Refused(cause)));
+        assert_eq!(shared.to_string(), "token endpoint refused");
+        let source = std::error::Error::source(&shared).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("connection reset"));
+    }
+
+    /// A refresh that joined a fetch whose caller was then dropped takes that fetch
+    /// over when woken: it fetches and lands a newer token, rather than taking the
+    /// wake for the end of a fetch that never ended.
+    #[test]
+    fn a_refresh_that_joined_an_abandoned_fetch_takes_it_over() {
+        let (state, source) = (AuthState::new(), Controlled::default());
+        source.next_fetch().send(token("Bearer t1")).unwrap();
+        futures::executor::block_on(state.token(&source, None, &origin)).unwrap();
+        // A 401 for t1 starts F2 and a refresh joins it; then the replay is dropped.
+        let _f2 = source.next_fetch();
+        let mut replay = Box::pin(state.token(&source, Some(1), &origin));
+        assert_eq!(generation(poll(&mut replay)), None);
+        let mut refresh = Box::pin(state.refresh(&source, &origin));
+        assert!(poll(&mut refresh).is_pending());
+        drop(replay);
+        let f3 = source.next_fetch();
+        assert!(
+            poll(&mut refresh).is_pending(),
+            "the refresh returned without fetching"
+        );
+        f3.send(token("Bearer t2")).unwrap();
+        assert!(matches!(poll(&mut refresh), Poll::Ready(Ok(()))));
+        assert_eq!(state.fetches(), 3);
+        let current = state.current(None, Instant::ORIGIN);
+        assert_eq!(current.map(|t| t.generation), Some(2));
+    }
+
+    /// A refresh that joined a fetch returns that fetch's error when it fails (the
+    /// token in use stays), and `Ok` when the fetch lands a newer token.
+    #[test]
+    fn a_refresh_that_joined_a_fetch_ends_as_that_fetch_did() {
+        let (state, source) = (AuthState::new(), Controlled::default());
+        source.next_fetch().send(token("Bearer t1")).unwrap();
+        futures::executor::block_on(state.token(&source, None, &origin)).unwrap();
+        for (answer, landed) in [
+            (Err("down".to_owned()), None),
+            (token("Bearer t2"), Some(2)),
+        ] {
+            let fetch = source.next_fetch();
+            let mut replay = Box::pin(state.token(&source, Some(1), &origin));
+            assert_eq!(generation(poll(&mut replay)), None);
+            let mut refresh = Box::pin(state.refresh(&source, &origin));
+            assert!(poll(&mut refresh).is_pending());
+            fetch.send(answer).unwrap();
+            assert_eq!(generation(poll(&mut replay)), landed.or(Some(0)));
+            match poll(&mut refresh) {
+                Poll::Ready(Err(e)) => assert_eq!((e.to_string(), landed), ("down".into(), None)),
+                Poll::Ready(Ok(())) => assert_eq!(landed, Some(2)),
+                Poll::Pending => panic!("the refresh still waits"),
+            }
+        }
+        assert_eq!(state.fetches(), 3);
     }
 
     /// A late 401 for an older generation does not lower the rejection floor: the

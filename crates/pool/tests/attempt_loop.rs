@@ -1218,6 +1218,22 @@ fn an_error_without_a_response_carries_the_request_id_of_the_last_response() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::TimedOut);
     assert_eq!(err.request_id(), None, "{err:?}");
+
+    // An error response of its own gives its own id, here none, never an older
+    // response's.
+    let w = World::new();
+    w.transport.push(busy("r4")).push(Reply::status(500));
+    let client = w.client();
+    let err =
+        w.rt.block_on(client.execute_with(&one_retry, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Status(http::StatusCode::INTERNAL_SERVER_ERROR)
+    );
+    assert_eq!(err.request_id(), None, "{err:?}");
+    w.assert_last_failed_is(&err);
 }
 
 #[test]

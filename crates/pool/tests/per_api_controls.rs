@@ -1378,7 +1378,7 @@ fn after_the_expiry_callers_wait_for_the_fetch_and_share_its_failure() {
     // failure: both end as `Auth`, nothing sent.
     let w = World::new();
     w.transport.default_reply(Reply::ok());
-    let (client, _) = with_expiring_tokens(&w, secs(1), Some(2), |b| b);
+    let (client, fetches) = with_expiring_tokens(&w, secs(1), Some(2), |b| b);
     w.rt.block_on(client.execute(|h| h.get("/first")))
         .unwrap()
         .unwrap();
@@ -1391,6 +1391,9 @@ fn after_the_expiry_callers_wait_for_the_fetch_and_share_its_failure() {
         let err = w.rt.block_on(call).unwrap().unwrap_err();
         assert_eq!((err.kind(), err.nothing_sent()), (ErrorKind::Auth, true));
     }
+    // B shares A's failure: handed the expired t1 instead, it would find it
+    // expired after its request closure and fetch again.
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
     assert_eq!(sent_tokens(&w), [sent(secs(1), "/first", "t1")]);
     w.assert_contract();
 }
