@@ -148,12 +148,8 @@ pub(crate) struct Call<'c, T, R: Runtime, A, P: Borrow<CallPolicy>> {
     reached: bool,
     /// Whether the next send redials the last attempt (after `NotSent`).
     redialing: bool,
-    /// Whether the call already replayed after a 401.
-    replayed: bool,
-    /// Whether the call is on its way to a 401's replay and has not sent since: the
-    /// gate takes the token its refresh brought (or a newer one) due for renewal or
-    /// not, as a caller that waited for a fetch does.
-    replaying: bool,
+    /// Where the call stands with its one 401 replay.
+    replay: Replay,
     /// The auth token of the last send's request.
     token: Option<Held>,
     /// Whether the call reached the gate yet (the first visit turns the policy's
@@ -176,6 +172,19 @@ pub(crate) struct Call<'c, T, R: Runtime, A, P: Borrow<CallPolicy>> {
 /// never holds a borrowed head and the response is not moved to be sorted.
 fn for_caller(status: http::StatusCode) -> bool {
     status.is_success() || status.is_informational() || status.is_redirection()
+}
+
+/// Where a call stands with its one 401 replay.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    /// None decided yet.
+    NotYet,
+    /// Decided, its refresh (run or waited for) ended, and nothing sent since: the
+    /// gate takes the token the refresh brought (or a newer one) due for renewal or
+    /// not, as a caller that waited for a fetch does.
+    Refreshed,
+    /// Decided (its refresh running, or its send made): no second replay.
+    Made,
 }
 
 /// What comes after a failed send.
@@ -414,8 +423,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             redials: 0,
             reached: false,
             redialing: false,
-            replayed: false,
-            replaying: false,
+            replay: Replay::NotYet,
             token: None,
             gate_reached: false,
             began: Instant::ORIGIN,
@@ -633,6 +641,19 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             probe,
             now,
             yielded: admission_waited,
+        })
+    }
+
+    /// The current token, if one is at hand at `now` for this call without a wait: a
+    /// usable token not due for renewal (or due, with a fetch running), or, for a
+    /// 401's replay whose refresh has ended, a usable token due or not.
+    #[inline(always)]
+    fn token_at_hand(&self, now: Instant) -> Option<Token> {
+        let auth = &self.client.auth_state;
+        auth.current(None, now).or_else(|| {
+            (self.replay == Replay::Refreshed)
+                .then(|| auth.current_due_or_not(now))
+                .flatten()
         })
     }
 
@@ -899,13 +920,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             // ready at once.
             let token = if !client.auth.is_configured() {
                 None
-            } else if let Some(token) = client.auth_state.current(None, now) {
-                Some(token)
-            } else if let Some(token) = self
-                .replaying
-                .then(|| client.auth_state.current_due_or_not(now))
-                .flatten()
-            {
+            } else if let Some(token) = self.token_at_hand(now) {
                 Some(token)
             } else {
                 // `auth_token` would look for a token at hand again first.
@@ -1105,7 +1120,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
             // ---- record, then decide (a sync helper: its error and verdict never
             // sit in the call's state across a wait).
-            self.replaying = false;
+            if self.replay == Replay::Refreshed {
+                self.replay = Replay::Made;
+            }
             match self.record_failure(sent, guard, ended, ms, idempotent) {
                 Next::Return(error) => return Err(self.end_failed(error)),
                 Next::Replay => {
@@ -1113,7 +1130,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     if let Err(error) = self.auth_token(stale).await {
                         return Err(self.refuse(error));
                     }
-                    self.replaying = true;
+                    self.replay = Replay::Refreshed;
                 }
                 Next::Redial => {}
                 Next::Retry { wake } => {
@@ -1330,7 +1347,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 // A 401 to a hop that went without the credentials (a redirect crossed
                 // origins) is not about the client's token: no refresh helps.
                 can_replay_401: client.auth.is_configured()
-                    && !self.replayed
+                    && self.replay == Replay::NotYet
                     && !error.credentials_dropped(),
                 redials_used: self.redials,
                 has_server_delay: server_wait.is_some(),
@@ -1359,7 +1376,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             Action::Replay => {
                 // A newer token than the one the 401 answered; no retry budget
                 // spent, no RetryScheduled. The next gate applies it.
-                self.replayed = true;
+                self.replay = Replay::Made;
                 self.redialing = false;
                 Next::Replay
             }
