@@ -160,9 +160,13 @@ impl AuthToken {
     ///
     /// # Errors
     ///
-    /// An [`AuthError`] if `token` holds a character a header value cannot (a line
-    /// break, say).
+    /// An [`AuthError`] if `token` is empty or blank (`Bearer ` would carry no
+    /// credential: an unset environment variable, say), or holds a character a
+    /// header value cannot (a line break, say).
     pub fn bearer(token: &str) -> Result<Self, AuthError> {
+        if token.trim_ascii().is_empty() {
+            return Err(AuthError::from("the bearer token is empty"));
+        }
         let value = HeaderValue::try_from(format!("Bearer {token}"))
             .map_err(|_| AuthError::from("the bearer token holds a character a header cannot"))?;
         Ok(AuthToken::new(http::header::AUTHORIZATION, value))
@@ -1518,6 +1522,21 @@ mod tests {
             Some(0),
             "R must share F2's failure"
         );
+    }
+
+    #[test]
+    fn an_empty_or_blank_bearer_token_is_refused() {
+        for blank in ["", " ", "\t \t"] {
+            let err = AuthToken::bearer(blank).unwrap_err();
+            assert_eq!(err.to_string(), "the bearer token is empty", "{blank:?}");
+        }
+        let err = AuthToken::bearer("a\nb").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the bearer token holds a character a header cannot"
+        );
+        let token = AuthToken::bearer(" t1").unwrap();
+        assert_eq!(token.value(), "Bearer  t1");
     }
 
     /// A shared fetch error reads as the token source's error: its text, and that
