@@ -179,11 +179,13 @@ fn for_caller(status: http::StatusCode) -> bool {
 enum Replay {
     /// None decided yet.
     NotYet,
-    /// Decided, its refresh (run or waited for) ended, and nothing sent since: the
-    /// gate takes the token the refresh brought (or a newer one) due for renewal or
-    /// not, as a caller that waited for a fetch does.
+    /// Decided, its refresh (run or waited for) ended, and the gate has neither
+    /// waited nor looked for a token since: at that look it takes the token the
+    /// refresh brought (or a newer one) due for renewal or not, as a caller that
+    /// waited for a fetch does.
     Refreshed,
-    /// Decided (its refresh running, or its send made): no second replay.
+    /// Decided (its refresh running, or a gate's wait or look after it made): no
+    /// second replay.
     Made,
 }
 
@@ -617,9 +619,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 // A re-check while another call's probe is out: a reset is seen at
                 // the next look, so these frequent short waits register nothing.
                 Err(Refusal::ProbeOut) => {
+                    self.spend_replay_exemption();
                     now = Box::pin(self.gate_sleep(now, PROBE_RECHECK)).await?;
                 }
                 Err(Refusal::Cooldown { wait, resets }) => {
+                    self.spend_replay_exemption();
                     now = Box::pin(self.breaker_sleep(breaker, now, wait, resets)).await?;
                 }
             }
@@ -630,6 +634,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         let admission_waited = poll_once(admit.as_mut()).await.is_pending();
         if admission_waited {
             self.admission_waited = true;
+            self.spend_replay_exemption();
             admit.await;
             let after = self.now();
             if let Some(deadline) = self.deadline.as_mut() {
@@ -644,14 +649,26 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         })
     }
 
+    /// A wait at the gate (the breaker's, an admission's) spends a 401 replay's
+    /// exemption: after it, the token its refresh brought has not just landed, and
+    /// is renewed like any caller's if due.
+    fn spend_replay_exemption(&mut self) {
+        if self.replay == Replay::Refreshed {
+            self.replay = Replay::Made;
+        }
+    }
+
     /// The current token, if one is at hand at `now` for this call without a wait: a
-    /// usable token not due for renewal (or due, with a fetch running), or, for a
-    /// 401's replay whose refresh has ended, a usable token due or not.
+    /// usable token not due for renewal (or due, with a fetch running), or, at a
+    /// 401's replay's first look after its refresh, with no wait at the gate in
+    /// between, a usable token due or not. That look spends the exemption.
     #[inline(always)]
-    fn token_at_hand(&self, now: Instant) -> Option<Token> {
+    fn token_at_hand(&mut self, now: Instant) -> Option<Token> {
+        let just_refreshed = self.replay == Replay::Refreshed;
+        self.spend_replay_exemption();
         let auth = &self.client.auth_state;
         auth.current(None, now).or_else(|| {
-            (self.replay == Replay::Refreshed)
+            just_refreshed
                 .then(|| auth.current_due_or_not(now))
                 .flatten()
         })
@@ -1120,9 +1137,6 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
             // ---- record, then decide (a sync helper: its error and verdict never
             // sit in the call's state across a wait).
-            if self.replay == Replay::Refreshed {
-                self.replay = Replay::Made;
-            }
             match self.record_failure(sent, guard, ended, ms, idempotent) {
                 Next::Return(error) => return Err(self.end_failed(error)),
                 Next::Replay => {

@@ -7,10 +7,12 @@
 //! the events' `at`, so the figures work the same on virtual time.
 //!
 //! Several clients may report under one API name (their figures add up), but only
-//! on one clock: build them over clones of one runtime. A runtime made apart has
-//! its own origin (each `TokioRuntime::new()`, each `VirtualRuntime::new()`), so
-//! the events of a client on another clock fall outside the window or lose every
-//! "latest wins" comparison, and that client's figures do not show.
+//! on one clock: build them over clones of one runtime. A runtime made apart may
+//! have its own origin (each `TokioRuntime::new()` counts from when it was made), so
+//! its client's events are shifted by the gap between the origins: a client whose
+//! clock lags the others' by more than the window shows in none of the window's
+//! figures and loses every "latest wins" comparison (the all-time counts still add
+//! up).
 //!
 //! Events of different calls can reach an observer out of order (two tasks on a
 //! multi-thread runtime report at nearly the same moment), so the figures go by each
@@ -1117,13 +1119,30 @@ mod tests {
     /// label.
     #[test]
     fn a_replaced_error_is_dropped_after_the_lock() {
+        for per_label in [false, true] {
+            let h = HealthObserver::new(Duration::from_secs(60));
+            let h = Arc::new(if per_label { h.per_label() } else { h });
+            let (dropped, dropped_under_a_lock) = errors_replaced_in(&h);
+            // The first three errors (kept per API and per label, the first also
+            // as the last send error) are replaced by the next three; the last
+            // holder of each is the API's map, or the label's.
+            assert_eq!((dropped, dropped_under_a_lock), (3, 0), "{per_label}");
+            let a = h.snapshot("a").unwrap();
+            assert_eq!((a.sends_in_window, a.refused_in_window), (2, 2));
+        }
+    }
+
+    /// Feeds `h` two rounds of a failed send, a refusal and a failed token fetch
+    /// (labelled), each error's source a [`ReadsTheObserver`]; gives back how many
+    /// of those were dropped, and how many under a lock of `h`.
+    fn errors_replaced_in(h: &Arc<HealthObserver>) -> (usize, usize) {
         use crate::auth::{AuthError, SharedAuthError};
         use crate::observer::TokenFetchReason;
-        use std::sync::atomic::Ordering;
-        let h = Arc::new(HealthObserver::new(Duration::from_secs(60)).per_label());
-        let (dropped, dropped_under_a_lock) = (Arc::default(), Arc::default());
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (dropped, dropped_under_a_lock) =
+            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let source = || ReadsTheObserver {
-            observer: Arc::downgrade(&h),
+            observer: Arc::downgrade(h),
             dropped: Arc::clone(&dropped),
             dropped_under_a_lock: Arc::clone(&dropped_under_a_lock),
         };
@@ -1146,12 +1165,10 @@ mod tests {
                 h.on_event("a", &ev(ms, kind).with_label(Some("orders")));
             }
         }
-        // The first three errors (kept per API and per label, the first also as
-        // the last send error) are replaced by the next three.
-        assert_eq!(dropped.load(Ordering::SeqCst), 3);
-        assert_eq!(dropped_under_a_lock.load(Ordering::SeqCst), 0);
-        let a = h.snapshot("a").unwrap();
-        assert_eq!((a.sends_in_window, a.refused_in_window), (2, 2));
+        (
+            dropped.load(Ordering::SeqCst),
+            dropped_under_a_lock.load(Ordering::SeqCst),
+        )
     }
 
     #[test]

@@ -1372,6 +1372,42 @@ fn a_replay_answered_503_renews_its_due_token_before_it_retries() {
 }
 
 #[test]
+fn a_replay_that_waits_at_the_gate_after_its_refresh_renews_a_token_due_by_then() {
+    // Tokens live 120 s, fetches take 1 s. /a's t1 is refused at 3 s; its refresh
+    // brings t2 at 4 s (due from 63 s), but /b's 503 opened the breaker at 3.5 s
+    // for 119 s, and /a waits for the probe until 122.5 s. By then t2 has half a
+    // second left: the gate renews it like any caller (t3 at 123.5 s) instead of
+    // sending it as a token that just landed.
+    let w = World::new();
+    w.transport.respond_with(|req, _| {
+        let token = req.headers().get(AUTHORIZATION).unwrap();
+        match (req.path(), token.to_str().unwrap()) {
+            ("/a", "Bearer t1") => Reply::status(401).after(secs(2)),
+            ("/b", _) => Reply::status(503).after(ms(2_500)),
+            _ => Reply::ok(),
+        }
+    });
+    let (client, fetches) = with_tokens_living(&w, secs(120), secs(1), None, |b| {
+        b.breaker(1, secs(119), secs(600))
+    });
+    let a = w.spawn_call(&client, CallPolicy::essential(), "/a");
+    let b = w.spawn_call(&client, CallPolicy::background(), "/b");
+    w.rt.run_until(at(secs(200))).unwrap();
+    assert!(b.is_finished());
+    w.rt.block_on(a).unwrap().unwrap();
+    assert_eq!(
+        sent_tokens(&w),
+        [
+            sent(secs(1), "/a", "t1"),
+            sent(secs(1), "/b", "t1"),
+            sent(ms(123_500), "/a", "t3"),
+        ]
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    w.assert_contract();
+}
+
+#[test]
 fn after_the_expiry_callers_wait_for_the_fetch_and_share_its_failure() {
     // t1 (fetched 0 s to 1 s) expires at 60 s. At 61 s A's fetch runs (it fails at
     // 62 s); B, at 61.5 s, is not handed the expired t1 meanwhile, nor after the
