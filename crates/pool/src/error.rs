@@ -671,6 +671,26 @@ mod tests {
         )
     }
 
+    /// Only an error with no response of its own and no request id takes an
+    /// earlier one's: a status error keeps its own (here none), and an error with
+    /// an id keeps it.
+    #[test]
+    fn the_request_id_of_an_earlier_error_goes_only_to_one_without_its_own() {
+        let earlier = status(503, 1).with_request_id(Some("r1".into()));
+        let timed_out = ClientError::timed_out(TimeLimit::AttemptTimeout, 2);
+        assert_eq!(
+            timed_out.with_request_id_of(&earlier).request_id(),
+            Some("r1")
+        );
+        assert_eq!(
+            status(500, 2).with_request_id_of(&earlier).request_id(),
+            None
+        );
+        let own =
+            ClientError::timed_out(TimeLimit::AttemptTimeout, 2).with_request_id(Some("r2".into()));
+        assert_eq!(own.with_request_id_of(&earlier).request_id(), Some("r2"));
+    }
+
     #[test]
     fn display_names_kind_and_attempts_only() {
         let e = status(503, 3)

@@ -2366,6 +2366,31 @@ mod tests {
         assert_eq!(rt.elapsed(), Duration::from_secs(5));
     }
 
+    /// An `advance` on another thread that takes its timer, just before the driver
+    /// moves the clock, and has not woken its task yet: the driver waits for that
+    /// wake and runs the task at the time it was due, not after the later timer.
+    #[test]
+    fn a_wake_in_transit_made_just_before_the_clock_moves_runs_first() {
+        let rt = VirtualRuntime::new();
+        let first = sleeping_one_second_with_a_later_timer(&rt);
+        let done = Arc::new(AtomicBool::new(false));
+        let waker_thread = Arc::new(Mutex::new(None));
+        let (advancer, advance_done, slot) =
+            (rt.clone(), Arc::clone(&done), Arc::clone(&waker_thread));
+        before_the_clock_moves(&rt, move || {
+            *lock(&slot) = Some(advance_with_its_wake_in_transit(&advancer, &advance_done));
+        });
+        let woke_at = rt.block_on(first);
+        done.store(true, Ordering::SeqCst);
+        let waker_thread = lock(&waker_thread).take();
+        waker_thread.expect("the hook ran").join().unwrap();
+        assert_eq!(
+            woke_at,
+            Ok(Duration::from_secs(1)),
+            "the clock jumped ahead"
+        );
+    }
+
     /// The same for `run_until`'s last move, to its end: a task woken from another
     /// thread just before it runs at the time it was woken, before `run_until`
     /// returns.
