@@ -667,11 +667,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         let just_refreshed = self.replay == Replay::Refreshed;
         self.spend_replay_exemption();
         let auth = &self.client.auth_state;
-        auth.current(None, now).or_else(|| {
-            just_refreshed
-                .then(|| auth.current_due_or_not(now))
-                .flatten()
-        })
+        if just_refreshed {
+            auth.current_due_or_not(now)
+        } else {
+            auth.current(None, now)
+        }
     }
 
     /// The auth token to apply, if the client has a token source: fetched on first

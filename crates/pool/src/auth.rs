@@ -668,8 +668,9 @@ impl AuthState {
     }
 
     /// The current token if no 401 rejected it and it has not expired by `now`, due
-    /// for renewal or not: what a replay takes once its refresh (run or waited for)
-    /// has ended, as a caller that waited for a fetch takes what it brought.
+    /// for renewal or not (so `Some` whenever [`current`](Self::current)`(None, now)`
+    /// is): what a replay takes once its refresh (run or waited for) has ended, as a
+    /// caller that waited for a fetch takes what it brought.
     pub(crate) fn current_due_or_not(&self, now: Instant) -> Option<Token> {
         self.lock().usable(None, now).cloned()
     }
