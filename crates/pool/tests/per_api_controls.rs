@@ -15,6 +15,7 @@ use common::*;
 use futures::FutureExt;
 use http::{HeaderValue, StatusCode, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, AuthToken, SharedAuthError, token_fn};
+use vantage_api_pool::breaker::PROBE_RECHECK;
 use vantage_api_pool::{
     BreakerMode, BreakerState, CallPolicy, ErrorKind, EventKind, ResilientClient, RetryMode,
     TimeLimit, TransportErrorKind, TransportEvent, TransportObserver,
@@ -1402,6 +1403,94 @@ fn a_replay_that_waits_at_the_gate_after_its_refresh_renews_a_token_due_by_then(
             sent(secs(1), "/b", "t1"),
             sent(ms(123_500), "/a", "t3"),
         ]
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    w.assert_contract();
+}
+
+#[test]
+fn a_replay_that_waits_for_another_calls_probe_after_its_refresh_renews_a_token_due_by_then() {
+    // Tokens live 120 s from their fetch's start, fetches take 1 s. /a's t1 is
+    // refused at 1.5 s; its refresh brings t2 at 2.5 s (due from 61.5 s, expired
+    // from 121.5 s). Meanwhile /c's 503 at 1.7 s opened the breaker for 0.3 s, and
+    // /b, at 2.1 s, took the probe (it sends t2 at 2.5 s and is answered at
+    // 120.5 s). /a re-checks while that probe is out: at 120.5 s t2 has a second
+    // left, and /a renews it like any caller (t3 at 121.5 s) instead of sending it
+    // as a token that just landed.
+    let w = World::new();
+    w.transport.respond_with(|req, _| {
+        let token = req.headers().get(AUTHORIZATION).unwrap();
+        match (req.path(), token.to_str().unwrap()) {
+            ("/a", "Bearer t1") => Reply::status(401).after(ms(500)),
+            ("/b", _) => Reply::ok().after(secs(118)),
+            ("/c", _) => Reply::status(503).after(ms(700)),
+            _ => Reply::ok(),
+        }
+    });
+    let (client, fetches) = with_tokens_living(&w, secs(120), secs(1), None, |b| {
+        b.breaker(1, ms(300), secs(600))
+    });
+    let a = w.spawn_call(&client, CallPolicy::essential(), "/a");
+    let c = w.spawn_call(&client, CallPolicy::background(), "/c");
+    w.rt.run_until(at(ms(2_100))).unwrap();
+    assert_eq!(client.breaker_state(), BreakerState::HalfOpen);
+    let b = w.spawn_call(&client, patient(), "/b");
+    w.rt.run_until(at(secs(200))).unwrap();
+    assert!(c.is_finished());
+    w.rt.block_on(b).unwrap().unwrap();
+    w.rt.block_on(a).unwrap().unwrap();
+    let sent_by = sent_tokens(&w);
+    assert_eq!(
+        sent_by[..3],
+        [
+            sent(secs(1), "/a", "t1"),
+            sent(secs(1), "/c", "t1"),
+            sent(ms(2_500), "/b", "t2"),
+        ]
+    );
+    let (last_at, last_path, last_token) = &sent_by[3];
+    assert_eq!(
+        (sent_by.len(), last_path.as_str(), last_token.as_str()),
+        (4, "/a", "Bearer t3")
+    );
+    // The first re-check after the probe's answer, then the 1 s fetch.
+    assert!(
+        *last_at >= ms(121_500) && *last_at <= ms(121_500) + PROBE_RECHECK,
+        "{last_at:?}"
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    w.assert_contract();
+}
+
+#[test]
+fn a_replay_whose_admission_waits_after_its_refresh_renews_a_token_due_by_then() {
+    // Tokens live 120 s from their fetch's start, fetches take 1 s. /a's t1 is
+    // refused at 3 s and its refresh brings t2 at 4 s (due from 63 s, expired from
+    // 123 s). The transport's admission then holds the replay until 122 s: t2 is
+    // due by then, and the gate renews it like any caller's (t3 at 123 s) instead
+    // of sending it as a token that just landed.
+    let w = World::new();
+    w.transport.respond_with(|req, _| {
+        if req.headers().get(AUTHORIZATION).unwrap() == "Bearer t1" {
+            Reply::status(401).after(secs(2))
+        } else {
+            Reply::ok()
+        }
+    });
+    w.transport.admit_with(|now| {
+        if now == at(secs(4)) {
+            secs(118)
+        } else {
+            Duration::ZERO
+        }
+    });
+    let (client, fetches) = with_tokens_living(&w, secs(120), secs(1), None, |b| b);
+    w.rt.block_on(client.execute_with(&CallPolicy::essential(), |h| h.get("/a")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        sent_tokens(&w),
+        [sent(secs(1), "/a", "t1"), sent(secs(123), "/a", "t3")]
     );
     assert_eq!(fetches.load(Ordering::SeqCst), 3);
     w.assert_contract();
