@@ -235,6 +235,52 @@ async fn dropping_an_armed_sleep_really_calls_clear_timeout() {
     assert_eq!(clear_timeout_calls(), before + 1.0);
 }
 
+/// Wraps the global `setTimeout` and `clearTimeout`, once, to remember the last
+/// handle each saw; returns whether the last one cleared is the last one armed.
+fn last_cleared_timer_is_last_armed() -> bool {
+    let body = "if (globalThis.__lastArmed === undefined) {\
+                    globalThis.__lastArmed = null;\
+                    globalThis.__lastCleared = undefined;\
+                    const set = globalThis.setTimeout;\
+                    const clear = globalThis.clearTimeout;\
+                    globalThis.setTimeout = function (...args) {\
+                        const handle = set(...args);\
+                        globalThis.__lastArmed = handle;\
+                        return handle;\
+                    };\
+                    globalThis.clearTimeout = function (handle) {\
+                        globalThis.__lastCleared = handle;\
+                        return clear(handle);\
+                    };\
+                }\
+                return globalThis.__lastCleared === globalThis.__lastArmed;";
+    js_sys::Function::new_no_args(body)
+        .call0(&JsValue::NULL)
+        .expect("the wrapper runs")
+        .as_bool()
+        .expect("a boolean")
+}
+
+#[wasm_bindgen_test]
+async fn a_dropped_sleep_clears_the_timer_it_armed_which_then_never_fires() {
+    let rt = WasmRuntime::new();
+    // Installs the wrappers; nothing armed or cleared since.
+    let _ = last_cleared_timer_is_last_armed();
+    let mut sleep = Box::pin(rt.sleep(ms(20)));
+    assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
+    assert!(!last_cleared_timer_is_last_armed(), "cleared while armed");
+    drop(sleep);
+    assert!(
+        last_cleared_timer_is_last_armed(),
+        "the drop cleared some other handle than the one its sleep armed"
+    );
+    // Past the dropped sleep's deadline. Had its timer stayed armed, it would call
+    // the freed closure, which wasm-bindgen refuses with an exception thrown from
+    // the timer's callback: an uncaught error that fails the run.
+    rt.sleep(ms(100)).await;
+    assert_eq!(rt.pending_timers(), 0);
+}
+
 #[wasm_bindgen_test]
 async fn a_sleep_past_the_set_timeout_limit_keeps_its_timer_armed() {
     // setTimeout takes at most 2^31-1 ms; a longer delay given as is fires at once

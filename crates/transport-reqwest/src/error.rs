@@ -75,7 +75,7 @@ Cases that cannot be told apart, mapped to the safe kind:
 | `is_builder()` (bad URL, header or body; a URL with no host) | `Config` | our side, nothing sent (a scheme other than http/https is refused by `prepare`, `Config` too) |
 | `is_timeout()`, or reqwest's timeout abort of the fetch (the request's own `timeout`) | `TimedOut` | the exchange was cut; the server may have acted |
 | an `io::ErrorKind` in the chain, as natively (`ConnectionRefused`: `Connect`; `ConnectionReset`, `ConnectionAborted`, `BrokenPipe`, `UnexpectedEof`: `Interrupted`) | as said | reqwest's fetch path puts no `io::Error` there, so this row is for errors built by hand |
-| anything else: fetch's `TypeError` (refused, DNS, reset, TLS, CORS), an abort | `Interrupted` | fetch does not say how far the request got: the safe kind, retried only for idempotent calls |
+| anything else: fetch's `TypeError` (refused, DNS, reset, TLS, CORS), an abort | `Interrupted` | a browser's fetch does not say how far the request got, and the cause Node's gives is lost in reqwest 0.13's text of the error: the safe kind, retried only for idempotent calls |
 
 The native table (hyper's and h2's signals, `NotSent`, `Connect`, `Tls`,
 `TooLarge`) is in the docs built for a native target.
@@ -83,7 +83,7 @@ The native table (hyper's and h2's signals, `NotSent`, `Connect`, `Tls`,
 "##
 )]
 //! On wasm32, fetch reports every network failure (refused, DNS, reset, CORS) as the
-//! same `TypeError`, so there is no `NotSent`, `Connect`, `Tls` or `TooLarge` there:
+//! same `TypeError` (Node's carries a cause, which reqwest 0.13 drops), so there is no `NotSent`, `Connect`, `Tls` or `TooLarge` there:
 //! they are `Interrupted`. A request that fetch cannot carry as it is (a header value
 //! with bytes above 0x7f; in a browser, a credential the browser would drop without
 //! an error: `cookie`, `cookie2`, `proxy-authorization` or a sensitive header such as

@@ -189,8 +189,10 @@ Three layers under this adapter can send a request again without the pool knowin
 # `distrust_connection`
 
 Does nothing on wasm32: fetch gives no handle on its connections. Dropping a send
-(as the pool does when a time limit cuts it) aborts its fetch, which is what the
-browser and Node close the connection on.
+(as the pool does when a time limit cuts it) aborts its fetch: on HTTP/1.1 the
+browser and Node close its connection; on HTTP/2 and HTTP/3 only its stream is
+reset, and the shared connection stays in use (if that connection is the stuck
+part, later sends on it time out too until the platform gives it up).
 
 # Hidden retries
 
@@ -258,8 +260,8 @@ your own a `read_timeout` too.
 //! [`TransportResponse::chunk`](vantage_api_pool::TransportResponse::chunk), there is
 //! no `ReqwestTransport::with_builder` (fetch gives no handle on its connections,
 //! so there is none to distrust; dropping a send aborts its fetch) and no `tokio`
-//! feature. Fetch reports every network failure alike, so most of them map to
-//! `Interrupted` there. In a browser, a request carrying a credential the browser
+//! feature. Fetch reports every network failure alike (Node's fetch gives a cause,
+//! which reqwest 0.13 drops), so most of them map to `Interrupted` there. In a browser, a request carrying a credential the browser
 //! would drop without an error (`cookie`, `cookie2`, `proxy-authorization`, or a
 //! sensitive header, a token's, under a forbidden name) fails with `Config` before
 //! the fetch, nothing sent. Never send with `fetch_mode_no_cors()`: reqwest 0.13 throws
