@@ -23,7 +23,7 @@ use crate::classify::{
     Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotency_key,
     is_idempotent,
 };
-use crate::client::{CallTag, Events, ReadResponse, Shared, report_from_drop};
+use crate::client::{CallTag, Events, ReadResponse, Shared, report_at_drop};
 use crate::concurrency::Permit;
 use crate::error::{
     ClientError, ErrorKind, ErrorResponseHead, MAX_ERROR_BODY, TimeLimit, trim_unfinished_char,
@@ -245,13 +245,18 @@ struct AfterHead {
 struct InFlight<'a, T, R: Runtime, A> {
     client: &'a Shared<T, R, A>,
     call: CallTag,
+    /// The send's number (from 1), or 0 once the guard is disarmed: the guard
+    /// reports nothing on drop then. (A flag of its own would make every call's
+    /// future 8 bytes larger.)
     send: u32,
     attempt: u32,
-    armed: bool,
     /// The send's permit, until the response head.
     permit: Option<Permit<'a>>,
     /// The probe slot, when the send is the probe, until the breaker is told.
     probe: Option<ProbeGuard<'a>>,
+    /// When `Started` was reported: the reading a dropped send's `Cancelled` falls
+    /// back on if the clock panics.
+    started: Instant,
 }
 
 impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
@@ -260,7 +265,7 @@ impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
     /// then reports nothing on drop.
     #[inline(always)]
     fn finish(mut self, at: Instant, kind: EventKind, transition: Option<Transition>) {
-        self.armed = false;
+        self.send = 0;
         let events = &self.client.events;
         match transition {
             None => events.emit(|| at, Some(self.call), || kind),
@@ -275,23 +280,30 @@ impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
     /// Takes the guard off: the send never left, and its permit and probe slot go
     /// back now.
     fn disarm(mut self) {
-        self.armed = false;
+        self.send = 0;
     }
 }
 
 impl<T, R: Runtime, A> Drop for InFlight<'_, T, R, A> {
     #[inline]
     fn drop(&mut self) {
-        if self.armed {
+        if self.send != 0 {
             // The permit and the probe slot go back before the observer hears of it.
             drop(self.permit.take());
             drop(self.probe.take());
-            let (send, attempt) = (self.send, self.attempt);
-            let rt = &self.client.runtime;
-            self.client.events.emit_from_drop(
-                || rt.now(),
-                Some(self.call),
-                || EventKind::Cancelled { send, attempt },
+            let (send, attempt, call) = (self.send, self.attempt, self.call);
+            let client = self.client;
+            if !client.events.is_listening() {
+                return;
+            }
+            // A clock that panics here leaves the `Started`'s reading in its place.
+            report_at_drop(
+                || client.runtime.now(),
+                self.started,
+                |at, _| {
+                    let kind = || EventKind::Cancelled { send, attempt };
+                    client.events.emit(|| at, Some(call), kind);
+                },
             );
         }
     }
@@ -331,17 +343,23 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
     }
 
     /// Reports the end of a call dropped before it ended: `Panicked` while a panic
-    /// unwinds, `Cancelled` otherwise.
+    /// unwinds or when the clock panics as it is read here (the call's start then
+    /// stands in for the reading), `Cancelled` otherwise.
     #[cold]
     fn dropped(&self) {
-        let now = || self.client.runtime.now();
-        if std::thread::panicking() {
-            // The clock is read inside too: one that panics (as it may have done
-            // to start this unwinding) must not abort the process from here.
-            report_from_drop(|| self.report_end(now(), CallOutcome::Panicked));
-        } else {
-            self.report_end(now(), CallOutcome::Cancelled);
-        }
+        let panicking = std::thread::panicking();
+        report_at_drop(
+            || self.client.runtime.now(),
+            self.began,
+            |at, clock_panicked| {
+                let outcome = if panicking || clock_panicked {
+                    CallOutcome::Panicked
+                } else {
+                    CallOutcome::Cancelled
+                };
+                self.report_end(at, outcome);
+            },
+        );
     }
 }
 
@@ -1025,9 +1043,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 call: self.tag(),
                 send,
                 attempt,
-                armed: true,
                 permit: Some(permit),
                 probe,
+                started: now,
             };
             self.emit_at(now, || EventKind::Started { send, attempt });
             let started = self.now();

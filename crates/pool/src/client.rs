@@ -149,6 +149,27 @@ pub(crate) fn report_from_drop(report: impl FnOnce()) {
     }
 }
 
+/// Makes a report from a destructor at a reading of `now`, through
+/// [`report_from_drop`]. A clock that panics there is caught and `fallback` (a
+/// reading the caller kept) stands in, so the report is still made (`report` is told
+/// the clock panicked); that panic then goes on, unless one already unwinds (a
+/// second out of a destructor would abort the process).
+#[cold]
+pub(crate) fn report_at_drop(
+    now: impl FnOnce() -> Instant,
+    fallback: Instant,
+    report: impl FnOnce(Instant, bool),
+) {
+    let reading = std::panic::catch_unwind(AssertUnwindSafe(now));
+    let at = *reading.as_ref().unwrap_or(&fallback);
+    report_from_drop(|| report(at, reading.is_err()));
+    if let Err(clock_panic) = reading
+        && !std::thread::panicking()
+    {
+        std::panic::resume_unwind(clock_panic);
+    }
+}
+
 /// What an event of a call says of it: its id and its policy's label.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CallTag {

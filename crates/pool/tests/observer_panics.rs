@@ -21,7 +21,8 @@ use vantage_api_pool::{
 };
 use vantage_api_pool_testkit::{RecordingObserver, Reply};
 
-/// Panics on the first `times` events named `on` (every event: `"any"`).
+/// Panics on the first `times` events named in `on` (names split by `|`; every
+/// event: `"any"`).
 struct Panicking {
     on: &'static str,
     times: AtomicU32,
@@ -38,7 +39,8 @@ impl Panicking {
 
 impl TransportObserver for Panicking {
     fn on_event(&self, _api: &str, event: &TransportEvent) {
-        let hit = self.on == "any" || event.kind.name() == self.on;
+        let name = event.kind.name();
+        let hit = self.on == "any" || self.on.split('|').any(|on| on == name);
         if hit && self.times.load(Ordering::SeqCst) > 0 {
             self.times.fetch_sub(1, Ordering::SeqCst);
             panic!("observer panics on {}", event.kind.name());
@@ -161,6 +163,49 @@ fn an_observer_that_panics_on_every_event_does_not_abort_the_process() {
     recorder.check_contract().unwrap();
     assert_eq!(client.in_flight(), 0);
     assert_eq!(health.snapshot("api").unwrap().in_flight, 0);
+}
+
+#[test]
+fn a_panic_on_a_terminal_event_and_again_on_its_transition_does_not_abort_the_process() {
+    // The second panic comes from the transition's guard as the first unwinds.
+    let (w, health, recorder, client) = set_up(
+        Reply::status(503),
+        Panicking::on("failed|breaker_opened", u32::MAX),
+    );
+    assert!(call_panics(&w, &client));
+    assert_eq!(recorder.kinds(), ["started", "failed", "breaker_opened"]);
+    recorder.check_contract().unwrap();
+    assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+    assert_eq!(health.snapshot("api").unwrap().in_flight, 0);
+}
+
+#[test]
+fn a_refusal_whose_started_and_failed_both_panic_does_not_abort_the_process() {
+    // The refusal's `Failed` comes from its guard as the `Started` panic unwinds.
+    let panicking = Panicking::on("started|failed", 0);
+    let (w, health, recorder, client) = set_up(Reply::status(503), Arc::clone(&panicking));
+    assert!(!call_panics(&w, &client), "the 503 opens the breaker");
+    panicking.times.store(u32::MAX, Ordering::SeqCst);
+    for _ in 0..3 {
+        assert!(call_panics(&w, &client));
+    }
+    assert_eq!(
+        recorder.kinds(),
+        [
+            "started",
+            "failed",
+            "breaker_opened",
+            "started",
+            "failed",
+            "started",
+            "failed",
+            "started",
+            "failed"
+        ]
+    );
+    recorder.check_contract().unwrap();
+    assert_eq!(health.snapshot("api").unwrap().in_flight, 0);
+    assert_eq!(w.transport.request_count(), 1);
 }
 
 #[test]

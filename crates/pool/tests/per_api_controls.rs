@@ -284,6 +284,64 @@ fn a_reset_closes_the_breaker_at_once_and_wakes_the_calls_waiting_for_it() {
     w.assert_contract();
 }
 
+/// Counts its wakes; an observer over it notes how many there were at each
+/// `BreakerReset`.
+#[derive(Default)]
+struct WakesAtReset {
+    wakes: AtomicU32,
+    at_reset: Mutex<Vec<u32>>,
+}
+
+impl std::task::Wake for WakesAtReset {
+    fn wake(self: Arc<Self>) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl TransportObserver for WakesAtReset {
+    fn on_event(&self, _api: &str, event: &TransportEvent) {
+        if matches!(event.kind, EventKind::BreakerReset) {
+            let wakes = self.wakes.load(Ordering::SeqCst);
+            self.at_reset.lock().unwrap().push(wakes);
+        }
+    }
+}
+
+#[test]
+fn reset_breaker_reports_the_reset_before_it_wakes_a_call_waiting_out_the_cooldown() {
+    // On an executor that runs a woken task at once (another thread), a call woken
+    // first could send, and report its `Started`, before `BreakerReset`.
+    let w = World::new();
+    w.transport
+        .push(Reply::status(503))
+        .default_reply(Reply::ok());
+    let heard = Arc::new(WakesAtReset::default());
+    let client = w
+        .builder()
+        .breaker(1, secs(5), secs(60))
+        .observer("api", heard.clone())
+        .build()
+        .unwrap();
+    let opening = CallPolicy::background();
+    assert!(
+        w.rt.block_on(client.execute_with(&opening, |h| h.get("/x")))
+            .unwrap()
+            .is_err()
+    );
+    let essential = CallPolicy::essential();
+    let mut waiting = Box::pin(client.execute_with(&essential, |h| h.get("/x")));
+    let waker = std::task::Waker::from(Arc::clone(&heard));
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(waiting.as_mut().poll(&mut cx).is_pending());
+    assert!(client.reset_breaker());
+    assert_eq!(heard.wakes.load(Ordering::SeqCst), 1, "the call was woken");
+    assert_eq!(
+        *heard.at_reset.lock().unwrap(),
+        [0],
+        "woken before the reset was heard"
+    );
+}
+
 #[test]
 fn a_reset_puts_the_cooldown_back_to_its_base_and_clears_the_failure_run() {
     let w = World::new();

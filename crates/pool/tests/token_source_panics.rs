@@ -1,5 +1,7 @@
 //! A token source whose fetch panics: the panic reaches the caller that ran the fetch,
-//! and the callers waiting on that fetch take it over instead of waiting for ever.
+//! and the callers waiting on that fetch take it over instead of waiting for ever. A
+//! clock that panics as a fetch ends or as a call is dropped: nothing aborts, and
+//! the observer still hears every end it is owed.
 //!
 //! Native only: wasm32 aborts on a panic.
 #![cfg(not(target_arch = "wasm32"))]
@@ -9,6 +11,7 @@ mod common;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use common::*;
 use futures::FutureExt;
@@ -258,5 +261,82 @@ fn a_clock_that_keeps_panicking_as_a_fetch_ends_aborts_nothing_and_leaves_no_fet
     w.rt.block_on(call()).unwrap().unwrap();
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
     assert_eq!(tokens_sent(&w), ["Bearer t2"]);
+    // The first call reached the gate and owes an end, though it sent nothing (the
+    // checker cannot miss the end of a call it never heard of): `Panicked`, at its
+    // start, the last reading it kept.
+    assert_eq!(
+        end_outcomes(&w),
+        [("panicked", ms(0)), ("succeeded", ms(100))]
+    );
+    w.assert_contract();
+}
+
+/// Each recorded call end's outcome and time.
+fn end_outcomes(w: &World) -> Vec<(&'static str, Duration)> {
+    w.observer
+        .call_ends()
+        .iter()
+        .map(|e| {
+            let at = e.end.at.saturating_duration_since(Instant::ORIGIN);
+            (e.end.outcome.name(), at)
+        })
+        .collect()
+}
+
+/// A client over a [`BreakingClock`] whose one call, polled once at 10 ms, is
+/// waiting at the gate (`at_gate`: for a cooldown) or in its send, and is dropped
+/// while the clock panics; what the observer heard, and whether the clock's panic
+/// reached the dropper.
+fn dropped_while_the_clock_panics(at_gate: bool) -> (World, bool) {
+    quiet_panics_starting_with("token source panics");
+    let w = World::new();
+    w.transport.default_reply(Reply::stall());
+    let clock = BreakingClock {
+        rt: w.rt.clone(),
+        broken: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    };
+    let client = ResilientClient::builder(w.transport.clone(), clock.clone())
+        .observer("api", Arc::new(w.observer.clone()))
+        .breaker(1, secs(5), secs(60))
+        .build()
+        .unwrap();
+    if at_gate {
+        w.transport.push(Reply::status(503));
+        let policy = CallPolicy::background();
+        let opened = client.execute_with(&policy, |h| h.get("/a"));
+        assert!(w.rt.block_on(opened).unwrap().is_err());
+    }
+    w.rt.run_until(Instant::ORIGIN + ms(10)).unwrap();
+    let policy = CallPolicy::essential();
+    let mut call = Box::pin(client.execute_with(&policy, |h| h.get("/b")));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(call.as_mut().poll(&mut cx).is_pending());
+    w.rt.run_until(Instant::ORIGIN + ms(30)).unwrap();
+    clock.broken.store(true, Ordering::SeqCst);
+    let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| drop(call))).is_err();
+    clock.broken.store(false, Ordering::SeqCst);
+    (w, unwound)
+}
+
+#[test]
+fn a_call_dropped_in_its_send_while_the_clock_panics_still_reports_cancelled_and_its_end() {
+    // Its send's `Cancelled` and its end fall back on the readings they kept (the
+    // `Started`'s, the call's start, both 10 ms); the end is `Panicked`, and the
+    // clock's panic goes on to whoever dropped the call.
+    let (w, unwound) = dropped_while_the_clock_panics(false);
+    assert!(unwound, "the clock's panic reached the dropper");
+    let last = w.observer.events().last().cloned().unwrap();
+    assert_eq!(w.observer.kinds(), ["started", "cancelled"]);
+    assert_eq!(last.event.at, Instant::ORIGIN + ms(10));
+    assert_eq!(end_outcomes(&w), [("panicked", ms(10))]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_call_dropped_at_the_gate_while_the_clock_panics_still_reports_its_end() {
+    let (w, unwound) = dropped_while_the_clock_panics(true);
+    assert!(unwound, "the clock's panic reached the dropper");
+    assert_eq!(w.observer.kinds(), ["started", "failed", "breaker_opened"]);
+    assert_eq!(end_outcomes(&w)[1..], [("panicked", ms(10))]);
     w.assert_contract();
 }
