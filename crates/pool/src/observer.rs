@@ -766,4 +766,20 @@ mod tests {
         );
         assert_eq!(EventKind::BreakerClosed.send_and_attempt(), None);
     }
+
+    #[test]
+    fn token_fetch_reasons_have_their_snake_case_names() {
+        let names = [
+            TokenFetchReason::First,
+            TokenFetchReason::Rejected,
+            TokenFetchReason::Renewal,
+            TokenFetchReason::Expired,
+            TokenFetchReason::Requested,
+        ]
+        .map(TokenFetchReason::name);
+        assert_eq!(
+            names,
+            ["first", "rejected", "renewal", "expired", "requested"]
+        );
+    }
 }

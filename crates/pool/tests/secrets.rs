@@ -97,6 +97,25 @@ fn the_canary_token_never_appears_in_any_output() {
     for out in &outputs {
         assert!(!out.contains(&canary), "the canary leaked: {out}");
     }
+    // What the `Debug`s do show: the settings, the API name, the body's length.
+    assert!(
+        outputs[0].starts_with("ClientBuilder {")
+            && outputs[0].contains("api: Some(\"api\")")
+            && outputs[0].contains("max_parallel: 8"),
+        "{}",
+        outputs[0]
+    );
+    assert!(
+        outputs[2].starts_with("ResilientClient { api: Some(\"api\"), default_policy: "),
+        "{}",
+        outputs[2]
+    );
+    let read_debug = &outputs[10];
+    let body_len = format!("body_len: {} }}", read.body().len());
+    assert!(
+        read_debug.starts_with("ReadResponse { response: ") && read_debug.ends_with(&body_len),
+        "{read_debug}"
+    );
     // The body stays reachable on purpose, through `body()` only.
     assert!(failed.body_text().unwrap().contains(&canary));
     assert!(String::from_utf8_lossy(read.body()).contains(&canary));
