@@ -989,14 +989,15 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     return Err(self.refuse(error));
                 }
             };
-            // A token with a lifetime is looked at again once the request closure
-            // and `prepare` have run (they may take time): one that expired
-            // meanwhile never goes out, and the call goes back through the gate for
-            // a valid one. A token without a lifetime costs no clock reading here.
-            if self
-                .token
-                .is_some_and(|held| held.has_lifetime() && held.expired(self.now()))
-            {
+            // The token is looked at again once the request closure and `prepare`
+            // have run (they may take time, and other calls go on meanwhile): one
+            // that expired, or that another call's 401 rejected, never goes out,
+            // and the call goes back through the gate for a valid one. A token
+            // without a lifetime costs no clock reading here, and the rejection
+            // check no lock.
+            if self.token.is_some_and(|held| {
+                (held.has_lifetime() && held.expired(self.now())) || self.rejected(held)
+            }) {
                 drop(probe);
                 continue;
             }

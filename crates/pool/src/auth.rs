@@ -35,7 +35,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 
 use crate::observer::{TokenFetchOutcome, TokenFetchReason};
-use crate::sync::{Mutex, MutexGuard, PoisonError, ToWake, Wakers};
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, PoisonError, ToWake, Wakers};
 use crate::time::Instant;
 
 /// An array of the names no token may take (see [`RESERVED_TOKEN_HEADERS`]), after
@@ -515,6 +515,9 @@ impl Token {
 /// clears the flag and wakes the waiters, one of which takes over.
 pub(crate) struct AuthState {
     inner: Mutex<AuthInner>,
+    /// `AuthInner::rejected`, written under the lock, read without it by a send's
+    /// last look at its token (after the request closure), which takes no lock.
+    rejected_now: AtomicU64,
 }
 
 struct AuthInner {
@@ -636,7 +639,14 @@ impl AuthState {
                 last_error: None,
                 waiters: Wakers::default(),
             }),
+            rejected_now: AtomicU64::new(0),
         }
+    }
+
+    /// Sets `inner.rejected` (`inner` is this state's, locked) and its copy.
+    fn set_rejected(&self, inner: &mut AuthInner, rejected: u64) {
+        inner.rejected = rejected;
+        self.rejected_now.store(rejected, Ordering::Release);
     }
 
     fn lock(&self) -> MutexGuard<'_, AuthInner> {
@@ -689,9 +699,10 @@ impl AuthState {
 
     /// Whether a 401 rejected generation `held` (or a newer one) and the refresh it
     /// asked for has not failed: the gate hands a token of `held` or older to nobody
-    /// now, so a request that carries one must not go out with it either.
+    /// now, so a request that carries one must not go out with it either. Takes no
+    /// lock.
     pub(crate) fn rejected(&self, held: u64) -> bool {
-        self.lock().rejected >= held
+        self.rejected_now.load(Ordering::Acquire) >= held
     }
 
     /// The current token, fetching it first if there is none (or it has expired),
@@ -749,7 +760,8 @@ impl AuthState {
                     // About to wait for a refresh or start one: the generation this
                     // 401 answered is rejected until the refresh ends.
                     if let Some(g) = stale {
-                        inner.rejected = inner.rejected.max(g);
+                        let rejected = inner.rejected.max(g);
+                        self.set_rejected(&mut inner, rejected);
                     }
                     if inner.fetching.is_some() {
                         Step::Wait(inner.fetches_done)
@@ -974,7 +986,7 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
                     replaced = inner.last_error.replace((this_fetch, Arc::clone(&e)));
                     // No newer token: a call that just needs one sends the cached one
                     // (it may be answered 401 again; its replay then asks again).
-                    inner.rejected = 0;
+                    self.state.set_rejected(&mut inner, 0);
                     inner.back_off_renewal(now);
                     let outcome = match &inner.token {
                         Some(cached) if fall_back && !cached.expired(now) => Ok(cached.clone()),

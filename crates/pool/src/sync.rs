@@ -203,6 +203,13 @@ mod model {
             }
         }
 
+        pub(crate) fn store(&self, value: u64, order: Ordering) {
+            match self {
+                AtomicU64::Std(a) => a.store(value, order),
+                AtomicU64::Model(a) => a.store(value, order),
+            }
+        }
+
         pub(crate) fn compare_exchange_weak(
             &self,
             current: u64,

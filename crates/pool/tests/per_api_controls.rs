@@ -2105,6 +2105,84 @@ fn a_queued_send_whose_token_was_rejected_waits_for_the_refresh() {
 }
 
 #[test]
+fn a_token_another_calls_401_rejects_while_the_request_closure_runs_never_goes_out() {
+    // Tokens t1, t2 (fetches take 1 s); t1 is answered 401 after 1 s. /a, polled by
+    // hand, sends t1 at 1 s. At 2 s /b takes t1 at the gate, and its request
+    // closure lets /a take in its 401 (on a runtime with threads, another thread
+    // may do so just then): t1 is rejected before /b's request leaves. /b must not
+    // send it (it would only be answered 401, and spend /b's one replay): it goes
+    // back through the gate, waits for /a's refresh, and sends t2 at 3 s.
+    use std::cell::RefCell;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::rc::Rc;
+    use std::task::{Context, Waker};
+
+    type Call = Pin<Box<dyn Future<Output = Result<(), vantage_api_pool::ClientError>>>>;
+    let w = World::new();
+    w.transport.respond_with(|req, _| {
+        if req.headers().get(AUTHORIZATION).unwrap() == "Bearer t1" {
+            Reply::status(401).after(secs(1))
+        } else {
+            Reply::ok()
+        }
+    });
+    let (client, fetches) = with_tokens_living(&w, secs(3_600), secs(1), None, |b| b);
+    let a: Call = {
+        let client = client.clone();
+        Box::pin(async move { client.execute(|h| h.get("/a")).await.map(|_| ()) })
+    };
+    let a = Rc::new(RefCell::new(Some(a)));
+    let poll_a = {
+        let a = Rc::clone(&a);
+        move || {
+            let mut cx = Context::from_waker(Waker::noop());
+            let mut slot = a.borrow_mut();
+            let call = slot.as_mut().expect("/a is still held here");
+            assert!(call.as_mut().poll(&mut cx).is_pending());
+        }
+    };
+    poll_a(); // the first fetch starts
+    w.rt.run_until(at(secs(1))).unwrap();
+    poll_a(); // t1 lands; /a sends it
+    w.rt.run_until(at(secs(2))).unwrap();
+
+    let b = {
+        let client = client.clone();
+        let mut first = Some(poll_a);
+        w.rt.spawn(async move {
+            let build = |h: &vantage_api_pool_testkit::ScriptedHttp| {
+                if let Some(poll_a) = first.take() {
+                    poll_a(); // /a takes in its 401 and starts the refresh
+                }
+                h.get("/b")
+            };
+            client.execute(build).await.map(|_| ())
+        })
+    };
+    // /a, from its refresh on, runs as a task of its own.
+    let a = w.rt.spawn(async move {
+        let call = a.borrow_mut().take().expect("/a");
+        call.await
+    });
+    w.rt.run_until(at(secs(10))).unwrap();
+    w.rt.block_on(a).unwrap().unwrap();
+    w.rt.block_on(b).unwrap().unwrap();
+    let mut sent_by = sent_tokens(&w);
+    sent_by.sort();
+    assert_eq!(
+        sent_by,
+        [
+            sent(secs(1), "/a", "t1"),
+            sent(secs(3), "/a", "t2"),
+            sent(secs(3), "/b", "t2"),
+        ]
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    w.assert_contract();
+}
+
+#[test]
 fn a_401_replay_never_gets_a_token_that_another_401_rejected() {
     // Tokens come 50 ms after they are asked for; only t3 is accepted.
     //   0 ms: A fetches t1 and sends it at 50 ms to a slow endpoint (401 at 230 ms).
