@@ -162,6 +162,10 @@ mod tests {
         assert_eq!(t.checked_add(Duration::MAX), None);
         assert_eq!(Instant::ORIGIN - t, Duration::ZERO);
         assert_eq!(t - Duration::from_secs(9), Instant::ORIGIN);
+        assert_eq!(
+            t - Duration::from_secs(2),
+            Instant::from_origin(Duration::from_secs(3))
+        );
         assert_eq!(t - Instant::ORIGIN, Duration::from_secs(5));
         assert_eq!(
             Instant::FAR_FUTURE.checked_add(Duration::from_nanos(1)),
