@@ -94,7 +94,9 @@ The native table (hyper's and h2's signals, `NotSent`, `Connect`, `Tls`,
 //! error: Connection refused (os error 111)`). A reqwest error among the sources (the
 //! refused hop of a redirect, say) has its own URL replaced by `<url>`; then anything
 //! that still looks like a URL (`scheme://` up to whitespace, `"`, `<` or `>`) is
-//! replaced too, and the message is cut at 512 bytes.
+//! replaced too, and the message is put on one line (on wasm32 a fetch error's
+//! JavaScript text repeats its message and adds a stack trace, a frame a line) and
+//! cut at 512 bytes.
 
 use std::error::Error as StdError;
 use std::io;
@@ -376,7 +378,8 @@ fn sources(err: &reqwest::Error) -> impl Iterator<Item = &(dyn StdError + 'stati
     std::iter::successors(err.source(), |&e| e.source())
 }
 
-/// `err`'s text and its sources' texts, URLs replaced, cut at [`MAX_MESSAGE`].
+/// `err`'s text and its sources' texts, URLs replaced, on one line, cut at
+/// [`MAX_MESSAGE`].
 fn describe(err: &reqwest::Error) -> String {
     let mut text = err.to_string();
     for source in sources(err) {
@@ -395,7 +398,25 @@ fn describe(err: &reqwest::Error) -> String {
             text.push_str(&part);
         }
     }
-    shorten(redact_urls(&text))
+    shorten(redact_urls(&one_line(&text)))
+}
+
+/// `text` on one line, for logs: each line trimmed, empty ones and a line the text
+/// so far already ends with (a message given twice) dropped, the rest joined by
+/// spaces. A JavaScript error (fetch's, on wasm32) comes as its message, the message
+/// again and a stack trace, one frame a line.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
+        if out.ends_with(line) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(line);
+    }
+    out
 }
 
 /// `text` if it is at most [`MAX_MESSAGE`] bytes; otherwise its start, cut on a
@@ -522,6 +543,23 @@ mod tests {
         assert_eq!(redact_urls(&text), "for url (<url> tail");
         let text = format!("x{}", " ://".repeat(20_000));
         assert_eq!(redact_urls(&text), text, "no scheme: nothing to redact");
+    }
+
+    #[test]
+    fn messages_come_on_one_line_without_a_repeated_line() {
+        // As reqwest 0.13 gives a failed fetch in Node.
+        let node = "error sending request: JsValue(TypeError: fetch failed\n\
+                    TypeError: fetch failed\n    at node:internal/deps/undici/undici:14976:13\n\
+                    \x20   at process.processTicksAndRejections (node:internal/process/task_queues:95:5))";
+        assert_eq!(
+            one_line(node),
+            "error sending request: JsValue(TypeError: fetch failed at \
+             node:internal/deps/undici/undici:14976:13 at \
+             process.processTicksAndRejections (node:internal/process/task_queues:95:5))"
+        );
+        assert_eq!(one_line("one line"), "one line");
+        assert_eq!(one_line("a\r\n\r\n  b  \n"), "a b");
+        assert_eq!(one_line(""), "");
     }
 
     #[test]
