@@ -545,8 +545,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     }
 
     /// A `WaitForProbe` caller's wait out of the breaker's cooldown (`wait`): a gate
-    /// wait of known length, cut short by a [`reset`](CircuitBreaker::reset) after
-    /// the `seen`-th (the count the refusal carried, read under its lock).
+    /// wait of known length, cut short when the breaker closes (a
+    /// [`reset`](CircuitBreaker::reset), or an answer while open) after the `seen`-th
+    /// close (the count the refusal carried, read under its lock).
     async fn breaker_sleep(
         &self,
         breaker: &CircuitBreaker,
@@ -555,8 +556,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         seen: u64,
     ) -> Result<Instant, ClientError> {
         let wake = self.gate_wake(now, wait)?;
-        // Either way ends the wait: the reset, or the cooldown's end (`Elapsed`).
-        let _ = timeout_at(&self.client.runtime, wake, breaker.reset_since(seen)).await;
+        // Either way ends the wait: the close, or the cooldown's end (`Elapsed`).
+        let _ = timeout_at(&self.client.runtime, wake, breaker.closed_since(seen)).await;
         Ok(self.now())
     }
 
@@ -640,9 +641,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     self.spend_replay_exemption();
                     now = Box::pin(self.gate_sleep(now, PROBE_RECHECK)).await?;
                 }
-                Err(Refusal::Cooldown { wait, resets }) => {
+                Err(Refusal::Cooldown { wait, closes }) => {
                     self.spend_replay_exemption();
-                    now = Box::pin(self.breaker_sleep(breaker, now, wait, resets)).await?;
+                    now = Box::pin(self.breaker_sleep(breaker, now, wait, closes)).await?;
                 }
             }
         };

@@ -24,8 +24,11 @@
 //! **Manual reset.** [`CircuitBreaker::reset`] closes the breaker whatever its state
 //! (failures cleared, cooldown back to its base, probe slot freed) and wakes the
 //! callers waiting out a cooldown; callers waiting for a probe in flight see it at
-//! their next look, at most [`PROBE_RECHECK`] later. Nothing else wakes them: a
-//! probe's answer is found at the next look too, and a cooldown is slept out.
+//! their next look, at most [`PROBE_RECHECK`] later. An answer that closes an open
+//! breaker (a straggler's, sent before it opened) wakes the callers waiting out the
+//! cooldown the same way, so they do not sleep on while new callers go. Nothing
+//! else wakes them: a probe's answer is found at the next look, and a cooldown that
+//! nothing cuts short is slept out.
 //!
 //! The breaker is a synchronous state machine: it takes `now` and returns a decision.
 //! Its lock is held only inside its methods, never across an `.await` or a callback.
@@ -37,7 +40,7 @@ use std::time::Duration;
 
 use crate::classify::BreakerEffect;
 use crate::error::ConfigError;
-use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, PoisonError, Wakers};
+use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, PoisonError, ToWake, Wakers};
 use crate::time::Instant;
 
 /// How long a caller that finds the probe slot taken waits before asking again:
@@ -47,7 +50,8 @@ use crate::time::Instant;
 /// 5 ms later), and when it failed they find the breaker open again and sleep out
 /// the new cooldown. Which waiter sends the next probe is not specified. A
 /// [`CircuitBreaker::reset`] is found at the next recheck too (a caller waiting out a
-/// cooldown, a longer wait, is woken by it).
+/// cooldown, a longer wait, is woken by it, and by an answer that closes the breaker
+/// while it is open).
 ///
 /// [`BreakerMode::WaitForProbe`]: crate::BreakerMode::WaitForProbe
 pub const PROBE_RECHECK: Duration = Duration::from_millis(5);
@@ -200,18 +204,29 @@ struct State {
     cooldown: Duration,
     epoch: u64,
     probe: Option<u64>,
-    /// How many times [`reset`](CircuitBreaker::reset) was called.
-    resets: u64,
-    /// Callers waiting out a cooldown, to wake on a [`reset`](CircuitBreaker::reset).
+    /// How many times the breaker was closed by a [`reset`](CircuitBreaker::reset)
+    /// or by an answer while open: what callers waiting out a cooldown wait for.
+    closes: u64,
+    /// Callers waiting out a cooldown, to wake when the breaker closes that way.
     waiting: Wakers,
+}
+
+impl State {
+    /// Counts a close (a reset, or an answer while open) and takes the callers
+    /// waiting out a cooldown, to wake once the lock is released.
+    fn closed(&mut self) -> ToWake {
+        self.closes = self.closes.wrapping_add(1);
+        self.waiting.take()
+    }
 }
 
 /// Why [`CircuitBreaker::admit`] refused a send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
-    /// Open for `wait` more. `resets` is the breaker's reset count when it said so:
-    /// a wait for [`CircuitBreaker::reset_since`] with it ends at the next reset.
-    Cooldown { wait: Duration, resets: u64 },
+    /// Open for `wait` more. `closes` is the breaker's count of closes (resets, and
+    /// answers while open) when it said so: a wait for
+    /// [`CircuitBreaker::closed_since`] with it ends at the next one.
+    Cooldown { wait: Duration, closes: u64 },
     /// Another caller's probe is out: look again after [`PROBE_RECHECK`] (no
     /// reset wakes such a caller; it sees one at its next look).
     ProbeOut,
@@ -240,7 +255,7 @@ impl CircuitBreaker {
                 cooldown: config.cooldown,
                 epoch: 0,
                 probe: None,
-                resets: 0,
+                closes: 0,
                 waiting: Wakers::default(),
             }),
             quiet: AtomicBool::new(true),
@@ -295,7 +310,7 @@ impl CircuitBreaker {
             Mode::Closed => Ok(None),
             Mode::Open { until } if now < until => Err(Refusal::Cooldown {
                 wait: until.saturating_duration_since(now),
-                resets: s.resets,
+                closes: s.closes,
             }),
             Mode::Open { .. } | Mode::HalfOpen => {
                 if s.probe.is_some() {
@@ -335,7 +350,12 @@ impl CircuitBreaker {
         }
         let mut s = self.lock();
         let transition = self.record_locked(&mut s, effect, probe, now);
+        // An answer that closed it: the callers waiting out the cooldown go too,
+        // woken after the lock (the other callers already go at their next look).
+        let waiting = (transition == Some(Transition::Closed)).then(|| s.closed());
         self.publish(&s);
+        drop(s);
+        drop(waiting.map(ToWake::on_drop));
         transition
     }
 
@@ -412,12 +432,9 @@ impl CircuitBreaker {
             s.consecutive_failures = 0;
             s.cooldown = self.config.cooldown;
             s.probe = None;
-            s.resets = s.resets.wrapping_add(1);
+            let waiting = s.closed();
             self.publish(&s);
-            (
-                (!was_closed).then_some(Transition::Closed),
-                s.waiting.take(),
-            )
+            ((!was_closed).then_some(Transition::Closed), waiting)
         };
         let waiting = waiting.on_drop();
         report(transition);
@@ -425,10 +442,11 @@ impl CircuitBreaker {
         transition
     }
 
-    /// Ready at the first [`reset`](Self::reset) after the one that made the count
-    /// `seen` (a [`Refusal::Cooldown`]'s `resets`, read under the lock that refused).
-    pub(crate) fn reset_since(&self, seen: u64) -> ResetWait<'_> {
-        ResetWait {
+    /// Ready at the first close (a [`reset`](Self::reset), or an answer while open)
+    /// after the one that made the count `seen` (a [`Refusal::Cooldown`]'s `closes`,
+    /// read under the lock that refused).
+    pub(crate) fn closed_since(&self, seen: u64) -> CloseWait<'_> {
+        CloseWait {
             breaker: self,
             seen,
             key: None,
@@ -465,22 +483,22 @@ impl CircuitBreaker {
 /// out, so a caller that gives up leaves nothing behind.
 #[must_use = "futures do nothing unless polled"]
 #[derive(Debug)]
-pub(crate) struct ResetWait<'a> {
+pub(crate) struct CloseWait<'a> {
     breaker: &'a CircuitBreaker,
     seen: u64,
     /// Its key among the breaker's waiting callers, once it registered.
     key: Option<u64>,
 }
 
-impl Future for ResetWait<'_> {
+impl Future for CloseWait<'_> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let breaker = self.breaker;
         let mut s = breaker.lock();
-        // Under the lock `reset` counts under: a reset either came before this look,
-        // or will find this waker registered.
-        if s.resets != self.seen {
+        // Under the lock closes are counted under: a close either came before this
+        // look, or will find this waker registered.
+        if s.closes != self.seen {
             return Poll::Ready(());
         }
         let replaced = s.waiting.register(&mut self.key, cx.waker());
@@ -490,7 +508,7 @@ impl Future for ResetWait<'_> {
     }
 }
 
-impl Drop for ResetWait<'_> {
+impl Drop for CloseWait<'_> {
     fn drop(&mut self) {
         if let Some(key) = self.key {
             // Gone already if a reset woke it. Dropped after the lock.
@@ -858,9 +876,12 @@ mod tests {
             let _ = b.record(Failure, None, at(0));
         }
         assert!(matches!(b.state(at(0)), BreakerState::Open { .. }));
-        let seen = b.lock().resets;
+        let seen = b.lock().closes;
         let ((bad_waker, bad), (good_waker, good)) = (counting_waker(true), counting_waker(false));
-        let mut waits = [Box::pin(b.reset_since(seen)), Box::pin(b.reset_since(seen))];
+        let mut waits = [
+            Box::pin(b.closed_since(seen)),
+            Box::pin(b.closed_since(seen)),
+        ];
         for (wait, waker) in waits.iter_mut().zip([&bad_waker, &good_waker]) {
             assert!(
                 wait.as_mut()
@@ -901,15 +922,15 @@ mod tests {
             let waker = Waker::from(Arc::clone(&woken));
             let mut cx = Context::from_waker(&waker);
             let waiting = || b.lock().waiting.len();
-            let seen = b.lock().resets;
-            let mut a = Box::pin(b.reset_since(seen));
-            let mut gives_up = Box::pin(b.reset_since(seen));
+            let seen = b.lock().closes;
+            let mut a = Box::pin(b.closed_since(seen));
+            let mut gives_up = Box::pin(b.closed_since(seen));
             assert!(a.as_mut().poll(&mut cx).is_pending());
             assert!(gives_up.as_mut().poll(&mut cx).is_pending());
             // Polled again with a waker whose drop takes the breaker's lock (the
             // last reference to another registered waiter): replaced by the next
             // poll, and dropped after the lock.
-            let mut registered = Box::pin(b.reset_since(seen));
+            let mut registered = Box::pin(b.closed_since(seen));
             assert!(registered.as_mut().poll(&mut cx).is_pending());
             let other = waker_dropping(registered);
             assert!(
@@ -932,12 +953,12 @@ mod tests {
             // A waiter that read the count before the reset is ready at once; one
             // that read it after waits for the next.
             assert!(
-                Box::pin(b.reset_since(seen))
+                Box::pin(b.closed_since(seen))
                     .as_mut()
                     .poll(&mut cx)
                     .is_ready()
             );
-            let mut next = Box::pin(b.reset_since(b.lock().resets));
+            let mut next = Box::pin(b.closed_since(b.lock().closes));
             assert!(next.as_mut().poll(&mut cx).is_pending());
             drop(next);
             assert_eq!(waiting(), 0);
@@ -964,8 +985,8 @@ mod tests {
                         loop {
                             match b.admit(at(1)) {
                                 Ok(None) => return,
-                                Err(Refusal::Cooldown { resets, .. }) => {
-                                    b.reset_since(resets).await;
+                                Err(Refusal::Cooldown { closes, .. }) => {
+                                    b.closed_since(closes).await;
                                 }
                                 other => panic!("no probe before the cooldown ends: {other:?}"),
                             }

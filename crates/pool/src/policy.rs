@@ -182,9 +182,9 @@ pub enum BreakerMode {
     /// Sleep until the breaker lets a probe through, and ask again. While another
     /// call's probe is out, ask again every [`PROBE_RECHECK`](crate::breaker::PROBE_RECHECK)
     /// (5 ms): a probe's answer wakes no waiter. A
-    /// [`reset_breaker`](crate::ResilientClient::reset_breaker) wakes the callers
-    /// waiting out a cooldown; those waiting for a probe see it at their next
-    /// recheck.
+    /// [`reset_breaker`](crate::ResilientClient::reset_breaker), or an answer that
+    /// closes the breaker while it is open, wakes the callers waiting out a
+    /// cooldown; those waiting for a probe see it at their next recheck.
     WaitForProbe,
 }
 

@@ -47,8 +47,8 @@ use vantage_api_pool::classify::BreakerEffect;
 use vantage_api_pool::concurrency::Limiter;
 use vantage_api_pool::rate::{RateLimit, TokenBucket};
 use vantage_api_pool::{
-    CallPolicy, Instant, PreparedRequest, ResilientClient, Runtime, TokenSource, Transport,
-    TransportError, TransportResponse,
+    BreakerState, CallPolicy, Instant, PreparedRequest, ResilientClient, Runtime, TokenSource,
+    Transport, TransportError, TransportResponse,
 };
 
 // ------------------------------------------------------------------------------------
@@ -292,7 +292,8 @@ struct World {
 /// sends while closed. Each operation and the matching step of the spec run under
 /// one test lock, so every answer is compared with the spec in the order the
 /// breaker saw the operations (each breaker method is a single critical section of
-/// its own lock, so ordering whole operations loses no behaviour).
+/// its own lock, so ordering whole operations loses no behaviour, except on the
+/// lock-free paths of a quiet breaker, whose flag the next two checks race).
 ///
 /// Checked on every operation: a grant only when no slot is held, with a fresh
 /// epoch; a stale guard's drop frees nothing; a stale epoch's failure never doubles
@@ -564,6 +565,79 @@ impl Drop for Holding<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, SeqCst);
     }
+}
+
+/// The breaker's quiet flag (closed, no failure in a row: `admit` and `record` of a
+/// success skip the lock) after `first` and `second` race on a breaker of threshold
+/// 1, with no test lock around them: whatever order the schedule gives, a breaker
+/// whose state is open says so at its gate, and one closed with no failure in a row
+/// lets a send through.
+fn quiet_flag_agrees_after(
+    name: &str,
+    seed: u64,
+    first: fn(&CircuitBreaker),
+    second: fn(&CircuitBreaker),
+) {
+    explore(name, seed, move || {
+        let b = Arc::new(CircuitBreaker::new(
+            BreakerConfig::new(1, COOLDOWN, MAX_COOLDOWN).unwrap(),
+        ));
+        assert!(b.record(BreakerEffect::Failure, None, at_ms(0)).is_some());
+        let threads: Vec<_> = [first, second]
+            .into_iter()
+            .map(|op| {
+                let b = b.clone();
+                shuttle::thread::spawn(move || op(&b))
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let (state, gate) = (b.state(at_ms(10)), b.check(at_ms(10)));
+        match state {
+            BreakerState::Open { .. } => {
+                assert!(
+                    matches!(gate, Gate::OpenFor(_)),
+                    "{state:?}, but the gate says {gate:?}"
+                );
+            }
+            BreakerState::Closed if b.consecutive_failures() == 0 => {
+                assert!(
+                    matches!(gate, Gate::Allow { probe: None }),
+                    "{state:?}, but the gate says {gate:?}"
+                );
+            }
+            _ => {}
+        }
+    });
+}
+
+#[test]
+fn the_quiet_flag_agrees_with_the_state_after_a_close_and_a_reopen_race() {
+    quiet_flag_agrees_after(
+        "quiet: success against failure",
+        0xB4EA_000B,
+        |b| {
+            b.record(BreakerEffect::Success, None, at_ms(10));
+        },
+        |b| {
+            b.record(BreakerEffect::Failure, None, at_ms(10));
+        },
+    );
+}
+
+#[test]
+fn the_quiet_flag_agrees_with_the_state_after_a_reset_and_a_reopen_race() {
+    quiet_flag_agrees_after(
+        "quiet: reset against failure",
+        0xB4EA_000C,
+        |b| {
+            b.reset();
+        },
+        |b| {
+            b.record(BreakerEffect::Failure, None, at_ms(10));
+        },
+    );
 }
 
 /// Holders take permits (twice each) and keep them across a yield; a quitter queues

@@ -284,6 +284,37 @@ fn a_reset_closes_the_breaker_at_once_and_wakes_the_calls_waiting_for_it() {
     w.assert_contract();
 }
 
+#[test]
+fn an_answer_that_closes_an_open_breaker_wakes_the_calls_waiting_out_its_cooldown() {
+    // A slow GET sent at 0 is answered 200 at 2 s; meanwhile five 503s opened the
+    // breaker for 60 s, and an essential call waits out that cooldown. The
+    // straggler's answer closes the breaker at 2 s: the waiting call goes then, as
+    // a new call would, not at 60 s.
+    let w = World::new();
+    w.transport.push(Reply::ok().after(secs(2)));
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().breaker(5, secs(60), secs(60)).build().unwrap();
+    let slow = w.spawn_call(&client, CallPolicy::background(), "/slow");
+    w.rt.run_until_idle().unwrap();
+    open_breaker(&w, &client);
+    let waiting = w.spawn_call(&client, CallPolicy::essential(), "/waiting");
+    w.rt.run_until(at(secs(1))).unwrap();
+    assert!(matches!(client.breaker_state(), BreakerState::Open { .. }));
+    w.rt.run_until(at(secs(3))).unwrap();
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    assert!(
+        waiting.is_finished(),
+        "still waiting out the cooldown at 3 s"
+    );
+    w.rt.block_on(slow).unwrap().unwrap();
+    w.rt.block_on(waiting).unwrap().unwrap();
+    let requests = w.transport.requests();
+    let last = requests.last().unwrap();
+    assert_eq!((&*last.path, last.at), ("/waiting", at(secs(2))));
+    w.assert_contract();
+}
+
 /// Counts its wakes; an observer over it notes how many there were at each
 /// `BreakerReset`.
 #[derive(Default)]
@@ -803,8 +834,12 @@ fn max_parallel_caps_in_flight_and_cancelled_calls_give_permits_back() {
     let w = World::new();
     w.transport.default_reply(Reply::ok().after(secs(1)));
     let client = w.builder().max_parallel(4).build().unwrap();
+    // Each call asks for a path of its own: /0, /1, ... in the order they arrive.
     let calls: Vec<_> = (0..32)
-        .map(|_| w.spawn_call(&client, CallPolicy::background(), "/x"))
+        .map(|i| {
+            let path: &'static str = Box::leak(format!("/{i}").into_boxed_str());
+            w.spawn_call(&client, CallPolicy::background(), path)
+        })
         .collect();
     w.rt.run_until(at(ms(2500))).unwrap();
     assert_eq!(client.in_flight(), 4);
@@ -817,6 +852,14 @@ fn max_parallel_caps_in_flight_and_cancelled_calls_give_permits_back() {
         w.sent_at(),
         [[secs(0); 4], [secs(1); 4], [secs(2); 4]].concat()
     );
+    let paths: Vec<String> = w
+        .transport
+        .requests()
+        .iter()
+        .map(|r| r.path.to_string())
+        .collect();
+    let arrival: Vec<String> = (0..12).map(|i| format!("/{i}")).collect();
+    assert_eq!(paths, arrival);
     for call in calls {
         call.abort();
     }
