@@ -1180,8 +1180,17 @@ impl View {
                 ),
                 None => "-".to_owned(),
             };
+            // What the window covers: less than the window while the run is younger.
+            let span = h.map_or(w.to_string(), |h| {
+                let covered = h.covered.as_secs_f64();
+                if covered + 0.05 < w as f64 {
+                    format!("{covered:.1}")
+                } else {
+                    w.to_string()
+                }
+            });
             lines.push(format!(
-                "{:9}last {w}s: ok {}; latency {latency}; refused {}; calls ok {calls}",
+                "{:9}last {span}s: ok {}; latency {latency}; refused {}; calls ok {calls}",
                 "",
                 success.trim(),
                 h.map_or(0, |h| h.refused_in_window),
@@ -1583,9 +1592,10 @@ fn summary(
     let _ = writeln!(
         out,
         "  ok/failed/dropped: calls (dropped: still running when the traffic stopped);\n  \
-         sends: by the client, server: requests the server saw; refused: sends that\n  \
-         never left (breaker open, auth, time); opened: the breaker opened\n  \
-         from closed; reopen: a probe failed, it opened again, its cooldown doubled"
+         sends: by the client, server: requests the server saw; refused: passes turned\n  \
+         back with nothing sent (breaker open, auth, time), not counted in sends;\n  \
+         opened: the breaker opened from closed; reopen: a probe failed, it opened\n  \
+         again, its cooldown doubled"
     );
     let search = totals.get("search-api");
     if let (Some(shortest), Some(longest)) = (search.shortest_after_429, search.longest_after_429) {
