@@ -478,9 +478,10 @@ impl CircuitBreaker {
     }
 }
 
-/// Waits for a [`CircuitBreaker::reset`] after the `seen`-th (made by
-/// [`CircuitBreaker::reset_since`]). Dropped while it waits, it takes its waker back
-/// out, so a caller that gives up leaves nothing behind.
+/// Waits for a close of the breaker (a [`CircuitBreaker::reset`], or an answer while
+/// open) after the `seen`-th (made by [`CircuitBreaker::closed_since`]). Dropped while
+/// it waits, it takes its waker back out, so a caller that gives up leaves nothing
+/// behind.
 #[must_use = "futures do nothing unless polled"]
 #[derive(Debug)]
 pub(crate) struct CloseWait<'a> {
@@ -511,7 +512,7 @@ impl Future for CloseWait<'_> {
 impl Drop for CloseWait<'_> {
     fn drop(&mut self) {
         if let Some(key) = self.key {
-            // Gone already if a reset woke it. Dropped after the lock.
+            // Gone already if a close woke it. Dropped after the lock.
             let removed = self.breaker.lock().waiting.remove(key);
             drop(removed);
         }
