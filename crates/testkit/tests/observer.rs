@@ -1307,3 +1307,64 @@ fn a_call_keeps_one_label() {
         Err((ContractRule::LabelChanged, 2))
     );
 }
+
+#[test]
+fn after_a_calls_end_a_repeat_of_an_old_send_number_or_a_new_one_is_an_event_after_the_end() {
+    let ended = || vec![(0, 1, started(1, 1)), (0, 1, succeeded(1, 1))];
+    // A `Started` that reuses the ended send's number is no repeated terminal.
+    let mut events = ended();
+    events.push((1, 1, started(1, 1)));
+    assert_eq!(
+        first_violation(events),
+        (ContractRule::EventAfterCallEnded, 2, Some(1))
+    );
+    // Terminals of a send the call never had, after its end: send 2, and send 0.
+    for send in [2, 0] {
+        let mut events = ended();
+        events.push((1, 1, cancelled(send, 1)));
+        assert_eq!(
+            first_violation(events),
+            (ContractRule::EventAfterCallEnded, 2, Some(send)),
+            "send {send}"
+        );
+    }
+}
+
+#[test]
+fn the_observer_tells_how_much_it_holds_and_shares_one_api_key_per_run() {
+    let observer = RecordingObserver::new();
+    assert!(observer.is_empty());
+    assert_eq!(
+        format!("{observer:?}"),
+        "RecordingObserver { events: 0, seen: 0, recording: true }"
+    );
+    for call in [1, 2] {
+        observer.on_event(
+            "api",
+            &TransportEvent::new(at(0), Some(CallId(call)), started(1, 1)),
+        );
+    }
+    assert!(!observer.is_empty());
+    let events = observer.events();
+    assert!(
+        std::sync::Arc::ptr_eq(&events[0].api, &events[1].api),
+        "one allocation for a run of the same key"
+    );
+    observer.record(false);
+    observer.on_event(
+        "api",
+        &TransportEvent::new(at(0), Some(CallId(3)), started(1, 1)),
+    );
+    assert_eq!(
+        format!("{observer:?}"),
+        "RecordingObserver { events: 2, seen: 3, recording: false }"
+    );
+}
+
+#[test]
+fn a_check_so_far_still_finds_a_broken_rule() {
+    // A terminal without its `Started` breaks the contract however the record ends.
+    let observer = observe(vec![(0, 1, cancelled(1, 1))]);
+    let v = observer.check_contract_so_far().unwrap_err();
+    assert_eq!((v.rule, v.index), (ContractRule::TerminalWithoutStarted, 0));
+}
