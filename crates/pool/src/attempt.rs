@@ -33,6 +33,7 @@ use crate::policy::{BreakerMode, CallPolicy};
 use crate::rate::TokenBucket;
 use crate::runtime::{Elapsed, Runtime, timeout_at};
 use crate::server_delay::server_delay;
+use crate::sync::WakeOnDrop;
 use crate::time::{Instant, millis};
 use crate::transport::{
     PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse, read_body,
@@ -158,8 +159,14 @@ pub(crate) struct Call<'c, T, R: Runtime, A, P: Borrow<CallPolicy>> {
     gate_reached: bool,
     /// The clock at the call's first visit to the gate.
     began: Instant,
-    /// When the budget ends; pushed later by time spent in `admit()`.
-    deadline: Option<Instant>,
+    /// The reading of the call's last `Started` or failure, if later than `began`:
+    /// what its end falls back on if the clock panics as a dropped call reports it
+    /// (no event of the call is later, short of a success, after which it returns).
+    last_at: Instant,
+    /// When the budget ends ([`Instant::FAR_FUTURE`] for a policy without one, which
+    /// no reading reaches); pushed later by time spent in `admit()`. Not an `Option`:
+    /// that would make every call's future 8 bytes larger.
+    deadline: Instant,
     /// Whether an admission of this call waited (so `deadline` may move again).
     admission_waited: bool,
     /// The error of the last failed send that the call went on from (retry, redial,
@@ -343,14 +350,15 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
     }
 
     /// Reports the end of a call dropped before it ended: `Panicked` while a panic
-    /// unwinds or when the clock panics as it is read here (the call's start then
-    /// stands in for the reading), `Cancelled` otherwise.
+    /// unwinds or when the clock panics as it is read here (the call's last reading
+    /// then stands in, so its end comes no earlier than its events), `Cancelled`
+    /// otherwise.
     #[cold]
     fn dropped(&self) {
         let panicking = std::thread::panicking();
         report_at_drop(
             || self.client.runtime.now(),
-            self.began,
+            self.began.max(self.last_at),
             |at, clock_panicked| {
                 let outcome = if panicking || clock_panicked {
                     CallOutcome::Panicked
@@ -447,7 +455,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             token: None,
             gate_reached: false,
             began: Instant::ORIGIN,
-            deadline: None,
+            last_at: Instant::ORIGIN,
+            deadline: Instant::FAR_FUTURE,
             admission_waited: false,
             last_failure: None,
         }
@@ -457,13 +466,19 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         self.policy.borrow()
     }
 
-    fn now(&self) -> Instant {
-        self.client.runtime.now()
+    /// When the call's budget ends, if its policy has one.
+    fn budget_end(&self) -> Option<Instant> {
+        (self.deadline != Instant::FAR_FUTURE).then_some(self.deadline)
     }
 
-    fn emit(&self, kind: impl FnOnce() -> EventKind) {
-        let rt = &self.client.runtime;
-        self.client.events.emit(|| rt.now(), Some(self.tag()), kind);
+    /// Whether `at` is at or past the end of the call's budget (never, without one:
+    /// not even a wake-up that saturated to the far future).
+    fn past_budget(&self, at: Instant) -> bool {
+        self.deadline != Instant::FAR_FUTURE && at >= self.deadline
+    }
+
+    fn now(&self) -> Instant {
+        self.client.runtime.now()
     }
 
     /// Reports an event at a time already read from the clock.
@@ -538,7 +553,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// past the budget's end.
     fn gate_wake(&self, now: Instant, wait: Duration) -> Result<Instant, ClientError> {
         let wake = now.saturating_add(wait);
-        if self.deadline.is_some_and(|deadline| wake >= deadline) {
+        if self.past_budget(wake) {
             return Err(self.timed_out_at_gate());
         }
         Ok(wake)
@@ -616,7 +631,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             self.deadline = self
                 .policy()
                 .budget()
-                .map(|budget| now.saturating_add(budget));
+                .map_or(Instant::FAR_FUTURE, |budget| now.saturating_add(budget));
         }
         // The breaker comes before the transport's admission: a refused call queues
         // for none, a waiting one takes its admission when it can send, and the
@@ -624,7 +639,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // for admissions either. A change during the admission wait is caught by
         // the second look after the gate (`yielded`).
         let probe = loop {
-            if self.deadline.is_some_and(|deadline| now >= deadline) {
+            if self.past_budget(now) {
                 return Err(self.timed_out_at_gate());
             }
             let Some(breaker) = &self.client.breaker else {
@@ -656,9 +671,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             self.spend_replay_exemption();
             admit.await;
             let after = self.now();
-            if let Some(deadline) = self.deadline.as_mut() {
-                *deadline = deadline.saturating_add(after.saturating_duration_since(now));
-            }
+            // (The far future, no budget, stays where it is.)
+            self.deadline = self
+                .deadline
+                .saturating_add(after.saturating_duration_since(now));
             now = after;
         }
         Ok(Ticket {
@@ -715,12 +731,15 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// would already reach the token endpoint, only to be dropped.
     async fn fetch_token(&self, stale: Option<u64>) -> Result<Option<Token>, ClientError> {
         let client = self.client;
-        if self.deadline.is_some_and(|deadline| self.now() >= deadline) {
+        if self
+            .budget_end()
+            .is_some_and(|deadline| self.now() >= deadline)
+        {
             return Err(self.timed_out_at_gate());
         }
         let env = client.fetch_env();
         let fetch = client.auth_state.token(&client.auth, stale, &env);
-        let result = match self.deadline {
+        let result = match self.budget_end() {
             Some(deadline) => match timeout_at(&client.runtime, deadline, fetch).await {
                 Ok(result) => result,
                 Err(_) => return Err(self.timed_out_at_gate()),
@@ -762,7 +781,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             Some(permit) => permit,
             None => {
                 let acquire = client.limiter.acquire();
-                let permit = match self.deadline {
+                let permit = match self.budget_end() {
                     Some(deadline) => timeout_at(&client.runtime, deadline, acquire)
                         .await
                         .map_err(|_| self.timed_out_at_gate())?,
@@ -890,18 +909,21 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     }
 
     /// Tells the breaker what a send proved, frees the probe slot, and returns the
-    /// transition to report after the send's terminal event.
+    /// transition to report after the send's terminal event, and the guard that
+    /// wakes the callers a close woke (to drop once both are reported).
     #[inline(always)]
     fn tell_breaker(
         &self,
         effect: BreakerEffect,
         probe: Option<ProbeGuard<'c>>,
         now: Instant,
-    ) -> Option<Transition> {
-        let breaker = self.client.breaker.as_ref()?;
-        let transition = breaker.record(effect, probe.as_ref().map(ProbeGuard::epoch), now);
+    ) -> (Option<Transition>, Option<WakeOnDrop>) {
+        let Some(breaker) = self.client.breaker.as_ref() else {
+            return (None, None);
+        };
+        let recorded = breaker.record_then_wake(effect, probe.as_ref().map(ProbeGuard::epoch), now);
         drop(probe);
-        transition
+        recorded
     }
 
     /// Reports the end of a call that returns the response (of `status`) whose
@@ -1049,17 +1071,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 probe,
                 started: now,
             };
+            self.last_at = now;
             self.emit_at(now, || EventKind::Started { send, attempt });
             let started = self.now();
             // A permit or token wait, the request closure or the `Started` callback
             // used up the rest of the budget: a send with no time left could still
             // reach the server before its timer fires, so nothing goes out.
-            if self.deadline.is_some_and(|deadline| started >= deadline) {
+            if self.past_budget(started) {
                 guard.disarm();
                 return Err(self.no_time_left(send, attempt, started));
             }
             // Never zero: the deadline lies ahead, and a policy's limit is never zero.
-            let limit = match self.deadline {
+            let limit = match self.budget_end() {
                 Some(deadline) => deadline
                     .saturating_duration_since(started)
                     .min(self.policy().attempt_timeout()),
@@ -1188,7 +1211,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         bytes: Option<u64>,
     ) {
         let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
-        let transition = self.tell_breaker(effect, guard.probe.take(), at);
+        let (transition, wake) = self.tell_breaker(effect, guard.probe.take(), at);
         let (send, attempt) = (guard.send, guard.attempt);
         guard.finish(
             at,
@@ -1201,6 +1224,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             },
             transition,
         );
+        // Reported: the calls a close woke may go now.
+        drop(wake);
     }
 
     /// A send the client's time limit cut at `send_deadline` (`in_body`: while its
@@ -1320,6 +1345,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         idempotent: bool,
     ) -> Next {
         let client = self.client;
+        self.last_at = ended;
         let (send, attempt) = (guard.send, guard.attempt);
         let (outcome, server_wait, error, cut_by_budget) = match sent {
             Sent::ErrorStatus {
@@ -1389,7 +1415,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 answered_by_redirect: error.answered_by_redirect(),
             },
         );
-        let transition = self.tell_breaker(verdict.breaker, guard.probe.take(), ended);
+        let (transition, wake) = self.tell_breaker(verdict.breaker, guard.probe.take(), ended);
         // A request the transport refused before anything left (`Config`) is one
         // that could not be built: reported as unsent, as a draft `prepare` refuses
         // is, so it stays out of request-rate and latency figures.
@@ -1405,6 +1431,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             },
             transition,
         );
+        // Reported: the calls a close (by a reachable answer) woke may go now.
+        drop(wake);
 
         let next = match verdict.action {
             Action::Replay => {
@@ -1418,7 +1446,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 self.redials = self.redials.saturating_add(1);
                 self.redialing = true;
                 let next = self.send.saturating_add(1);
-                self.emit(|| EventKind::Redialing {
+                // At the failure's reading, the call's last (`last_at`).
+                self.emit_at(ended, || EventKind::Redialing {
                     send: next,
                     attempt,
                 });
@@ -1436,7 +1465,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     Some(bucket) if !self.admission_waited => wake.max(bucket.next_token_at()),
                     _ => wake,
                 };
-                if self.deadline.is_some_and(|deadline| starts >= deadline) {
+                if self.past_budget(starts) {
                     return Next::Return(error);
                 }
                 let next = attempt.saturating_add(1);

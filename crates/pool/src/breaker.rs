@@ -24,11 +24,12 @@
 //! **Manual reset.** [`CircuitBreaker::reset`] closes the breaker whatever its state
 //! (failures cleared, cooldown back to its base, probe slot freed) and wakes the
 //! callers waiting out a cooldown; callers waiting for a probe in flight see it at
-//! their next look, at most [`PROBE_RECHECK`] later. An answer that closes an open
-//! breaker (a straggler's, sent before it opened) wakes the callers waiting out the
-//! cooldown the same way, so they do not sleep on while new callers go. Nothing
-//! else wakes them: a probe's answer is found at the next look, and a cooldown that
-//! nothing cuts short is slept out.
+//! their next look, at most [`PROBE_RECHECK`] later. An answer that closes the
+//! breaker (a straggler's while it is open, sent before it opened, or the probe's)
+//! wakes the callers still waiting out a cooldown the same way, so they do not
+//! sleep on while new callers go. Nothing else wakes anyone: callers waiting for a
+//! probe in flight find its answer at their next look, and a cooldown that nothing
+//! cuts short is slept out.
 //!
 //! The breaker is a synchronous state machine: it takes `now` and returns a decision.
 //! Its lock is held only inside its methods, never across an `.await` or a callback.
@@ -40,7 +41,9 @@ use std::time::Duration;
 
 use crate::classify::BreakerEffect;
 use crate::error::ConfigError;
-use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering, PoisonError, ToWake, Wakers};
+use crate::sync::{
+    AtomicBool, Mutex, MutexGuard, Ordering, PoisonError, ToWake, WakeOnDrop, Wakers,
+};
 use crate::time::Instant;
 
 /// How long a caller that finds the probe slot taken waits before asking again:
@@ -50,8 +53,8 @@ use crate::time::Instant;
 /// 5 ms later), and when it failed they find the breaker open again and sleep out
 /// the new cooldown. Which waiter sends the next probe is not specified. A
 /// [`CircuitBreaker::reset`] is found at the next recheck too (a caller waiting out a
-/// cooldown, a longer wait, is woken by it, and by an answer that closes the breaker
-/// while it is open).
+/// cooldown, a longer wait, is woken by it, and by any answer that closes the
+/// breaker).
 ///
 /// [`BreakerMode::WaitForProbe`]: crate::BreakerMode::WaitForProbe
 pub const PROBE_RECHECK: Duration = Duration::from_millis(5);
@@ -334,29 +337,45 @@ impl CircuitBreaker {
 
     /// Records what a send proved. `probe` is the epoch it was granted, if it was the
     /// probe. Returns the transition to report, if any. Frees the probe slot when the
-    /// epoch is current.
+    /// epoch is current. An answer that closes the breaker wakes the callers waiting
+    /// out its cooldown, once the lock is released.
     pub fn record(
         &self,
         effect: BreakerEffect,
         probe: Option<u64>,
         now: Instant,
     ) -> Option<Transition> {
+        let (transition, wake) = self.record_then_wake(effect, probe, now);
+        drop(wake);
+        transition
+    }
+
+    /// [`record`](Self::record), leaving the callers a close woke to the returned
+    /// guard: they are woken when it drops, after the caller has reported the send
+    /// and the transition (so no waiter goes before the report, and a waker that
+    /// panics cannot keep the report from being made).
+    #[inline]
+    pub(crate) fn record_then_wake(
+        &self,
+        effect: BreakerEffect,
+        probe: Option<u64>,
+        now: Instant,
+    ) -> (Option<Transition>, Option<WakeOnDrop>) {
         if probe.is_none()
             && matches!(effect, BreakerEffect::Success | BreakerEffect::Reachable)
             && self.quiet.load(Ordering::Acquire)
         {
             // Closed with no failures in a row: nothing to change, nothing to report.
-            return None;
+            return (None, None);
         }
         let mut s = self.lock();
         let transition = self.record_locked(&mut s, effect, probe, now);
-        // An answer that closed it: the callers waiting out the cooldown go too,
-        // woken after the lock (the other callers already go at their next look).
+        // An answer that closed it: the callers waiting out the cooldown go too (the
+        // other callers already go at their next look).
         let waiting = (transition == Some(Transition::Closed)).then(|| s.closed());
         self.publish(&s);
         drop(s);
-        drop(waiting.map(ToWake::on_drop));
-        transition
+        (transition, waiting.map(ToWake::on_drop))
     }
 
     fn record_locked(
@@ -963,6 +982,70 @@ mod tests {
             assert!(next.as_mut().poll(&mut cx).is_pending());
             drop(next);
             assert_eq!(waiting(), 0);
+        });
+    }
+
+    #[test]
+    fn an_answer_that_closes_it_wakes_the_callers_waiting_out_the_cooldown_after_the_lock() {
+        use crate::sync::test_support::without_deadlock;
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicUsize;
+        use std::task::{Wake, Waker};
+
+        /// Looks at the breaker when woken: under its lock, that would deadlock.
+        struct Looks(&'static CircuitBreaker, AtomicUsize);
+        impl Wake for Looks {
+            fn wake(self: Arc<Self>) {
+                let _ = self.0.state(at(0));
+                self.1.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        without_deadlock(|| {
+            let b: &'static CircuitBreaker = Box::leak(Box::new(breaker()));
+            for ms in 0..5 {
+                b.record(Failure, None, at(ms));
+            }
+            assert!(matches!(b.state(at(5)), BreakerState::Open { .. }));
+            let looks = Arc::new(Looks(b, AtomicUsize::new(0)));
+            let waker = Waker::from(Arc::clone(&looks));
+            let mut wait = Box::pin(b.closed_since(b.lock().closes));
+            assert!(
+                wait.as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            );
+            // A straggler's reachable answer (a 404) closes it, and wakes the waiter.
+            let (transition, wake) = b.record_then_wake(Reachable, None, at(10));
+            assert_eq!(transition, Some(Transition::Closed));
+            assert_eq!(
+                looks.1.load(Ordering::Relaxed),
+                0,
+                "woken only as the guard drops"
+            );
+            drop(wake);
+            assert_eq!(looks.1.load(Ordering::Relaxed), 1);
+            assert!(
+                wait.as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_ready()
+            );
+            // Through `record`, the same at once.
+            for ms in 20..25 {
+                b.record(Failure, None, at(ms));
+            }
+            let mut wait = Box::pin(b.closed_since(b.lock().closes));
+            assert!(
+                wait.as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            );
+            assert_eq!(b.record(Success, None, at(30)), Some(Transition::Closed));
+            assert_eq!(looks.1.load(Ordering::Relaxed), 2);
+            assert!(
+                wait.as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_ready()
+            );
         });
     }
 

@@ -183,8 +183,9 @@ pub enum BreakerMode {
     /// call's probe is out, ask again every [`PROBE_RECHECK`](crate::breaker::PROBE_RECHECK)
     /// (5 ms): a probe's answer wakes no waiter. A
     /// [`reset_breaker`](crate::ResilientClient::reset_breaker), or an answer that
-    /// closes the breaker while it is open, wakes the callers waiting out a
-    /// cooldown; those waiting for a probe see it at their next recheck.
+    /// closes the breaker (a straggler's while it is open), wakes the callers
+    /// waiting out a cooldown; those waiting for a probe see it at their next
+    /// recheck.
     WaitForProbe,
 }
 

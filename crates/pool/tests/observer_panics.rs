@@ -277,3 +277,56 @@ fn a_panic_on_a_token_fetch_still_wakes_the_calls_that_waited_for_it() {
     assert!(recorder.kinds().contains(&"token_fetch_ended"));
     recorder.check_contract().unwrap();
 }
+
+/// A waker whose `wake` panics (an executor's bug).
+struct PanickingWaker;
+
+impl std::task::Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        panic!("observer panics on: a waker panics");
+    }
+}
+
+#[test]
+fn a_waker_that_panics_as_an_answer_closes_the_breaker_cannot_keep_the_report_from_being_made() {
+    // A GET sent at 0 is answered 200 at 2 s, after five 503s opened the breaker
+    // for 60 s and a call began waiting out that cooldown under a waker that
+    // panics. The answer closes the breaker and wakes that call: its send's
+    // `Succeeded` and the `BreakerClosed` are reported first, then the waker's
+    // panic reaches the caller.
+    quiet_panics_starting_with("observer panics on");
+    let w = World::new();
+    w.transport.push(Reply::ok().after(secs(2)));
+    w.transport.push_many((0..5).map(|_| Reply::status(503)));
+    w.transport.default_reply(Reply::ok());
+    let client = w.builder().breaker(5, secs(60), secs(60)).build().unwrap();
+    let (background, essential) = (CallPolicy::background(), CallPolicy::essential());
+    let mut noop = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut slow = Box::pin(client.execute_with(&background, |h| h.get("/slow")));
+    assert!(slow.as_mut().poll(&mut noop).is_pending());
+    for _ in 0..5 {
+        let opening = client.execute_with(&background, |h| h.get("/x"));
+        assert!(w.rt.block_on(opening).unwrap().is_err());
+    }
+    let mut waiting = Box::pin(client.execute_with(&essential, |h| h.get("/waiting")));
+    let panicking = std::task::Waker::from(Arc::new(PanickingWaker));
+    assert!(
+        waiting
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&panicking))
+            .is_pending()
+    );
+    w.rt.run_until(at(secs(3))).unwrap();
+    let polled = catch_unwind(AssertUnwindSafe(|| slow.as_mut().poll(&mut noop)));
+    assert!(polled.is_err(), "the waker's panic reached the caller");
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    let slow_call: Vec<_> = w
+        .events()
+        .iter()
+        .filter(|e| e.call == Some(vantage_api_pool::CallId(1)))
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(slow_call, ["started", "succeeded", "breaker_closed"]);
+    drop((slow, waiting));
+    w.assert_contract();
+}

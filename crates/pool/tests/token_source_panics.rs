@@ -340,3 +340,69 @@ fn a_call_dropped_at_the_gate_while_the_clock_panics_still_reports_its_end() {
     assert_eq!(end_outcomes(&w)[1..], [("panicked", ms(10))]);
     w.assert_contract();
 }
+
+/// An essential call answered 503 at 50 ms (its retry's send stalls), polled by
+/// hand at 0 and at each of `polls_at`, then dropped at 2 s while the clock panics:
+/// what the observer heard (the events' kinds and times), and the call's end.
+fn dropped_after_a_503_while_the_clock_panics(
+    polls_at: &[u64],
+) -> (World, Vec<(&'static str, Duration)>) {
+    quiet_panics_starting_with("token source panics");
+    let w = World::new();
+    w.transport
+        .push(Reply::status(503).after(ms(50)))
+        .default_reply(Reply::stall());
+    let clock = BreakingClock {
+        rt: w.rt.clone(),
+        broken: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    };
+    let client = ResilientClient::builder(w.transport.clone(), clock.clone())
+        .observer("api", Arc::new(w.observer.clone()))
+        .build()
+        .unwrap();
+    let policy = CallPolicy::essential();
+    let mut call = Box::pin(client.execute_with(&policy, |h| h.get("/b")));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for &at in [0].iter().chain(polls_at) {
+        w.rt.run_until(Instant::ORIGIN + ms(at)).unwrap();
+        assert!(call.as_mut().poll(&mut cx).is_pending());
+    }
+    w.rt.run_until(Instant::ORIGIN + secs(2)).unwrap();
+    clock.broken.store(true, Ordering::SeqCst);
+    let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| drop(call))).is_err();
+    clock.broken.store(false, Ordering::SeqCst);
+    assert!(unwound, "the clock's panic reached the dropper");
+    let heard = w
+        .observer
+        .events()
+        .iter()
+        .map(|e| (e.event.kind.name(), e.event.at.since_origin()))
+        .collect();
+    (w, heard)
+}
+
+#[test]
+fn a_call_dropped_in_its_back_off_while_the_clock_panics_ends_at_its_last_event() {
+    // The end falls back on the failure's reading (50 ms), not on the call's start.
+    let (w, heard) = dropped_after_a_503_while_the_clock_panics(&[50]);
+    assert_eq!(
+        heard,
+        [
+            ("started", ms(0)),
+            ("failed", ms(50)),
+            ("retry_scheduled", ms(50))
+        ]
+    );
+    assert_eq!(end_outcomes(&w), [("panicked", ms(50))]);
+    w.assert_contract();
+}
+
+#[test]
+fn a_call_dropped_in_a_later_send_while_the_clock_panics_ends_at_its_last_event() {
+    // Polled again at 1 s, after its back-off: its second send starts then, and both
+    // that send's `Cancelled` and the call's end fall back on that reading.
+    let (w, heard) = dropped_after_a_503_while_the_clock_panics(&[50, 1_000]);
+    assert_eq!(heard[3..], [("started", secs(1)), ("cancelled", secs(1))]);
+    assert_eq!(end_outcomes(&w), [("panicked", secs(1))]);
+    w.assert_contract();
+}

@@ -401,14 +401,14 @@ fn describe(err: &reqwest::Error) -> String {
     shorten(redact_urls(&one_line(&text)))
 }
 
-/// `text` on one line, for logs: each line trimmed, empty ones and a line the text
-/// so far already ends with (a message given twice) dropped, the rest joined by
-/// spaces. A JavaScript error (fetch's, on wasm32) comes as its message, the message
-/// again and a stack trace, one frame a line.
+/// `text` on one line, for logs: each line trimmed, empty ones dropped, and so is a
+/// line that repeats the words the text so far ends with (a message given twice),
+/// the rest joined by spaces. A JavaScript error (fetch's, on wasm32) comes as its
+/// message, the message again and a stack trace, one frame a line.
 fn one_line(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
-        if out.ends_with(line) {
+        if repeats_the_end(&out, line) {
             continue;
         }
         if !out.is_empty() {
@@ -417,6 +417,18 @@ fn one_line(text: &str) -> String {
         out.push_str(line);
     }
     out
+}
+
+/// Whether `text` ends with `line`, starting at a word's start, and `line` holds a
+/// word: a message repeated, not a closing brace or the last digit of a number.
+fn repeats_the_end(text: &str, line: &str) -> bool {
+    text.strip_suffix(line).is_some_and(|before| {
+        line.chars().any(char::is_alphabetic)
+            && !before
+                .chars()
+                .next_back()
+                .is_some_and(char::is_alphanumeric)
+    })
 }
 
 /// `text` if it is at most [`MAX_MESSAGE`] bytes; otherwise its start, cut on a
@@ -558,6 +570,18 @@ mod tests {
              process.processTicksAndRejections (node:internal/process/task_queues:95:5))"
         );
         assert_eq!(one_line("one line"), "one line");
+        // Only words repeated go: a closing brace, a number's last digit, or the end
+        // of a word stay.
+        assert_eq!(
+            one_line("Error {\n  inner: Inner {\n    code: 7\n  }\n}"),
+            "Error { inner: Inner { code: 7 } }"
+        );
+        assert_eq!(
+            one_line("read 1001 bytes, expected 1\n1"),
+            "read 1001 bytes, expected 1 1"
+        );
+        assert_eq!(one_line("a refused\nused"), "a refused used");
+        assert_eq!(one_line("timed out\ntimed out"), "timed out");
         assert_eq!(one_line("a\r\n\r\n  b  \n"), "a b");
         assert_eq!(one_line(""), "");
     }
