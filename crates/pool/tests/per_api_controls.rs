@@ -1001,6 +1001,26 @@ fn patient() -> CallPolicy {
         .unwrap()
 }
 
+/// Answers a request carrying `Bearer t1` 401 after `delay`, any other 200 at once.
+fn t1_refused_after(w: &World, delay: Duration) {
+    reply_by_path_and_token(w, move |_, token| {
+        if token == "Bearer t1" {
+            Reply::status(401).after(delay)
+        } else {
+            Reply::ok()
+        }
+    });
+}
+
+/// Answers each request as `reply` says, given its path and its `Authorization`
+/// value.
+fn reply_by_path_and_token(w: &World, reply: impl Fn(&str, &str) -> Reply + Send + Sync + 'static) {
+    w.transport.respond_with(move |req, _| {
+        let token = req.headers().get(AUTHORIZATION).unwrap();
+        reply(req.path(), token.to_str().unwrap())
+    });
+}
+
 /// Every request sent: when, to which path, with which token.
 fn sent_tokens(w: &World) -> Vec<(Duration, String, String)> {
     w.transport
@@ -1388,13 +1408,7 @@ fn replays_of_tokens_that_land_due(
     paths: &[&'static str],
 ) -> (Vec<(Duration, String, String)>, u32) {
     let w = World::new();
-    w.transport.respond_with(|req, _| {
-        if req.headers().get(AUTHORIZATION).unwrap() == "Bearer t1" {
-            Reply::status(401).after(secs(1))
-        } else {
-            Reply::ok()
-        }
-    });
+    t1_refused_after(&w, secs(1));
     let (client, fetches) = with_tokens_living(&w, secs(4), secs(3), Some(3), |b| b);
     let calls: Vec<_> = paths
         .iter()
@@ -1481,13 +1495,10 @@ fn a_replay_that_waits_at_the_gate_after_its_refresh_renews_a_token_due_by_then(
     // second left: the gate renews it like any caller (t3 at 123.5 s) instead of
     // sending it as a token that just landed.
     let w = World::new();
-    w.transport.respond_with(|req, _| {
-        let token = req.headers().get(AUTHORIZATION).unwrap();
-        match (req.path(), token.to_str().unwrap()) {
-            ("/a", "Bearer t1") => Reply::status(401).after(secs(2)),
-            ("/b", _) => Reply::status(503).after(ms(2_500)),
-            _ => Reply::ok(),
-        }
+    reply_by_path_and_token(&w, |path, token| match (path, token) {
+        ("/a", "Bearer t1") => Reply::status(401).after(secs(2)),
+        ("/b", _) => Reply::status(503).after(ms(2_500)),
+        _ => Reply::ok(),
     });
     let (client, fetches) = with_tokens_living(&w, secs(120), secs(1), None, |b| {
         b.breaker(1, secs(119), secs(600))
@@ -1519,14 +1530,11 @@ fn a_replay_that_waits_for_another_calls_probe_after_its_refresh_renews_a_token_
     // left, and /a renews it like any caller (t3 at 121.5 s) instead of sending it
     // as a token that just landed.
     let w = World::new();
-    w.transport.respond_with(|req, _| {
-        let token = req.headers().get(AUTHORIZATION).unwrap();
-        match (req.path(), token.to_str().unwrap()) {
-            ("/a", "Bearer t1") => Reply::status(401).after(ms(500)),
-            ("/b", _) => Reply::ok().after(secs(118)),
-            ("/c", _) => Reply::status(503).after(ms(700)),
-            _ => Reply::ok(),
-        }
+    reply_by_path_and_token(&w, |path, token| match (path, token) {
+        ("/a", "Bearer t1") => Reply::status(401).after(ms(500)),
+        ("/b", _) => Reply::ok().after(secs(118)),
+        ("/c", _) => Reply::status(503).after(ms(700)),
+        _ => Reply::ok(),
     });
     let (client, fetches) = with_tokens_living(&w, secs(120), secs(1), None, |b| {
         b.breaker(1, ms(300), secs(600))
@@ -1571,13 +1579,7 @@ fn a_replay_whose_admission_waits_after_its_refresh_renews_a_token_due_by_then()
     // due by then, and the gate renews it like any caller's (t3 at 123 s) instead
     // of sending it as a token that just landed.
     let w = World::new();
-    w.transport.respond_with(|req, _| {
-        if req.headers().get(AUTHORIZATION).unwrap() == "Bearer t1" {
-            Reply::status(401).after(secs(2))
-        } else {
-            Reply::ok()
-        }
-    });
+    t1_refused_after(&w, secs(2));
     w.transport.admit_with(|now| {
         if now == at(secs(4)) {
             secs(118)
@@ -2163,13 +2165,7 @@ fn a_token_another_calls_401_rejects_while_the_request_closure_runs_never_goes_o
 
     type Call = Pin<Box<dyn Future<Output = Result<(), vantage_api_pool::ClientError>>>>;
     let w = World::new();
-    w.transport.respond_with(|req, _| {
-        if req.headers().get(AUTHORIZATION).unwrap() == "Bearer t1" {
-            Reply::status(401).after(secs(1))
-        } else {
-            Reply::ok()
-        }
-    });
+    t1_refused_after(&w, secs(1));
     let (client, fetches) = with_tokens_living(&w, secs(3_600), secs(1), None, |b| b);
     let a: Call = {
         let client = client.clone();
