@@ -159,9 +159,10 @@ pub(crate) struct Call<'c, T, R: Runtime, A, P: Borrow<CallPolicy>> {
     gate_reached: bool,
     /// The clock at the call's first visit to the gate.
     began: Instant,
-    /// The reading of the call's last `Started` or failure, if later than `began`:
-    /// what its end falls back on if the clock panics as a dropped call reports it
-    /// (no event of the call is later, short of a success, after which it returns).
+    /// The reading of the call's last `Started` or failure (`began` until its first
+    /// send): what its end falls back on if the clock panics as a dropped call
+    /// reports it (no event of the call is later, short of a success, after which
+    /// it returns).
     last_at: Instant,
     /// When the budget ends ([`Instant::FAR_FUTURE`] for a policy without one, which
     /// no reading reaches); pushed later by time spent in `admit()`. Not an `Option`:
@@ -298,11 +299,11 @@ impl<T, R: Runtime, A> Drop for InFlight<'_, T, R, A> {
             // The permit and the probe slot go back before the observer hears of it.
             drop(self.permit.take());
             drop(self.probe.take());
-            let (send, attempt, call) = (self.send, self.attempt, self.call);
             let client = self.client;
             if !client.events.is_listening() {
                 return;
             }
+            let (send, attempt, call) = (self.send, self.attempt, self.call);
             // A clock that panics here leaves the `Started`'s reading in its place.
             report_at_drop(
                 || client.runtime.now(),
@@ -358,7 +359,7 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
         let panicking = std::thread::panicking();
         report_at_drop(
             || self.client.runtime.now(),
-            self.began.max(self.last_at),
+            self.last_at,
             |at, clock_panicked| {
                 let outcome = if panicking || clock_panicked {
                     CallOutcome::Panicked
@@ -628,6 +629,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         if !self.gate_reached {
             self.gate_reached = true;
             self.began = now;
+            self.last_at = now;
             self.deadline = self
                 .policy()
                 .budget()
