@@ -151,7 +151,8 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
 
     /// Reports every event to `observer`, keyed by `api` (the API's name). A client
     /// has one observer: a second call replaces the first (to report to several,
-    /// pass a [`Fanout`](crate::Fanout)).
+    /// pass a [`Fanout`](crate::Fanout)). `build()` refuses an `api` that is empty
+    /// or only white space: every event, figure and `tracing` record is keyed on it.
     pub fn observer(
         mut self,
         api: impl Into<Arc<str>>,
@@ -291,7 +292,8 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     /// # Errors
     ///
     /// A [`ConfigError`] naming the first setting it refuses, checked in this order:
-    /// a `retry_count_header` among [`RESERVED_RETRY_COUNT_HEADERS`]; a
+    /// an [`observer`](Self::observer) whose API name is empty or only white space
+    /// (`observer`); a `retry_count_header` among [`RESERVED_RETRY_COUNT_HEADERS`]; a
     /// [`default_retry`](Self::default_retry) whose `max` is below its `base`
     /// (`default_retry.max`); `max_parallel` of 0 or above
     /// [`MAX_PERMITS`](crate::concurrency::MAX_PERMITS); a `rate_limit` that is not a
@@ -299,6 +301,16 @@ impl<T: Transport, R: Runtime, A: TokenSource> ClientBuilder<T, R, A> {
     /// for a burst of 0); a breaker threshold of 0 (`breaker.threshold`), a zero
     /// cooldown or one above its max (`breaker.cooldown`).
     pub fn build(self) -> Result<ResilientClient<T, R, A>, ConfigError> {
+        if self
+            .observer
+            .as_ref()
+            .is_some_and(|(api, _)| api.trim().is_empty())
+        {
+            return Err(ConfigError::new(
+                "observer",
+                "the API's name must not be empty or only white space",
+            ));
+        }
         if self
             .retry_count_header
             .as_ref()

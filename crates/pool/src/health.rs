@@ -585,8 +585,9 @@ impl HealthObserver {
     ///
     /// Memory is fixed per API (60 slices, about 50 KB with their latency
     /// histograms of sends and calls) whatever the rate, and kept for every API
-    /// name ever attached or seen (there is no way to forget one): name APIs, not
-    /// tenants or users, or give such clients an observer each. An
+    /// name ever attached or seen until [`forget`](HealthObserver::forget) drops
+    /// it: name APIs, not users, and forget the names of clients dropped for good
+    /// (or give such clients an observer each). An
     /// event or a snapshot, which both hold the lock every client's events take,
     /// costs the same at ten sends a second or a hundred thousand.
     /// `Duration::MAX` counts every send for ever. A zero window holds no send: its
@@ -734,6 +735,47 @@ impl HealthObserver {
     #[must_use]
     pub fn snapshots_at(&self, now: Instant) -> Vec<(Arc<str>, ApiHealth)> {
         self.collect(Some(now))
+    }
+
+    /// Forgets `api`: its figures, and its labels' with
+    /// [`per_label`](HealthObserver::per_label). Returns whether it was listed.
+    ///
+    /// For observers that outlive some of their APIs (a client per tenant, dropped
+    /// when the tenant leaves): forget an API once its clients are dropped. An event
+    /// of `api` heard after this lists it anew, from nothing: a send in flight at
+    /// the forget ends without its `Started`, and counts as no send in flight (an
+    /// end heard before its start does the same). What the forgotten figures hold
+    /// (the last errors, whose sources may be a token source's own errors) is
+    /// dropped once the locks are released.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use vantage_api_pool::ResilientClient;
+    /// use vantage_api_pool::health::HealthObserver;
+    /// use vantage_api_pool_testkit::{Reply, ScriptedTransport, VirtualRuntime};
+    ///
+    /// let rt = VirtualRuntime::new();
+    /// let health = Arc::new(HealthObserver::new(Duration::from_secs(60)));
+    /// let tenant = ResilientClient::builder(ScriptedTransport::new(&rt), rt.clone())
+    ///     .observer("tenant-42", health.clone())
+    ///     .build()?;
+    /// assert!(health.snapshot("tenant-42").is_some());
+    /// drop(tenant);
+    /// assert!(health.forget("tenant-42"));
+    /// assert!(health.snapshot("tenant-42").is_none());
+    /// assert!(!health.forget("tenant-42"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn forget(&self, api: &str) -> bool {
+        let state = self.lock().remove(api);
+        let labels = self
+            .labels
+            .as_ref()
+            .and_then(|labels| lock(labels).remove(api));
+        let listed = state.is_some() || labels.is_some();
+        drop((state, labels));
+        listed
     }
 
     /// Where the window of `state` ends: at `now`, or at the API's latest event when
@@ -1025,6 +1067,7 @@ mod tests {
     use super::*;
     use crate::error::ErrorKind;
     use crate::observer::{CallEnd, CallId, CallOutcome};
+    use std::sync::atomic::AtomicUsize;
 
     fn at(ms: u64) -> Instant {
         Instant::from_origin(Duration::from_millis(ms))
@@ -1122,7 +1165,11 @@ mod tests {
         for per_label in [false, true] {
             let h = HealthObserver::new(Duration::from_secs(60));
             let h = Arc::new(if per_label { h.per_label() } else { h });
-            let (dropped, dropped_under_a_lock) = errors_replaced_in(&h);
+            let (dropped, dropped_under_a_lock) = errors_fed_to(&h);
+            let (dropped, dropped_under_a_lock) = (
+                dropped.load(std::sync::atomic::Ordering::SeqCst),
+                dropped_under_a_lock.load(std::sync::atomic::Ordering::SeqCst),
+            );
             // The first three errors (kept per API and per label, the first also
             // as the last send error) are replaced by the next three; the last
             // holder of each is the API's map, or the label's.
@@ -1132,13 +1179,86 @@ mod tests {
         }
     }
 
+    /// Forgetting an API drops the errors its figures held after the locks, per
+    /// API and per label.
+    #[test]
+    fn a_forgotten_apis_errors_are_dropped_after_the_lock() {
+        use std::sync::atomic::Ordering;
+        for per_label in [false, true] {
+            let h = HealthObserver::new(Duration::from_secs(60));
+            let h = Arc::new(if per_label { h.per_label() } else { h });
+            let (dropped, dropped_under_a_lock) = errors_fed_to(&h);
+            assert_eq!(dropped.load(Ordering::SeqCst), 3, "{per_label}");
+            assert!(h.forget("a"));
+            // All six errors are gone now, none dropped under a lock.
+            let counts = (
+                dropped.load(Ordering::SeqCst),
+                dropped_under_a_lock.load(Ordering::SeqCst),
+            );
+            assert_eq!(counts, (6, 0), "{per_label}");
+        }
+    }
+
+    #[test]
+    fn forget_drops_an_api_and_its_labels_and_an_event_after_it_lists_the_api_anew() {
+        let h = HealthObserver::new(Duration::from_secs(60)).per_label();
+        let started = |ms| {
+            ev(
+                ms,
+                EventKind::Started {
+                    send: 1,
+                    attempt: 1,
+                },
+            )
+            .with_label(Some("orders.get"))
+        };
+        let succeeded = |ms| {
+            ev(
+                ms,
+                EventKind::Succeeded {
+                    send: 1,
+                    attempt: 1,
+                    status: StatusCode::OK,
+                    ms: 40,
+                    bytes: None,
+                },
+            )
+            .with_label(Some("orders.get"))
+        };
+        h.on_event("a", &started(0));
+        h.on_event("a", &succeeded(40));
+        h.on_event("b", &started(0));
+        h.on_event("b", &succeeded(40));
+        h.on_event("a", &started(1_000));
+        assert!(h.forget("a"));
+        assert!(!h.forget("a"), "forgotten already");
+        assert!(!h.forget("c"), "never listed");
+        assert!(h.snapshot("a").is_none());
+        assert!(h.label_snapshots("a").is_empty());
+        let listed: Vec<_> = h.snapshots().into_iter().map(|(api, _)| api).collect();
+        assert_eq!(listed, [Arc::from("b")]);
+        assert_eq!(h.label_snapshots("b").len(), 1, "b's labels are kept");
+        // The send in flight at the forget ends: the API is listed anew, with that
+        // send counted and nothing in flight.
+        h.on_event("a", &succeeded(1_040));
+        let a = h.snapshot("a").unwrap();
+        assert_eq!(
+            (a.sends_in_window, a.in_flight, a.updated_at),
+            (1, 0, at(1_040))
+        );
+        assert_eq!(h.label_snapshots("a")[0].1.sends_in_window, 1);
+        // A forget with no labels kept forgets the API alone.
+        let plain = HealthObserver::new(Duration::from_secs(60));
+        plain.on_attach("a", at(0));
+        assert!(plain.forget("a") && plain.snapshot("a").is_none());
+    }
+
     /// Feeds `h` two rounds of a failed send, a refusal and a failed token fetch
-    /// (labelled), each error's source a [`ReadsTheObserver`]; gives back how many
-    /// of those were dropped, and how many under a lock of `h`.
-    fn errors_replaced_in(h: &Arc<HealthObserver>) -> (usize, usize) {
+    /// (labelled), each error's source a [`ReadsTheObserver`]; gives back the counts
+    /// of those dropped, and of those dropped under a lock of `h`.
+    fn errors_fed_to(h: &Arc<HealthObserver>) -> (Arc<AtomicUsize>, Arc<AtomicUsize>) {
         use crate::auth::{AuthError, SharedAuthError};
         use crate::observer::TokenFetchReason;
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let (dropped, dropped_under_a_lock) =
             (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let source = || ReadsTheObserver {
@@ -1165,10 +1285,7 @@ mod tests {
                 h.on_event("a", &ev(ms, kind).with_label(Some("orders")));
             }
         }
-        (
-            dropped.load(Ordering::SeqCst),
-            dropped_under_a_lock.load(Ordering::SeqCst),
-        )
+        (dropped, dropped_under_a_lock)
     }
 
     #[test]

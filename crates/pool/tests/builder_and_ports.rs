@@ -133,6 +133,7 @@ fn the_last_max_parallel_rate_limit_and_breaker_set_win() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 fn build_names_the_first_refused_setting_in_its_documented_order() {
     let w = World::new();
     let bad_retry = RetryPolicy {
@@ -142,7 +143,7 @@ fn build_names_the_first_refused_setting_in_its_documented_order() {
     };
     // Each step adds a bad setting checked before all the ones already there.
     type AddBad = fn(Builder, RetryPolicy) -> Builder;
-    let steps: [(AddBad, &str); 5] = [
+    let steps: [(AddBad, &str); 6] = [
         (|b, _| b.breaker(0, secs(1), secs(1)), "breaker.threshold"),
         (|b, _| b.rate_limit(f64::NAN), "rate_limit"),
         (|b, _| b.max_parallel(0), "max_parallel"),
@@ -150,6 +151,10 @@ fn build_names_the_first_refused_setting_in_its_documented_order() {
         (
             |b, _| b.retry_count_header(AUTHORIZATION),
             "retry_count_header",
+        ),
+        (
+            |b, _| b.observer(" \t", Arc::new(Heard::default())),
+            "observer",
         ),
     ];
     for n in 1..=steps.len() {
@@ -174,6 +179,30 @@ impl vantage_api_pool::TransportObserver for Heard {
         let line = format!("attach {api} {}", at.since_origin().as_millis());
         self.0.lock().unwrap().push(line);
     }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
+fn an_observer_keyed_on_an_empty_or_blank_name_is_refused() {
+    let w = World::new();
+    let heard = Arc::new(Heard::default());
+    for api in ["", " ", "\t\n", "\u{3000}"] {
+        let err = w
+            .builder()
+            .observer(api, heard.clone())
+            .build()
+            .unwrap_err();
+        assert_eq!(err.setting(), "observer", "{api:?}");
+    }
+    assert!(heard.0.lock().unwrap().is_empty(), "nothing attached");
+    // A name with white space around it is still a name, kept as given.
+    assert!(
+        w.builder()
+            .observer(" orders ", heard.clone())
+            .build()
+            .is_ok()
+    );
+    assert_eq!(*heard.0.lock().unwrap(), ["attach  orders  0"]);
 }
 
 #[test]
