@@ -460,8 +460,8 @@ impl ClientError {
     ///
     /// - [`ErrorKind::Status`]: the delay the server asked for on this response
     ///   (`retry-after-ms` or `Retry-After`), as parsed, before any clamping to a
-    ///   policy's ceiling (a number too large to hold reads as [`Duration::MAX`]);
-    ///   `None` when it asked for none.
+    ///   policy's ceiling; `None` when it asked for none or in a form the client
+    ///   ignores (a number too large to hold among them).
     /// - [`ErrorKind::BreakerOpen`]: how long the breaker still refused sends when it
     ///   turned the call away, from that moment: the rest of its cooldown. `None`
     ///   while another call's probe is out, whose answer nobody can foresee (the

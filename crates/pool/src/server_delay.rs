@@ -28,7 +28,7 @@
 //! | a dot without digits on both sides (`1500.`, `.5`, `1.2.3`) | ignored |
 //! | a sign (`+1`, `-1`), an exponent (`1e3`), `inf`, `NaN` | ignored |
 //! | zero (`0`, `0.0`), or a value under 1 ns (`0.0000001`) | ignored |
-//! | more than [`Duration::MAX`] (`999…` with 30 digits) | [`Duration::MAX`] (see below), so `Retry-After` is not read |
+//! | more than [`Duration::MAX`] (`999…` with 30 digits) | ignored (see below) |
 //! | ignored for any reason above | `Retry-After` is read instead |
 //!
 //! `Retry-After` (RFC 9110 §10.2.3):
@@ -38,7 +38,7 @@
 //! | ASCII digits (`120`) | that many seconds, up to `u64::MAX` seconds |
 //! | `0` | ignored |
 //! | a sign (`+1`, `-1`), a fraction (`1.5`), an exponent (`1e3`) | ignored |
-//! | more than `u64::MAX` seconds (`99999999999999999999999`) | [`Duration::MAX`] (see below) |
+//! | more than `u64::MAX` seconds (`99999999999999999999999`) | ignored (see below) |
 //! | an HTTP-date (IMF-fixdate, RFC 850 or asctime) after `wall_now` | the date minus `wall_now` |
 //! | an HTTP-date at or before `wall_now` | ignored |
 //! | any other date format (`2026-11-29T10:00:00Z`) or text | ignored |
@@ -46,12 +46,13 @@
 //! A date far in the future (year 9999) is accepted as is; the clamp to the policy's
 //! ceiling keeps it sensible.
 //!
-//! A number too large to hold is still a positive whole number (and, on a 503, a delay
-//! that makes the retry safe for any method, as any other delay does): the server asks for a
-//! longer wait than a [`Duration`] can say, so it reads as [`Duration::MAX`], which
-//! the ceiling then cuts to the policy's longest wait. Ignoring it would retry on the
-//! policy's shorter back-off, sooner than the server asked. RFC 9111 §1.2.2 reads an
-//! overflowing delta-seconds the same way (as the largest value one can represent).
+//! A number too large to hold (more than `u64::MAX` seconds, or milliseconds past
+//! [`Duration::MAX`]) is ignored like any other value the client cannot read as
+//! given, as the project's design decides for overflowing values: the policy's own
+//! back-off applies, and on a 503 it is no valid server delay, so a call that is not
+//! idempotent is not sent again (the server may have processed it). An overflowing
+//! `retry-after-ms` leaves `Retry-After` to be read. Any number that fits, however
+//! large, is a delay, which the ceiling cuts to the policy's longest wait.
 
 use std::time::{Duration, SystemTime};
 
@@ -136,7 +137,7 @@ fn parse_retry_after_ms(text: &str) -> Option<Duration> {
         Some((w, f)) => (w, Some(f)),
         None => (text, None),
     };
-    let mut nanos = digits_value(whole)?.saturating_mul(NANOS_PER_MILLI);
+    let mut nanos = digits_value(whole)?.checked_mul(NANOS_PER_MILLI)?;
     if let Some(fraction) = fraction {
         if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
             return None;
@@ -148,18 +149,20 @@ fn parse_retry_after_ms(text: &str) -> Option<Duration> {
             let d = digits.next().map_or(0, |b| b - b'0');
             sub = sub * 10 + u128::from(d);
         }
-        nanos = nanos.saturating_add(sub);
+        nanos = nanos.checked_add(sub)?;
     }
-    (nanos != 0).then(|| duration_from_nanos(nanos))
+    if nanos == 0 {
+        return None;
+    }
+    duration_from_nanos(nanos)
 }
 
 /// `Retry-After`: whole seconds or an HTTP-date.
 fn parse_retry_after(text: &str, wall_now: SystemTime) -> Option<Duration> {
     if text.bytes().all(|b| b.is_ascii_digit()) {
         return match u64::try_from(digits_value(text)?) {
-            Ok(0) => None,
+            Ok(0) | Err(_) => None,
             Ok(secs) => Some(Duration::from_secs(secs)),
-            Err(_) => Some(Duration::MAX),
         };
     }
     let date = httpdate::parse_http_date(text).ok()?;
@@ -167,27 +170,26 @@ fn parse_retry_after(text: &str, wall_now: SystemTime) -> Option<Duration> {
     (!ahead.is_zero()).then_some(ahead)
 }
 
-/// A non-empty run of ASCII digits as a number, `u128::MAX` when it is larger; `None`
-/// on any other byte.
+/// A non-empty run of ASCII digits as a number; `None` on any other byte, or when
+/// it is larger than a `u128` holds.
 fn digits_value(text: &str) -> Option<u128> {
     if text.is_empty() {
         return None;
     }
     text.bytes().try_fold(0u128, |acc, b| {
-        b.is_ascii_digit()
-            .then(|| acc.saturating_mul(10).saturating_add(u128::from(b - b'0')))
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(u128::from(b - b'0'))
     })
 }
 
-/// A `Duration` from nanoseconds, [`Duration::MAX`] past it.
-fn duration_from_nanos(nanos: u128) -> Duration {
-    match (
-        u64::try_from(nanos / NANOS_PER_SEC),
-        u32::try_from(nanos % NANOS_PER_SEC),
-    ) {
-        (Ok(secs), Ok(sub)) => Duration::new(secs, sub),
-        _ => Duration::MAX,
-    }
+/// A `Duration` from nanoseconds; `None` past [`Duration::MAX`].
+fn duration_from_nanos(nanos: u128) -> Option<Duration> {
+    let secs = u64::try_from(nanos / NANOS_PER_SEC).ok()?;
+    // The remainder is under a billion.
+    let sub = u32::try_from(nanos % NANOS_PER_SEC).ok()?;
+    Some(Duration::new(secs, sub))
 }
 
 #[cfg(test)]
@@ -277,19 +279,34 @@ mod tests {
             (
                 "ms overflow",
                 &[(MS, b"999999999999999999999999999999")],
+                None,
+            ),
+            (
+                "ms at Duration::MAX's whole milliseconds",
+                &[(MS, b"18446744073709551615999")],
+                Some(Duration::new(u64::MAX, 999_000_000)),
+            ),
+            (
+                "ms at Duration::MAX to the nanosecond",
+                &[(MS, b"18446744073709551615999.999999")],
                 Some(Duration::MAX),
             ),
             (
                 "ms just past Duration::MAX",
                 &[(MS, b"18446744073709551616000")],
-                Some(Duration::MAX),
+                None,
             ),
             (
                 // Fits a u128 as milliseconds, not once scaled to nanoseconds (where
                 // a wrapping product would read as under a millisecond).
                 "ms past u128 only in nanoseconds",
                 &[(MS, b"340282366920938463463374607431769")],
-                Some(Duration::MAX),
+                None,
+            ),
+            (
+                "ms past u128 in milliseconds",
+                &[(MS, b"340282366920938463463374607431768211456")],
+                None,
             ),
             ("ms empty", &[(MS, b"")], None),
             ("ms only whitespace", &[(MS, b"  ")], None),
@@ -338,7 +355,7 @@ mod tests {
             (
                 "seconds overflow",
                 &[(RA, b"99999999999999999999999")],
-                Some(Duration::MAX),
+                None,
             ),
             (
                 "seconds u64::MAX",
@@ -348,7 +365,12 @@ mod tests {
             (
                 "seconds u64::MAX + 1",
                 &[(RA, b"18446744073709551616")],
-                Some(Duration::MAX),
+                None,
+            ),
+            (
+                "seconds past u128",
+                &[(RA, b"340282366920938463463374607431768211456")],
+                None,
             ),
             ("seconds comma list", &[(RA, b"1, 2")], None),
             (
@@ -490,25 +512,25 @@ mod tests {
             Some(Duration::MAX)
         );
         let one_more = b"18446744073709551616000";
-        assert_eq!(
-            server_delay(&headers(&[(MS, one_more)]), now()),
-            Some(Duration::MAX)
-        );
+        assert_eq!(server_delay(&headers(&[(MS, one_more)]), now()), None);
     }
 
     #[test]
-    fn a_number_past_u128_saturates_not_wraps() {
+    fn a_number_past_u128_is_ignored_not_wrapped() {
         // 11 × 2^128 + 5, which wraps to 5 in a u128.
         let huge = b"3743106036130323098097120681749450326021";
-        // With a fraction after it, and a zero padded past u128's digits.
+        // With a fraction after it, and numbers padded with zeros past u128's digits.
         let huge_ms = b"3743106036130323098097120681749450326021.5";
         let zero = b"0000000000000000000000000000000000000000000";
+        let five = b"0000000000000000000000000000000000000000005";
         for (name, value, delay) in [
-            (MS, &huge[..], Some(Duration::MAX)),
-            (RA, huge, Some(Duration::MAX)),
-            (MS, huge_ms, Some(Duration::MAX)),
+            (MS, &huge[..], None),
+            (RA, huge, None),
+            (MS, huge_ms, None),
             (MS, zero, None),
             (RA, zero, None),
+            (MS, five, Some(ms(5))),
+            (RA, five, Some(secs(5))),
         ] {
             assert_eq!(
                 server_delay(&headers(&[(name, value)]), now()),
@@ -520,7 +542,7 @@ mod tests {
     }
 
     #[test]
-    fn an_overflowing_number_waits_the_ceiling_not_the_back_off() {
+    fn an_overflowing_number_is_ignored_and_an_overflowing_ms_leaves_retry_after_to_be_read() {
         let ceiling = secs(30);
         for (name, value) in [
             (RA, &b"99999999999999999999999"[..]),
@@ -528,9 +550,11 @@ mod tests {
         ] {
             assert_eq!(
                 clamped_server_delay(&headers(&[(name, value)]), now(), ceiling),
-                Some(ceiling),
+                None,
                 "{name}"
             );
         }
+        let both = [(MS, &b"999999999999999999999999999999"[..]), (RA, b"7")];
+        assert_eq!(server_delay(&headers(&both), now()), Some(secs(7)));
     }
 }

@@ -8,7 +8,7 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use common::*;
 use http::StatusCode;
@@ -683,10 +683,10 @@ fn a_503_with_a_server_delay_is_retried_for_a_post() {
         .unwrap();
     assert_eq!(w.sent_at(), [secs(0), secs(2)]);
 
-    // A delay too large to hold is a delay all the same: retried after the ceiling.
+    // A delay of any size that fits is a delay: retried at the ceiling.
     let w = World::new();
     w.transport.push_many([
-        Reply::status(503).header("retry-after", "99999999999999999999999"),
+        Reply::status(503).header("retry-after", "18446744073709551615"),
         Reply::ok(),
     ]);
     let client = w.client();
@@ -694,6 +694,60 @@ fn a_503_with_a_server_delay_is_retried_for_a_post() {
         .with_jitter(Jitter::None)
         .unwrap();
     w.rt.block_on(client.execute_with(&policy, |h| h.post("/pay")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(0), secs(5)]);
+}
+
+/// A 503 whose delay the client ignores (zero, a past date, a fraction, a negative
+/// or overflowing number) is no valid server delay: the server may have processed
+/// the request, so a POST is not sent again. The retry would fit: the ceiling
+/// (5 s) is well inside the budget.
+#[test]
+fn a_503_with_an_ignored_server_delay_is_final_for_a_post() {
+    for (name, value) in [
+        ("retry-after", "0"),
+        ("retry-after", "Sun, 06 Nov 1994 08:49:37 GMT"),
+        ("retry-after", "1.5"),
+        ("retry-after", "99999999999999999999999"),
+        ("retry-after-ms", "-5"),
+        ("retry-after-ms", "999999999999999999999999999999"),
+    ] {
+        let w = World::new();
+        w.transport
+            .push_many([Reply::status(503).header(name, value), Reply::ok()]);
+        let policy = CallPolicy::bounded(RetryPolicy::new(3, ms(10), secs(5)).unwrap());
+        let err =
+            w.rt.block_on(w.client().execute_with(&policy, |h| h.post("/pay")))
+                .unwrap()
+                .unwrap_err();
+        assert_eq!(
+            (err.kind(), err.attempts(), w.sent_at().len()),
+            (ErrorKind::Status(StatusCode::SERVICE_UNAVAILABLE), 1, 1),
+            "{name}: {value}"
+        );
+        assert_eq!(err.retry_after(), None, "{name}: {value}");
+    }
+}
+
+/// An HTTP-date is measured against the wall clock when the response arrives, not
+/// when the call began: a date 5 s after the start, on a response that took 2 s,
+/// asks for 3 s more.
+#[test]
+fn an_http_date_is_read_against_the_wall_clock_at_the_response() {
+    let w = World::new();
+    let start = SystemTime::UNIX_EPOCH + secs(1_767_225_600); // 2026-01-01T00:00:00Z
+    w.rt.set_wall_clock(start);
+    w.transport.push_many([
+        Reply::status(503)
+            .header("retry-after", "Thu, 01 Jan 2026 00:00:05 GMT")
+            .after(secs(2)),
+        Reply::ok(),
+    ]);
+    let policy = CallPolicy::bounded(RetryPolicy::new(3, ms(10), secs(60)).unwrap())
+        .with_jitter(Jitter::None)
+        .unwrap();
+    w.rt.block_on(w.client().execute_with(&policy, |h| h.post("/pay")))
         .unwrap()
         .unwrap();
     assert_eq!(w.sent_at(), [secs(0), secs(5)]);

@@ -65,14 +65,14 @@ fn server_delays_malformed_and_extreme() {
             ceiling,
         ),
         (
-            "past u128 seconds (2^128 + 1): the ceiling, never wrapped to 1",
+            "past u128 seconds (2^128 + 1): ignored, never wrapped to 1",
             &[("retry-after", b"340282366920938463463374607431768211457")],
-            ceiling,
+            policy,
         ),
         (
-            "past u128 ms (2^128 + 1): the ceiling, never wrapped to 1",
+            "past u128 ms (2^128 + 1): ignored, never wrapped to 1",
             &[("retry-after-ms", b"340282366920938463463374607431768211457")],
-            ceiling,
+            policy,
         ),
         (
             "u64::MAX seconds: clamped",
@@ -80,22 +80,22 @@ fn server_delays_malformed_and_extreme() {
             ceiling,
         ),
         (
-            "overflowing seconds: the ceiling, not the shorter back-off",
+            "overflowing seconds: ignored",
             &[("retry-after", b"99999999999999999999999")],
-            ceiling,
+            policy,
         ),
         (
-            "overflowing ms: the ceiling, not the shorter back-off",
+            "overflowing ms: ignored",
             &[("retry-after-ms", b"999999999999999999999999999999")],
-            ceiling,
+            policy,
         ),
         (
-            "overflowing ms is read, so a valid Retry-After is not: the ceiling",
+            "overflowing ms is ignored, so a valid Retry-After is read",
             &[
                 ("retry-after-ms", b"999999999999999999999999999999"),
                 ("retry-after", b"1"),
             ],
-            ceiling,
+            secs(1),
         ),
         ("zero seconds", &[("retry-after", b"0")], policy),
         ("zero ms", &[("retry-after-ms", b"0")], policy),
