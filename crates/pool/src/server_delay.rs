@@ -40,6 +40,7 @@
 //! | a sign (`+1`, `-1`), a fraction (`1.5`), an exponent (`1e3`) | ignored |
 //! | more than `u64::MAX` seconds (`99999999999999999999999`) | ignored (see below) |
 //! | an HTTP-date (IMF-fixdate, RFC 850 or asctime) after `wall_now` | the date minus `wall_now` |
+//! | an RFC 850 date's two-digit year (`Sunday, 29-Nov-26 …`) | the year with those last two digits that is at most 50 years after `wall_now`'s (RFC 9110 §5.6.7) |
 //! | an HTTP-date at or before `wall_now` | ignored |
 //! | any other date format (`2026-11-29T10:00:00Z`) or text | ignored |
 //!
@@ -165,9 +166,62 @@ fn parse_retry_after(text: &str, wall_now: SystemTime) -> Option<Duration> {
             Ok(secs) => Some(Duration::from_secs(secs)),
         };
     }
-    let date = httpdate::parse_http_date(text).ok()?;
+    let date = match rfc850_as_imf_fixdate(text, wall_now) {
+        Some(fixdate) => httpdate::parse_http_date(&fixdate),
+        None => httpdate::parse_http_date(text),
+    }
+    .ok()?;
     let ahead = date.duration_since(wall_now).ok()?;
     (!ahead.is_zero()).then_some(ahead)
+}
+
+/// An RFC 850 date (`Sunday, 29-Nov-26 10:00:10 GMT`) as an IMF-fixdate whose year
+/// RFC 9110 §5.6.7 picks: of the years ending in its two digits, the latest that is
+/// at most 50 years after `wall_now`'s. `None` for any other text (parsed as it is),
+/// and for a `wall_now` an HTTP-date cannot hold (before 1970, from 9999): the date
+/// parser's own reading (`00` to `69` as 20xx) then stands.
+fn rfc850_as_imf_fixdate(text: &str, wall_now: SystemTime) -> Option<String> {
+    const WEEKDAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    /// 9999-01-01T00:00:00Z, the first instant an HTTP-date cannot hold.
+    const YEAR_9999: Duration = Duration::from_secs(253_402_300_800);
+    let (weekday, rest) = text.split_once(", ")?;
+    // `29-Nov-26 10:00:10 GMT`: the two-digit year at 7..9 (the text is ASCII).
+    let bytes = rest.as_bytes();
+    if !WEEKDAYS.contains(&weekday)
+        || bytes.len() != 22
+        || bytes[2] != b'-'
+        || bytes[6] != b'-'
+        || !bytes[7..9].iter().all(u8::is_ascii_digit)
+    {
+        return None;
+    }
+    let since_epoch = wall_now.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+    if since_epoch >= YEAR_9999 {
+        return None;
+    }
+    // `Sun, 29 Nov 2026 10:00:00 GMT`: the year at 12..16.
+    let now = httpdate::fmt_http_date(wall_now);
+    let this_year: u32 = now.get(12..16)?.parse().ok()?;
+    let two_digits = u32::from(bytes[7] - b'0') * 10 + u32::from(bytes[8] - b'0');
+    let mut year = this_year - this_year % 100 + two_digits;
+    if year > this_year + 50 {
+        year -= 100;
+    } else if year + 50 <= this_year {
+        year += 100;
+    }
+    let (day, month, time) = (rest.get(0..2)?, rest.get(3..6)?, rest.get(10..)?);
+    Some(format!(
+        "{}, {day} {month} {year} {time}",
+        weekday.get(..3)?
+    ))
 }
 
 /// A non-empty run of ASCII digits as a number; `None` on any other byte, or when
@@ -539,6 +593,49 @@ mod tests {
                 String::from_utf8_lossy(value)
             );
         }
+    }
+
+    /// RFC 9110 §5.6.7: an RFC 850 date's two-digit year is the latest year ending
+    /// in those digits that is at most 50 years ahead of the wall clock's, not a
+    /// fixed century (the date parser alone reads `00` to `69` as 20xx).
+    #[test]
+    fn an_rfc850_year_is_read_against_the_wall_clock() {
+        // 2070-01-01T00:00:00Z, a Wednesday; 2069-12-31 was a Tuesday.
+        let in_2070 = SystemTime::UNIX_EPOCH + secs(3_155_760_000);
+        let delay = |value: &'static [u8], wall| server_delay(&headers(&[(RA, value)]), wall);
+        assert_eq!(
+            delay(b"Wednesday, 01-Jan-70 00:00:10 GMT", in_2070),
+            Some(secs(10))
+        );
+        // The same date written IMF-fixdate, for comparison.
+        assert_eq!(
+            delay(b"Wed, 01 Jan 2070 00:00:10 GMT", in_2070),
+            Some(secs(10))
+        );
+        // `69` from 2070 is 2069, in the past: ignored. From 2026 it is 2069 too.
+        assert_eq!(delay(b"Tuesday, 31-Dec-69 23:59:59 GMT", in_2070), None);
+        let now = now(); // 2026-11-29T10:00:00Z
+        assert!(delay(b"Tuesday, 31-Dec-69 23:59:59 GMT", now).is_some());
+        // `76` from 2026 is 2076, exactly 50 years on (13 leap days), not 1976.
+        let in_2076 = delay(b"Sunday, 29-Nov-76 10:00:00 GMT", now);
+        assert_eq!(in_2076, Some(Duration::from_secs(18_263 * 86_400)));
+        // `77` is more than 50 years on: 1977, in the past.
+        assert_eq!(delay(b"Monday, 29-Nov-77 10:00:00 GMT", now), None);
+        // From 2099, `05` is 2105.
+        let in_2099 = SystemTime::UNIX_EPOCH + secs(4_070_908_800); // 2099-01-01
+        let in_2105 = SystemTime::UNIX_EPOCH + secs(4_260_211_200); // 2105-01-01, Thursday
+        assert_eq!(
+            delay(b"Thursday, 01-Jan-05 00:00:00 GMT", in_2099),
+            in_2105.duration_since(in_2099).ok()
+        );
+        // A weekday that does not match the year picked is refused, as for any date.
+        assert_eq!(delay(b"Thursday, 01-Jan-70 00:00:10 GMT", in_2070), None);
+        // A wall clock an HTTP-date cannot hold leaves the parser's own reading.
+        let before_1970 = SystemTime::UNIX_EPOCH - secs(86_400);
+        assert_eq!(
+            delay(b"Thursday, 01-Jan-70 00:00:10 GMT", before_1970),
+            Some(secs(86_410))
+        );
     }
 
     #[test]
