@@ -1519,6 +1519,64 @@ fn sends_dropped_mid_flight_count_toward_nothing_but_a_policy_limit_counts() {
     w.assert_contract();
 }
 
+/// `distrust_connection` is the loop's answer to its own time limit cutting a send
+/// only: a redial after `NotSent` goes back to the transport as it is, and a
+/// `TimedOut` the transport reports of its own (its read timeout, say) has already
+/// ended that connection's use as the transport saw fit.
+#[test]
+fn neither_a_redial_nor_the_transports_own_timeout_distrusts_the_connection() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::fail(TransportErrorKind::NotSent, "pooled connection closed"),
+        Reply::ok(),
+    ]);
+    let client = w.client();
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (w.transport.request_count(), w.transport.distrusted()),
+        (2, 0)
+    );
+
+    let w = World::new();
+    w.transport.push_many([
+        Reply::fail(TransportErrorKind::TimedOut, "read timed out"),
+        Reply::ok(),
+    ]);
+    let client = w.client();
+    w.rt.block_on(client.execute(|h| h.get("/x")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (w.transport.request_count(), w.transport.distrusted()),
+        (2, 0)
+    );
+    w.assert_contract();
+}
+
+/// `retry_after()` is the last send's: a transport failure after a 503 that asked
+/// for a delay carries none (the 503 stays reachable through `last_failure`).
+#[test]
+fn retry_after_is_the_last_sends_not_an_earlier_ones() {
+    let w = World::new();
+    w.transport.push_many([
+        Reply::status(503).header("retry-after-ms", "20"),
+        Reply::fail(TransportErrorKind::Connect, "connection refused"),
+    ]);
+    let client = w.client();
+    let policy = CallPolicy::bounded(RetryPolicy::new(1, ms(10), secs(5)).unwrap());
+    let err =
+        w.rt.block_on(client.execute_with(&policy, |h| h.get("/x")))
+            .unwrap()
+            .unwrap_err();
+    assert_eq!(
+        (err.kind(), err.attempts()),
+        (ErrorKind::Transport(TransportErrorKind::Connect), 2)
+    );
+    assert_eq!(err.retry_after(), None);
+}
+
 #[test]
 fn an_error_body_that_stalls_is_cut_by_the_time_limit_and_keeps_the_status() {
     let w = World::new();

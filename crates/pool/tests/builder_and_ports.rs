@@ -414,8 +414,10 @@ fn auth_keeps_the_settings_made_before_it() {
             .header("x-request-id", "other"),
         Reply::ok().header("x-request-id", "other"),
         Reply::ok().header("cf-ray", HeaderValue::from_bytes(b"r\xe9").unwrap()),
+        // Valid UTF-8 (`r-é`), but not visible ASCII.
+        Reply::ok().header("cf-ray", HeaderValue::from_bytes("r-é".as_bytes()).unwrap()),
     ]);
-    let ids: Vec<_> = (0..3)
+    let ids: Vec<_> = (0..4)
         .map(|_| {
             let response =
                 w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/x")))
@@ -424,7 +426,12 @@ fn auth_keeps_the_settings_made_before_it() {
             client.request_id(&response).map(str::to_owned)
         })
         .collect();
-    assert_eq!(ids, [Some("ray-2".to_owned()), None, None]);
+    assert_eq!(ids, [Some("ray-2".to_owned()), None, None, None]);
+    // An error's request id follows the same rule.
+    w.transport.push(
+        Reply::status(404).header("cf-ray", HeaderValue::from_bytes("r-é".as_bytes()).unwrap()),
+    );
+    assert_eq!(w.background_error(&client).request_id(), None);
 }
 
 #[test]
