@@ -47,8 +47,9 @@ use vantage_api_pool::classify::BreakerEffect;
 use vantage_api_pool::concurrency::Limiter;
 use vantage_api_pool::rate::{RateLimit, TokenBucket};
 use vantage_api_pool::{
-    BreakerState, CallPolicy, Instant, PreparedRequest, ResilientClient, Runtime, TokenSource,
-    Transport, TransportError, TransportResponse,
+    BreakerState, CallPolicy, EventKind, Instant, PreparedRequest, ResilientClient, Runtime,
+    TokenFetchOutcome, TokenFetchReason, TokenSource, Transport, TransportError, TransportEvent,
+    TransportObserver, TransportResponse,
 };
 
 // ------------------------------------------------------------------------------------
@@ -978,6 +979,22 @@ impl Drop for Running {
     }
 }
 
+/// Each token fetch that ended: why it ran, and whether it brought a token.
+#[derive(Default)]
+struct FetchEnds(std::sync::Mutex<Vec<(TokenFetchReason, bool)>>);
+
+impl TransportObserver for FetchEnds {
+    fn on_event(&self, _api: &str, event: &TransportEvent) {
+        if let EventKind::TokenFetchEnded {
+            reason, outcome, ..
+        } = &event.kind
+        {
+            let fetched = matches!(outcome, TokenFetchOutcome::Fetched { .. });
+            self.0.lock().unwrap().push((*reason, fetched));
+        }
+    }
+}
+
 /// A token source that takes two yields to fetch and hands out `t<n>` for the n-th
 /// fetch to complete; with its flag set, every fetch after the first fails.
 struct ModelSource(Arc<FetchStats>, bool);
@@ -1037,11 +1054,14 @@ fn run_callers_with(
         reject_first,
         sends: AtomicUsize::new(0),
     };
+    let fetch_ends = Arc::new(FetchEnds::default());
     let client = ResilientClient::builder(transport, ModelRuntime)
         .max_parallel(2)
         .auth(source)
+        .observer("model", fetch_ends.clone())
         .build()
         .unwrap();
+    let fetch_ends = &fetch_ends.0;
     block_on(async {
         let calls: Vec<_> = (0..callers)
             .map(|_| {
@@ -1085,9 +1105,20 @@ fn run_callers_with(
         }
         if let Some(refresher) = refresher {
             let result = refresher.await.expect("the refresh is not aborted");
-            // Its own fetch fails only as a refresh after the first; one that
-            // joined or made the first fetch succeeds.
-            assert!(result.is_ok() || fail_refreshes, "refresh: {result:?}");
+            // A fetch of its own (`Requested`: no other caller asks for one) that
+            // failed fails it, as no other token can land once the first has; a
+            // fetch it joined (the first, or a 401's) decides it as well.
+            let ran_and_failed = fetch_ends
+                .lock()
+                .unwrap()
+                .contains(&(TokenFetchReason::Requested, false));
+            match result {
+                Ok(()) => assert!(!ran_and_failed, "its own fetch failed, yet Ok"),
+                Err(e) => assert!(
+                    fail_refreshes && e.contains("identity provider down"),
+                    "refresh: {e}"
+                ),
+            }
         }
     });
     assert_eq!(stats.running.load(SeqCst), 0);

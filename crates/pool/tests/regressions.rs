@@ -238,13 +238,19 @@ fn cancelled_is_reported_after_the_permit_is_back() {
     watcher.client.lock().unwrap().take();
 }
 
-/// An observer that takes its time on `Started` (it moves the virtual clock).
-struct SlowOnStart(vantage_api_pool_testkit::VirtualRuntime);
+/// An observer that takes its time on `Started` (it moves the virtual clock), and
+/// keeps the `ms` of each `Succeeded`.
+struct SlowOnStart(
+    vantage_api_pool_testkit::VirtualRuntime,
+    std::sync::Mutex<Vec<u64>>,
+);
 
 impl vantage_api_pool::TransportObserver for SlowOnStart {
     fn on_event(&self, _api: &str, event: &vantage_api_pool::TransportEvent) {
-        if matches!(event.kind, EventKind::Started { .. }) {
-            self.0.advance(secs(5));
+        match event.kind {
+            EventKind::Started { .. } => self.0.advance(secs(5)),
+            EventKind::Succeeded { ms, .. } => self.1.lock().unwrap().push(ms),
+            _ => {}
         }
     }
 }
@@ -253,8 +259,9 @@ impl vantage_api_pool::TransportObserver for SlowOnStart {
 fn a_slow_started_callback_counts_neither_into_ms_nor_into_the_time_limit() {
     let w = World::new();
     w.transport.push(Reply::ok().after(ms(100)));
+    let slow = std::sync::Arc::new(SlowOnStart(w.rt.clone(), Default::default()));
     let client = vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
-        .observer("api", std::sync::Arc::new(SlowOnStart(w.rt.clone())))
+        .observer("api", slow.clone())
         .build()
         .unwrap();
     let policy = CallPolicy::background()
@@ -269,6 +276,11 @@ fn a_slow_started_callback_counts_neither_into_ms_nor_into_the_time_limit() {
     );
     assert_eq!(w.sent_at(), [secs(5)]);
     assert_eq!(w.now(), secs(5) + ms(100));
+    assert_eq!(
+        *slow.1.lock().unwrap(),
+        [100],
+        "the callback's 5 s are not in `ms`"
+    );
 }
 
 /// One attempt of at most 1 s, within a 2 s budget.

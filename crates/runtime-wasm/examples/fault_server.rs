@@ -24,6 +24,7 @@
 //! | `GET /count?path=<path>` | how many requests (not preflights) `<path>` received |
 //! | `GET /closed?path=<path>` | how many of `<path>`'s stalled answers above the client closed (or reset) the connection of |
 //! | `GET /preflights?path=<path>` | how many `OPTIONS` preflights `<path>` received |
+//! | `GET /closed-port` | a port on 127.0.0.1 that nothing listens on: the server bound it at its start and closed it at once (not counted) |
 //! | anything else | `200 ok` |
 //!
 //! Every answer carries `Access-Control-Allow-Origin: *`,
@@ -35,7 +36,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 const EXPOSED: &str = "retry-after, retry-after-ms, x-request-id";
@@ -59,10 +60,20 @@ const STALLING: [&str; 4] = [
 
 type Shared = Arc<Mutex<Counts>>;
 
+/// A port the server bound and closed at its start, for a test of a refused
+/// connection (an ephemeral port: nothing else is likely to take it meanwhile).
+static CLOSED_PORT: OnceLock<u16> = OnceLock::new();
+
 fn main() {
     let max_seconds = parse_max_seconds();
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     let addr = listener.local_addr().expect("local address");
+    // Bound, then closed at the end of the statement.
+    let closed_port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|closed| closed.local_addr())
+        .expect("bind a second port")
+        .port();
+    CLOSED_PORT.get_or_init(|| closed_port);
     println!("listening on {addr}");
     std::io::stdout().flush().expect("flush stdout");
 
@@ -234,6 +245,10 @@ fn answer(
         "/closed" => {
             let n = counts.closed.get(&query_path).copied().unwrap_or(0);
             return response("200 OK", &[], &n.to_string());
+        }
+        "/closed-port" => {
+            let port = CLOSED_PORT.get().copied().unwrap_or(0);
+            return response("200 OK", &[], &port.to_string());
         }
         _ => {}
     }

@@ -83,7 +83,8 @@ fn builder(observer: &RecordingObserver) -> ClientBuilder<ReqwestTransport, Wasm
     .observer("fault-server", Arc::new(observer.clone()))
 }
 
-/// What the fault server counted for `path` at `/count` or `/preflights`.
+/// What the fault server counted for `path` at `/count`, `/preflights` or `/closed`
+/// (or, at `/closed-port`, the port it closed).
 async fn counted(what: &str, path: &str) -> u64 {
     let url = format!("{}/{what}?path={}", server(), path.replace('/', "%2F"));
     let text = reqwest::Client::new()
@@ -247,17 +248,17 @@ async fn a_404_is_final_after_one_attempt_with_its_body() {
 async fn a_refused_connection_is_interrupted_because_fetch_cannot_tell() {
     // Fetch reports a refused connection, a DNS failure, a reset and a CORS refusal
     // as the same TypeError: the adapter cannot say `Connect`, so it says
-    // `Interrupted` (retried only for idempotent calls). Port 9 (discard): nothing
-    // listens there; Node's fetch is refused, and Chromium blocks the port as unsafe
-    // before connecting, which fetch reports with the same TypeError.
+    // `Interrupted` (retried only for idempotent calls). The fault server hands out
+    // a port of 127.0.0.1 it bound and closed, so nothing listens there.
+    let port = counted("closed-port", "").await;
+    assert_ne!(port, 0, "the fault server names a closed port");
+    let url = format!("http://127.0.0.1:{port}/nothing-listens-here");
     let observer = RecordingObserver::new();
     let client = client(&observer);
     let err = client
-        .execute_with(&CallPolicy::background(), |http| {
-            http.get("http://127.0.0.1:9/nothing-listens-here")
-        })
+        .execute_with(&CallPolicy::background(), |http| http.get(&url))
         .await
-        .expect_err("nothing listens on port 9");
+        .expect_err("nothing listens on that port");
     assert_eq!(
         err.kind(),
         ErrorKind::Transport(TransportErrorKind::Interrupted),
