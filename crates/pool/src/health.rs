@@ -1163,17 +1163,11 @@ mod tests {
     #[test]
     fn a_replaced_error_is_dropped_after_the_lock() {
         for per_label in [false, true] {
-            let h = HealthObserver::new(Duration::from_secs(60));
-            let h = Arc::new(if per_label { h.per_label() } else { h });
-            let (dropped, dropped_under_a_lock) = errors_fed_to(&h);
-            let (dropped, dropped_under_a_lock) = (
-                dropped.load(std::sync::atomic::Ordering::SeqCst),
-                dropped_under_a_lock.load(std::sync::atomic::Ordering::SeqCst),
-            );
+            let (h, dropped) = fed_errors(per_label);
             // The first three errors (kept per API and per label, the first also
             // as the last send error) are replaced by the next three; the last
             // holder of each is the API's map, or the label's.
-            assert_eq!((dropped, dropped_under_a_lock), (3, 0), "{per_label}");
+            assert_eq!(dropped(), (3, 0), "{per_label}");
             let a = h.snapshot("a").unwrap();
             assert_eq!((a.sends_in_window, a.refused_in_window), (2, 2));
         }
@@ -1183,53 +1177,35 @@ mod tests {
     /// API and per label.
     #[test]
     fn a_forgotten_apis_errors_are_dropped_after_the_lock() {
-        use std::sync::atomic::Ordering;
         for per_label in [false, true] {
-            let h = HealthObserver::new(Duration::from_secs(60));
-            let h = Arc::new(if per_label { h.per_label() } else { h });
-            let (dropped, dropped_under_a_lock) = errors_fed_to(&h);
-            assert_eq!(dropped.load(Ordering::SeqCst), 3, "{per_label}");
+            let (h, dropped) = fed_errors(per_label);
+            assert_eq!(dropped(), (3, 0), "{per_label}");
             assert!(h.forget("a"));
             // All six errors are gone now, none dropped under a lock.
-            let counts = (
-                dropped.load(Ordering::SeqCst),
-                dropped_under_a_lock.load(Ordering::SeqCst),
-            );
-            assert_eq!(counts, (6, 0), "{per_label}");
+            assert_eq!(dropped(), (6, 0), "{per_label}");
         }
+    }
+
+    /// An observer (keeping figures per label or not) fed by [`errors_fed_to`], and
+    /// a reading of its counts: errors dropped, and dropped under a lock.
+    fn fed_errors(per_label: bool) -> (Arc<HealthObserver>, impl Fn() -> (usize, usize)) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let h = HealthObserver::new(Duration::from_secs(60));
+        let h = Arc::new(if per_label { h.per_label() } else { h });
+        let (dropped, under_a_lock) = errors_fed_to(&h);
+        (h, move || (dropped.load(SeqCst), under_a_lock.load(SeqCst)))
     }
 
     #[test]
     fn forget_drops_an_api_and_its_labels_and_an_event_after_it_lists_the_api_anew() {
         let h = HealthObserver::new(Duration::from_secs(60)).per_label();
-        let started = |ms| {
-            ev(
-                ms,
-                EventKind::Started {
-                    send: 1,
-                    attempt: 1,
-                },
-            )
-            .with_label(Some("orders.get"))
-        };
-        let succeeded = |ms| {
-            ev(
-                ms,
-                EventKind::Succeeded {
-                    send: 1,
-                    attempt: 1,
-                    status: StatusCode::OK,
-                    ms: 40,
-                    bytes: None,
-                },
-            )
-            .with_label(Some("orders.get"))
-        };
-        h.on_event("a", &started(0));
-        h.on_event("a", &succeeded(40));
-        h.on_event("b", &started(0));
-        h.on_event("b", &succeeded(40));
-        h.on_event("a", &started(1_000));
+        let start_at = |at_ms| ev(at_ms, started()).with_label(Some("orders.get"));
+        let answer_at = |at_ms| ev(at_ms, ok(40, StatusCode::OK)).with_label(Some("orders.get"));
+        h.on_event("a", &start_at(0));
+        h.on_event("a", &answer_at(40));
+        h.on_event("b", &start_at(0));
+        h.on_event("b", &answer_at(40));
+        h.on_event("a", &start_at(1_000));
         assert!(h.forget("a"));
         assert!(!h.forget("a"), "forgotten already");
         assert!(!h.forget("c"), "never listed");
@@ -1240,7 +1216,7 @@ mod tests {
         assert_eq!(h.label_snapshots("b").len(), 1, "b's labels are kept");
         // The send in flight at the forget ends: the API is listed anew, with that
         // send counted and nothing in flight.
-        h.on_event("a", &succeeded(1_040));
+        h.on_event("a", &answer_at(1_040));
         let a = h.snapshot("a").unwrap();
         assert_eq!(
             (a.sends_in_window, a.in_flight, a.updated_at),

@@ -1525,34 +1525,21 @@ fn sends_dropped_mid_flight_count_toward_nothing_but_a_policy_limit_counts() {
 /// ended that connection's use as the transport saw fit.
 #[test]
 fn neither_a_redial_nor_the_transports_own_timeout_distrusts_the_connection() {
-    let w = World::new();
-    w.transport.push_many([
-        Reply::fail(TransportErrorKind::NotSent, "pooled connection closed"),
-        Reply::ok(),
-    ]);
-    let client = w.client();
-    w.rt.block_on(client.execute(|h| h.get("/x")))
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (w.transport.request_count(), w.transport.distrusted()),
-        (2, 0)
-    );
-
-    let w = World::new();
-    w.transport.push_many([
-        Reply::fail(TransportErrorKind::TimedOut, "read timed out"),
-        Reply::ok(),
-    ]);
-    let client = w.client();
-    w.rt.block_on(client.execute(|h| h.get("/x")))
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (w.transport.request_count(), w.transport.distrusted()),
-        (2, 0)
-    );
-    w.assert_contract();
+    for (kind, message) in [
+        (TransportErrorKind::NotSent, "pooled connection closed"),
+        (TransportErrorKind::TimedOut, "read timed out"),
+    ] {
+        let w = World::new();
+        w.transport
+            .push_many([Reply::fail(kind, message), Reply::ok()]);
+        let client = w.client();
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+        let sent = (w.transport.request_count(), w.transport.distrusted());
+        assert_eq!(sent, (2, 0), "{kind:?}");
+        w.assert_contract();
+    }
 }
 
 /// `retry_after()` is the last send's: a transport failure after a 503 that asked
