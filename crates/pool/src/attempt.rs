@@ -34,7 +34,7 @@ use crate::rate::TokenBucket;
 use crate::runtime::{Elapsed, Runtime, timeout_at};
 use crate::server_delay::server_delay;
 use crate::sync::WakeOnDrop;
-use crate::time::{Instant, millis};
+use crate::time::{Instant, millis, millis_between};
 use crate::transport::{
     PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse, read_body,
 };
@@ -178,6 +178,7 @@ pub(crate) struct Call<'c, T, R: Runtime, A, P: Borrow<CallPolicy>> {
 /// Whether a response with this status goes to the caller (1xx, 2xx, 3xx); any
 /// other status is an error response, unless the policy takes it as an answer. Only the status is read, so the call's state
 /// never holds a borrowed head and the response is not moved to be sorted.
+#[inline]
 fn for_caller(status: http::StatusCode) -> bool {
     status.is_success() || status.is_informational() || status.is_redirection()
 }
@@ -268,21 +269,32 @@ struct InFlight<'a, T, R: Runtime, A> {
 }
 
 impl<T, R: Runtime, A> InFlight<'_, T, R, A> {
-    /// Reports the send's terminal event at `at`, then the breaker's `transition` it
+    /// Reports the send's terminal event (built by `kind`, only for an observer that
+    /// listens, straight into the event) at `at`, then the breaker's `transition` it
     /// caused (told even if the observer panics on the terminal event); the guard
     /// then reports nothing on drop.
     #[inline(always)]
-    fn finish(mut self, at: Instant, kind: EventKind, transition: Option<Transition>) {
-        self.send = 0;
-        let events = &self.client.events;
+    fn finish(
+        mut self,
+        at: Instant,
+        kind: impl FnOnce() -> EventKind,
+        transition: Option<Transition>,
+    ) {
+        // Disarmed by taking it apart: what it still holds goes back once the events
+        // are told (or as a panic of the observer's unwinds), as when the guard was
+        // dropped here, and the send pays no call to its drop glue.
+        let held = (self.permit.take(), self.probe.take());
+        let (events, call) = (&self.client.events, self.call);
+        std::mem::forget(self);
         match transition {
-            None => events.emit(|| at, Some(self.call), || kind),
+            None => events.emit(|| at, Some(call), kind),
             Some(t) => {
-                let transition = Told::later(events, self.call, at, || told(t));
-                events.emit(|| at, Some(self.call), || kind);
+                let transition = Told::later(events, call, at, || told(t));
+                events.emit(|| at, Some(call), kind);
                 drop(transition);
             }
         }
+        drop(held);
     }
 
     /// Takes the guard off: the send never left, and its permit and probe slot go
@@ -334,12 +346,13 @@ impl<T, R: Runtime, A, P: Borrow<CallPolicy>> Call<'_, T, R, A, P> {
         std::mem::take(&mut self.gate_reached) && self.client.events.is_listening()
     }
 
-    /// Tells the observer the call ended at `at` with `outcome`. Not inlined: the
-    /// loop pays a call for it, not its body.
+    /// Tells the observer the call ended at `at` with `outcome` (called once
+    /// [`end_owed`](Self::end_owed) said one listens). Not inlined: the loop pays a
+    /// call for it, not its body.
     #[inline(never)]
     fn report_end(&self, at: Instant, outcome: CallOutcome) {
         let tag = self.tag();
-        self.client.events.end(|| CallEnd {
+        self.client.events.end(&CallEnd {
             call: tag.id,
             label: tag.label,
             began: self.began,
@@ -952,250 +965,276 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
 
     /// The call: its sends, its end reported as it returns (a drop before that
     /// reports its own). Each return reports in place, so the response is moved
-    /// no more than before.
-    pub(crate) async fn run<F, E>(
+    /// no more than before. An `async` block rather than an `async fn`: an
+    /// `async fn` moves its arguments into its body's locals as it starts, a copy of
+    /// the call's state on every call, which then sits twice in its future.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn run<F, E>(
         mut self,
         mut build: F,
         ending: E,
-    ) -> Result<E::Output, ClientError>
+    ) -> impl Future<Output = Result<E::Output, ClientError>>
     where
         F: FnMut(&T::Handle) -> T::Draft,
         E: Ending<T::Response>,
     {
-        let client = self.client;
-        loop {
-            // ---- wait_for_gate.
-            let Ticket {
-                mut probe,
-                mut now,
-                mut yielded,
-            } = match self.wait_for_gate().await {
-                Ok(ticket) => ticket,
-                Err(error) => return Err(self.refuse(error)),
-            };
-            // The gate's last step, the auth token, here rather than in the gate's
-            // own future, so the token is never moved out of it. A token at hand
-            // takes no wait: the gate's reading still stands, and the call gave way
-            // to nobody. A fetch counts as giving way even when its future was
-            // ready at once.
-            let token = if !client.auth.is_configured() {
-                None
-            } else if let Some(token) = self.token_at_hand(now) {
-                Some(token)
-            } else {
-                // `auth_token` would look for a token at hand again first.
-                match Box::pin(self.fetch_token(None)).await {
-                    Ok(token) => {
-                        now = self.now();
-                        yielded = true;
-                        token
+        async move {
+            // Named first, so captured (and dropped) first, before the call's state,
+            // whose drop reports a dropped call's end: the order an `async fn` drops
+            // its arguments in.
+            let _ = (&ending, &build);
+            let client = self.client;
+            loop {
+                // ---- wait_for_gate.
+                let Ticket {
+                    mut probe,
+                    mut now,
+                    mut yielded,
+                } = match self.wait_for_gate().await {
+                    Ok(ticket) => ticket,
+                    Err(error) => return Err(self.refuse(error)),
+                };
+                // The gate's last step, the auth token, here rather than in the gate's
+                // own future, so the token is never moved out of it. A token at hand
+                // takes no wait: the gate's reading still stands, and the call gave way
+                // to nobody. A fetch counts as giving way even when its future was
+                // ready at once.
+                let token = if !client.auth.is_configured() {
+                    None
+                } else if let Some(token) = self.token_at_hand(now) {
+                    Some(token)
+                } else {
+                    // `auth_token` would look for a token at hand again first.
+                    match Box::pin(self.fetch_token(None)).await {
+                        Ok(token) => {
+                            now = self.now();
+                            yielded = true;
+                            token
+                        }
+                        Err(error) => {
+                            drop(probe);
+                            return Err(self.refuse(error));
+                        }
                     }
-                    Err(error) => {
-                        drop(probe);
-                        return Err(self.refuse(error));
-                    }
+                };
+
+                // The gate asked the breaker before its admission and auth waits; after
+                // them it is asked again, before a request is built. Turned back, the
+                // call goes back through the whole gate.
+                if yielded && !self.still_allowed(&mut probe, now) {
+                    continue;
                 }
-            };
 
-            // The gate asked the breaker before its admission and auth waits; after
-            // them it is asked again, before a request is built. Turned back, the
-            // call goes back through the whole gate.
-            if yielded && !self.still_allowed(&mut probe, now) {
-                continue;
-            }
-
-            // ---- prepare a fresh request (a sync helper, so the request never sits
-            // in the call's state). A draft that cannot be prepared fails here, at
-            // once, holding no permit.
-            let (mut request, idempotent) = match self.prepare(&mut build, token) {
-                Ok(prepared) => prepared,
-                Err(error) => {
+                // ---- prepare a fresh request. A draft that cannot be prepared fails
+                // here, at once, holding no permit. The transport's result is matched in
+                // the loop, so the request moves out of it once (a helper's `Result`
+                // around it was one more copy of it), and it is borrowed (decorated) only
+                // inside this block: a local of the loop's that is ever borrowed is kept
+                // in the call's future across its waits.
+                let draft = build(client.transport.handle());
+                let idempotent;
+                let mut request = {
+                    let mut prepared = client.transport.prepare(draft);
+                    idempotent = match &mut prepared {
+                        Ok(request) => self.decorate(request, token),
+                        Err(error) => {
+                            drop(probe);
+                            let error = self.unprepared(error);
+                            return Err(self.refuse(error));
+                        }
+                    };
+                    match prepared {
+                        Ok(request) => request,
+                        // Returned above; moving the error out here instead (to return it
+                        // from this arm) would make the call's future 104 bytes larger.
+                        Err(_) => unreachable!("an unprepared draft returned above"),
+                    }
+                };
+                // The token is looked at again once the request closure and `prepare`
+                // have run (they may take time, and other calls go on meanwhile): one
+                // that expired, or that another call's 401 rejected, never goes out,
+                // and the call goes back through the gate for a valid one. A token
+                // without a lifetime costs no clock reading here, and the rejection
+                // check no lock.
+                if self.token.is_some_and(|held| {
+                    (held.has_lifetime() && held.expired(self.now())) || self.rejected(held)
+                }) {
                     drop(probe);
-                    return Err(self.refuse(error));
+                    continue;
                 }
-            };
-            // The token is looked at again once the request closure and `prepare`
-            // have run (they may take time, and other calls go on meanwhile): one
-            // that expired, or that another call's 401 rejected, never goes out,
-            // and the call goes back through the gate for a valid one. A token
-            // without a lifetime costs no clock reading here, and the rejection
-            // check no lock.
-            if self.token.is_some_and(|held| {
-                (held.has_lifetime() && held.expired(self.now())) || self.rejected(held)
-            }) {
-                drop(probe);
-                continue;
-            }
 
-            // ---- send_once: the permit (its wait counts toward the budget), then
-            // the rate token, holding the permit, then Started, the send under its
-            // time limit, and the permit back at the head. The token is the last
-            // thing a send waits for, so the sends that start in any window obey the
-            // bucket (a token taken before a permit wait would let every caller that
-            // queued meanwhile leave at once when permits free). A send that has to
-            // wait for either does so in one boxed wait that holds the request, and
-            // asks the breaker again after each wait; turned back, it goes back
-            // through the whole gate. A rate token taken for a pass the breaker then
-            // turns back is not refunded (a held token would let sends bunch up when
-            // the breaker closes, the moment the API is most fragile).
-            let permit = match client.limiter.try_acquire() {
-                Some(permit) if self.rate_token_now(now) => permit,
-                held => match Box::pin(self.wait_to_send(held, request, now, &mut probe)).await {
-                    Ok(Some((permit, waited, held, after))) => {
-                        request = waited;
-                        now = after;
-                        self.token = held;
-                        permit
-                    }
-                    Ok(None) => continue,
-                    Err(error) => {
-                        drop(probe);
-                        return Err(self.refuse(error));
-                    }
-                },
-            };
-            if !self.redialing {
-                self.attempt = self.attempt.saturating_add(1);
-            }
-            self.send = self.send.saturating_add(1);
-            let (send, attempt) = (self.send, self.attempt);
-            // `Started` carries the gate's reading (or the one after a permit or rate
-            // wait); the send's own clock starts after the
-            // callback, so a slow observer counts neither into `ms` nor into the limit.
-            // The guard first: if the observer panics on `Started`, its drop reports
-            // `Cancelled` as the panic unwinds.
-            let mut guard = InFlight {
-                client,
-                call: self.tag(),
-                send,
-                attempt,
-                permit: Some(permit),
-                probe,
-                started: now,
-            };
-            self.last_at = now;
-            self.emit_at(now, || EventKind::Started { send, attempt });
-            let started = self.now();
-            // A permit or token wait, the request closure or the `Started` callback
-            // used up the rest of the budget: a send with no time left could still
-            // reach the server before its timer fires, so nothing goes out.
-            if self.past_budget(started) {
-                guard.disarm();
-                return Err(self.no_time_left(send, attempt, started));
-            }
-            // Never zero: the deadline lies ahead, and a policy's limit is never zero.
-            let limit = match self.budget_end() {
-                Some(deadline) => deadline
-                    .saturating_duration_since(started)
-                    .min(self.policy().attempt_timeout()),
-                None => self.policy().attempt_timeout(),
-            };
-            let send_deadline = started.saturating_add(limit);
-            let head = timeout_at(
-                &client.runtime,
-                send_deadline,
-                client.transport.send(request),
-            )
-            .await;
-            drop(guard.permit.take());
-            // `ms` runs from just before the send to the response head.
-            let head_at = self.now();
-            let ms = millis(head_at.saturating_duration_since(started));
-            let sent = match head {
-                Ok(Ok(response))
-                    if for_caller(response.status())
-                        || self.policy().is_answer_status(response.status()) =>
-                {
-                    self.reached = true;
-                    let Some(limit) = ending.body_limit() else {
-                        // ---- record a response for the caller: tell the breaker,
-                        // free the probe slot, report Succeeded and any transition.
-                        let bytes = response.content_length();
-                        let status = response.status();
-                        self.succeeded(guard, status, head_at, ms, bytes);
-                        self.end_succeeded(head_at, status);
-                        return Ok(E::output(response, Bytes::new()));
-                    };
-                    // ---- or read its body first, inside the send's time limit: a
-                    // body that breaks or stalls is a failed send like any other.
-                    // Boxed: only calls that read pay for this state.
-                    let (response, read) =
-                        Box::pin(read_whole(&client.runtime, send_deadline, response, limit)).await;
-                    let after_head = |response: &T::Response| AfterHead {
-                        request_id: client.request_id_in(response.headers()).map(Arc::from),
-                    };
-                    match read {
-                        Ok(Ok(body)) => {
-                            let done = self.now();
-                            let ms = millis(done.saturating_duration_since(started));
-                            let bytes = u64::try_from(body.len()).ok();
+                // ---- send_once: the permit (its wait counts toward the budget), then
+                // the rate token, holding the permit, then Started, the send under its
+                // time limit, and the permit back at the head. The token is the last
+                // thing a send waits for, so the sends that start in any window obey the
+                // bucket (a token taken before a permit wait would let every caller that
+                // queued meanwhile leave at once when permits free). A send that has to
+                // wait for either does so in one boxed wait that holds the request, and
+                // asks the breaker again after each wait; turned back, it goes back
+                // through the whole gate. A rate token taken for a pass the breaker then
+                // turns back is not refunded (a held token would let sends bunch up when
+                // the breaker closes, the moment the API is most fragile).
+                let permit = match client.limiter.try_acquire() {
+                    Some(permit) if self.rate_token_now(now) => permit,
+                    held => match Box::pin(self.wait_to_send(held, request, now, &mut probe)).await
+                    {
+                        Ok(Some((permit, waited, held, after))) => {
+                            request = waited;
+                            now = after;
+                            self.token = held;
+                            permit
+                        }
+                        Ok(None) => continue,
+                        Err(error) => {
+                            drop(probe);
+                            return Err(self.refuse(error));
+                        }
+                    },
+                };
+                if !self.redialing {
+                    self.attempt = self.attempt.saturating_add(1);
+                }
+                self.send = self.send.saturating_add(1);
+                let (send, attempt) = (self.send, self.attempt);
+                // `Started` carries the gate's reading (or the one after a permit or rate
+                // wait); the send's own clock starts after the
+                // callback, so a slow observer counts neither into `ms` nor into the limit.
+                // The guard first: if the observer panics on `Started`, its drop reports
+                // `Cancelled` as the panic unwinds.
+                let mut guard = InFlight {
+                    client,
+                    call: self.tag(),
+                    send,
+                    attempt,
+                    permit: Some(permit),
+                    probe,
+                    started: now,
+                };
+                self.last_at = now;
+                self.emit_at(now, || EventKind::Started { send, attempt });
+                let started = self.now();
+                // A permit or token wait, the request closure or the `Started` callback
+                // used up the rest of the budget: a send with no time left could still
+                // reach the server before its timer fires, so nothing goes out.
+                if self.past_budget(started) {
+                    guard.disarm();
+                    return Err(self.no_time_left(send, attempt, started));
+                }
+                // The attempt timeout from `started`, or the budget's end if that comes
+                // first (without a budget, the far future, which comes first only when
+                // the timeout saturates to it too). Never `started`: the deadline lies
+                // ahead, and a policy's limit is never zero. Compared as instants, not
+                // as durations (each a division and a multiplication per send).
+                let send_deadline = started
+                    .saturating_add(self.policy().attempt_timeout())
+                    .min(self.deadline);
+                let head = timeout_at(
+                    &client.runtime,
+                    send_deadline,
+                    client.transport.send(request),
+                )
+                .await;
+                drop(guard.permit.take());
+                // `ms` runs from just before the send to the response head.
+                let head_at = self.now();
+                let ms = millis_between(head_at, started);
+                let sent = match head {
+                    Ok(Ok(response))
+                        if for_caller(response.status())
+                            || self.policy().is_answer_status(response.status()) =>
+                    {
+                        self.reached = true;
+                        let Some(limit) = ending.body_limit() else {
+                            // ---- record a response for the caller: tell the breaker,
+                            // free the probe slot, report Succeeded and any transition.
+                            let bytes = response.content_length();
                             let status = response.status();
-                            self.succeeded(guard, status, done, ms, bytes);
-                            self.end_succeeded(done, status);
-                            return Ok(E::output(response, body));
-                        }
-                        Ok(Err(error)) => Sent::Failed {
-                            error: judged_after_head(error),
-                            limit: None,
-                            cut_by_budget: false,
-                            in_body: Some(after_head(&response)),
-                        },
-                        Err(_elapsed) => {
-                            self.cut(send_deadline, started, Some(after_head(&response)))
+                            self.succeeded(guard, status, head_at, ms, bytes);
+                            self.end_succeeded(head_at, status);
+                            return Ok(E::output(response, Bytes::new()));
+                        };
+                        // ---- or read its body first, inside the send's time limit: a
+                        // body that breaks or stalls is a failed send like any other.
+                        // Boxed: only calls that read pay for this state.
+                        let (response, read) =
+                            Box::pin(read_whole(&client.runtime, send_deadline, response, limit))
+                                .await;
+                        let after_head = |response: &T::Response| AfterHead {
+                            request_id: client.request_id_in(response.headers()).map(Arc::from),
+                        };
+                        match read {
+                            Ok(Ok(body)) => {
+                                let done = self.now();
+                                let ms = millis(done.saturating_duration_since(started));
+                                let bytes = u64::try_from(body.len()).ok();
+                                let status = response.status();
+                                self.succeeded(guard, status, done, ms, bytes);
+                                self.end_succeeded(done, status);
+                                return Ok(E::output(response, body));
+                            }
+                            Ok(Err(error)) => Sent::Failed {
+                                error: judged_after_head(error),
+                                limit: None,
+                                cut_by_budget: false,
+                                in_body: Some(after_head(&response)),
+                            },
+                            Err(_elapsed) => {
+                                self.cut(send_deadline, started, Some(after_head(&response)))
+                            }
                         }
                     }
-                }
-                Ok(Ok(response)) => {
-                    // Read off by a sync helper, so no borrowed head sits in the
-                    // call's state during the body read.
-                    let (response, head) = self.error_head(response);
-                    // Boxed: only error responses pay for this state.
-                    let body = Box::pin(read_error_body(
-                        &client.transport,
-                        &client.runtime,
-                        send_deadline,
-                        response,
-                    ))
-                    .await;
-                    Sent::ErrorStatus { head, body }
-                }
-                Ok(Err(error)) => Sent::Failed {
-                    error,
-                    limit: None,
-                    cut_by_budget: false,
-                    in_body: None,
-                },
-                Err(_elapsed) => self.cut(send_deadline, started, None),
-            };
-            // A body read after the head moves the clock; otherwise reuse it. A
-            // success body that failed counts into `ms` as it would have succeeded.
-            let (ended, ms) = match sent {
-                Sent::Failed { in_body: None, .. } => (head_at, ms),
-                Sent::ErrorStatus { .. } => (self.now(), ms),
-                Sent::Failed {
-                    in_body: Some(_), ..
-                } => {
-                    let ended = self.now();
-                    (ended, millis(ended.saturating_duration_since(started)))
-                }
-            };
+                    Ok(Ok(response)) => {
+                        // Read off by a sync helper, so no borrowed head sits in the
+                        // call's state during the body read.
+                        let (response, head) = self.error_head(response);
+                        // Boxed: only error responses pay for this state.
+                        let body = Box::pin(read_error_body(
+                            &client.transport,
+                            &client.runtime,
+                            send_deadline,
+                            response,
+                        ))
+                        .await;
+                        Sent::ErrorStatus { head, body }
+                    }
+                    Ok(Err(error)) => Sent::Failed {
+                        error,
+                        limit: None,
+                        cut_by_budget: false,
+                        in_body: None,
+                    },
+                    Err(_elapsed) => self.cut(send_deadline, started, None),
+                };
+                // A body read after the head moves the clock; otherwise reuse it. A
+                // success body that failed counts into `ms` as it would have succeeded.
+                let (ended, ms) = match sent {
+                    Sent::Failed { in_body: None, .. } => (head_at, ms),
+                    Sent::ErrorStatus { .. } => (self.now(), ms),
+                    Sent::Failed {
+                        in_body: Some(_), ..
+                    } => {
+                        let ended = self.now();
+                        (ended, millis(ended.saturating_duration_since(started)))
+                    }
+                };
 
-            // ---- record, then decide (a sync helper: its error and verdict never
-            // sit in the call's state across a wait).
-            match self.record_failure(sent, guard, ended, ms, idempotent) {
-                Next::Return(error) => return Err(self.end_failed(error)),
-                Next::Replay => {
-                    let stale = self.token.map(|held| held.generation);
-                    if let Err(error) = self.auth_token(stale).await {
-                        return Err(self.refuse(error));
+                // ---- record, then decide (a sync helper: its error and verdict never
+                // sit in the call's state across a wait).
+                match self.record_failure(sent, guard, ended, ms, idempotent) {
+                    Next::Return(error) => return Err(self.end_failed(error)),
+                    Next::Replay => {
+                        let stale = self.token.map(|held| held.generation);
+                        if let Err(error) = self.auth_token(stale).await {
+                            return Err(self.refuse(error));
+                        }
+                        self.replay = Replay::Refreshed;
                     }
-                    self.replay = Replay::Refreshed;
-                }
-                Next::Redial => {}
-                Next::Retry { wake } => {
-                    client.runtime.sleep_until(wake).await;
-                    self.retries = self.retries.saturating_add(1);
-                    self.redialing = false;
+                    Next::Redial => {}
+                    Next::Retry { wake } => {
+                        client.runtime.sleep_until(wake).await;
+                        self.retries = self.retries.saturating_add(1);
+                        self.redialing = false;
+                    }
                 }
             }
         }
@@ -1212,12 +1251,18 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         ms: u64,
         bytes: Option<u64>,
     ) {
-        let effect = classify(Outcome::Status(status), &CallFacts::default()).breaker;
+        // A 2xx, the common answer, is a success to the breaker whatever the facts;
+        // anything else (an answer status of the policy's) as the rules say.
+        let effect = if status.is_success() {
+            BreakerEffect::Success
+        } else {
+            classify(Outcome::Status(status), &CallFacts::default()).breaker
+        };
         let (transition, wake) = self.tell_breaker(effect, guard.probe.take(), at);
         let (send, attempt) = (guard.send, guard.attempt);
         guard.finish(
             at,
-            EventKind::Succeeded {
+            || EventKind::Succeeded {
                 send,
                 attempt,
                 status,
@@ -1252,26 +1297,21 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         }
     }
 
-    /// Builds the draft, prepares it, and decorates it (auth token, retry count).
-    /// Returns the request and whether the call counts as idempotent.
+    /// The error of a draft the transport could not prepare.
+    #[cold]
+    fn unprepared(&self, error: &TransportError) -> ClientError {
+        ClientError::transport(
+            TransportError::new(TransportErrorKind::Config, error.message()),
+            self.attempt,
+        )
+        .with_reached(self.reached)
+    }
+
+    /// Decorates a prepared request (auth token, retry count). Returns whether the
+    /// call counts as idempotent.
     #[inline(always)]
-    fn prepare<F>(
-        &mut self,
-        build: &mut F,
-        token: Option<Token>,
-    ) -> Result<(T::Request, bool), ClientError>
-    where
-        F: FnMut(&T::Handle) -> T::Draft,
-    {
+    fn decorate(&mut self, request: &mut T::Request, token: Option<Token>) -> bool {
         let client = self.client;
-        let draft = build(client.transport.handle());
-        let mut request = client.transport.prepare(draft).map_err(|e| {
-            ClientError::transport(
-                TransportError::new(TransportErrorKind::Config, e.message()),
-                self.attempt,
-            )
-            .with_reached(self.reached)
-        })?;
         // The header is looked up only when the method and the policy leave it open;
         // `is_idempotent` alone says what a key counts for.
         let idempotent = is_idempotent(request.method(), false, self.policy().is_idempotent())
@@ -1294,7 +1334,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             request.set_header(t.name, t.value);
             held
         });
-        Ok((request, idempotent))
+        idempotent
     }
 
     /// Ends a send that found no time left before it went out (its permit and
@@ -1424,7 +1464,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         let sent = outcome != Outcome::Transport(TransportErrorKind::Config);
         guard.finish(
             ended,
-            EventKind::Failed {
+            || EventKind::Failed {
                 send,
                 attempt,
                 error: error.clone(),

@@ -368,6 +368,18 @@ impl CircuitBreaker {
             // Closed with no failures in a row: nothing to change, nothing to report.
             return (None, None);
         }
+        self.record_then_wake_locked(effect, probe, now)
+    }
+
+    /// [`record_then_wake`](Self::record_then_wake) past its lock-free look: out of
+    /// line, so the look inlines into the loop without the locked path.
+    #[inline(never)]
+    fn record_then_wake_locked(
+        &self,
+        effect: BreakerEffect,
+        probe: Option<u64>,
+        now: Instant,
+    ) -> (Option<Transition>, Option<WakeOnDrop>) {
         let mut s = self.lock();
         let transition = self.record_locked(&mut s, effect, probe, now);
         // An answer that closed it: the callers waiting out the cooldown go too (the

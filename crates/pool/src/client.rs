@@ -225,12 +225,12 @@ impl Events {
         report_from_drop(|| self.emit(at, call, kind));
     }
 
-    /// Reports a call's end built by `end`, which runs only when an observer
-    /// listens.
+    /// Reports a call's end, to an observer if one listens. Built by the caller,
+    /// which knows one does (a closure holding its outcome would be a copy of it).
     #[inline]
-    pub(crate) fn end(&self, end: impl FnOnce() -> CallEnd) {
+    pub(crate) fn end(&self, end: &CallEnd) {
         if let Some((key, observer)) = &self.sink {
-            observer.on_call_end(key, &end());
+            observer.on_call_end(key, end);
         }
     }
 }

@@ -131,6 +131,7 @@ impl Limiter {
     /// A permit at once, if one is free and nobody is queued for one; never waits
     /// and never queues.
     #[must_use]
+    #[inline]
     pub fn try_acquire(&self) -> Option<Permit<'_>> {
         self.try_take_unqueued().then(|| self.grant())
     }
@@ -321,20 +322,27 @@ pub struct Permit<'a> {
 }
 
 impl Drop for Permit<'_> {
+    #[inline]
     fn drop(&mut self) {
         let limiter = self.limiter;
         if limiter.try_give_unqueued() {
             return;
         }
-        // Somebody is queued (or was, a moment ago): return the permit under the
-        // lock and wake the front.
-        let queue = limiter.lock();
-        limiter.word.fetch_add(ONE, Ordering::AcqRel);
-        let next = limiter.wake_front(&queue);
-        drop(queue);
-        if let Some(w) = next {
-            wake_from_drop(w);
-        }
+        give_back_queued(limiter);
+    }
+}
+
+/// Somebody is queued (or was, a moment ago): returns the permit under the lock and
+/// wakes the front. Out of line, so a drop with nobody queued inlines to its
+/// compare-exchange.
+#[inline(never)]
+fn give_back_queued(limiter: &Limiter) {
+    let queue = limiter.lock();
+    limiter.word.fetch_add(ONE, Ordering::AcqRel);
+    let next = limiter.wake_front(&queue);
+    drop(queue);
+    if let Some(w) = next {
+        wake_from_drop(w);
     }
 }
 

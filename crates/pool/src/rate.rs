@@ -190,6 +190,7 @@ impl TokenBucket {
     /// # Errors
     ///
     /// No token is due at `now`: the error is how long until one is (nothing taken).
+    #[inline]
     pub fn try_take(&self, now: Instant) -> Result<(), Duration> {
         let mut tat = self.tat.load(Ordering::Acquire);
         loop {

@@ -151,9 +151,41 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// `millis(later.saturating_duration_since(earlier))`, on the nanoseconds: whole
+/// milliseconds from `earlier` to `later` (0 if `later` is earlier), without the
+/// detour through a `Duration` (a division into seconds, then a 128-bit product).
+#[inline]
+pub(crate) fn millis_between(later: Instant, earlier: Instant) -> u64 {
+    later.nanos.saturating_sub(earlier.nanos) / 1_000_000
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn millis_between_reads_as_millis_of_the_duration_between() {
+        let at = |nanos: u64| Instant::from_nanos(nanos);
+        let nanos = [
+            0,
+            1,
+            999_999,
+            1_000_000,
+            1_999_999_999,
+            3_000_000_001,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        for later in nanos {
+            for earlier in nanos {
+                assert_eq!(
+                    millis_between(at(later), at(earlier)),
+                    millis(at(later).saturating_duration_since(at(earlier))),
+                    "{later} {earlier}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn arithmetic_saturates_instead_of_panicking() {

@@ -155,6 +155,7 @@ impl TokioRuntime {
     /// [`Instant::FAR_FUTURE`], which is the deadline that never comes and so never
     /// a reading of the clock.
     #[must_use]
+    #[inline]
     pub fn from_tokio(&self, at: tokio::time::Instant) -> Instant {
         Instant::from_origin(at.saturating_duration_since(self.origin)).min(LATEST)
     }
@@ -174,6 +175,7 @@ impl TokioRuntime {
     /// time enabled.
     ///
     /// The future is `Send + 'static`: it does not borrow the runtime.
+    #[inline]
     pub fn sleep_until(&self, deadline: Instant) -> TokioSleep {
         sleep_until(self.origin, deadline)
     }
@@ -203,6 +205,7 @@ impl Clone for TokioRuntime {
 }
 
 impl SendRuntime for TokioRuntime {
+    #[inline]
     fn now(&self) -> Instant {
         self.from_tokio(tokio::time::Instant::now())
     }
@@ -213,6 +216,7 @@ impl SendRuntime for TokioRuntime {
 
     /// [`TokioRuntime::sleep_until`].
     #[allow(refining_impl_trait)]
+    #[inline]
     fn sleep_until(&self, deadline: Instant) -> TokioSleep {
         TokioRuntime::sleep_until(self, deadline)
     }
@@ -243,6 +247,7 @@ impl TokioRuntime {
 /// The deadline is turned into a tokio instant once, without reading the clock; a
 /// deadline that tokio's clock cannot represent (`Instant::FAR_FUTURE`, or one past
 /// what `tokio::time::Instant` can hold) never comes, so the sleep never ends.
+#[inline]
 fn sleep_until(origin: tokio::time::Instant, deadline: Instant) -> TokioSleep {
     let at = if deadline == Instant::FAR_FUTURE {
         None

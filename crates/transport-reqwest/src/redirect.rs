@@ -181,33 +181,56 @@ pub(crate) fn request_marks(request: &reqwest::Request) -> u8 {
     guarded | post
 }
 
-/// Runs one poll of a send's future under `marks` ([`request_marks`]), and tells whether a tracked policy decided on a
-/// redirect during it (`Some`), and if so whether the latest one goes without the
-/// request's credentials and whether one turned the request into a GET. Restores the state it found, also when the
-/// poll panics, so it nests. (A tracked policy used outside the adapter, by a
-/// request sent with reqwest directly, leaves its own mark on the thread; the next
-/// `noting` replaces it, and such a request has no guard.)
-#[inline(always)]
-pub(crate) fn noting<T>(marks: u8, poll: impl FnOnce() -> T) -> (T, Option<Decided>) {
-    /// Puts the outer state back when dropped.
-    struct Restore(u8);
-    impl Drop for Restore {
-        #[inline(always)]
-        fn drop(&mut self) {
-            STATE.with(|cell| cell.set(self.0));
+/// One poll of a send's future under `marks` ([`request_marks`]): [`Noting::start`]
+/// before it, [`Noting::finish`] after it, which tells whether a tracked policy
+/// decided on a redirect during it (`Some`), and if so whether the latest one goes
+/// without the request's credentials and whether one turned the request into a GET.
+/// It puts back the state it found as it finishes, or is dropped (the poll panicked),
+/// so it nests. (A tracked policy used outside the adapter, by a request sent with
+/// reqwest directly, leaves its own mark on the thread; the next `Noting` replaces
+/// it, and such a request has no guard.) A guard rather than a function around the
+/// poll, so the poll's output stays where the poll wrote it (a response head is
+/// some 140 bytes, and a tuple around it is a copy on every poll).
+pub(crate) struct Noting {
+    /// The state to put back.
+    outer: u8,
+}
+
+impl Noting {
+    /// Marks the thread for the poll that follows.
+    #[inline(always)]
+    pub(crate) fn start(marks: u8) -> Self {
+        Noting {
+            outer: STATE.with(|cell| cell.replace(marks)),
         }
     }
-    let restore = Restore(STATE.with(|cell| cell.replace(marks)));
-    let output = poll();
-    let state = STATE.with(Cell::get);
-    drop(restore);
-    (
-        output,
+
+    /// Ends the poll: what a tracked policy decided during it, the outer state put
+    /// back.
+    #[inline(always)]
+    pub(crate) fn finish(self) -> Option<Decided> {
+        let state = STATE.with(Cell::get);
+        drop(self);
         (state & DECIDED != 0).then_some(Decided {
             drops_credentials: state & DROPS_CREDENTIALS != 0,
             answered: state & ANSWERED != 0,
-        }),
-    )
+        })
+    }
+}
+
+impl Drop for Noting {
+    #[inline(always)]
+    fn drop(&mut self) {
+        STATE.with(|cell| cell.set(self.outer));
+    }
+}
+
+/// `poll` under a [`Noting`]: its output, and what was decided during it.
+#[cfg(test)]
+fn noting<T>(marks: u8, poll: impl FnOnce() -> T) -> (T, Option<Decided>) {
+    let noting = Noting::start(marks);
+    let output = poll();
+    (output, noting.finish())
 }
 
 #[cfg(test)]
