@@ -980,8 +980,10 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     {
         async move {
             // Named first, so captured (and dropped) first, before the call's state,
-            // whose drop reports a dropped call's end: the order an `async fn` drops
-            // its arguments in.
+            // whose drop reports a dropped call's end: once polled, the order an
+            // `async fn` drops its arguments in. (Dropped unpolled, the block drops
+            // them in the other order, where nothing can tell: an unpolled call
+            // reports nothing, and an `Ending` has no drop.)
             let _ = (&ending, &build);
             let client = self.client;
             loop {
