@@ -20,8 +20,8 @@ use crate::auth::{self, SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
 use crate::breaker::{CircuitBreaker, Gate, PROBE_RECHECK, ProbeGuard, Refusal, Transition};
 use crate::classify::{
-    Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, classify, is_idempotency_key,
-    is_idempotent,
+    Action, BreakerEffect, CallFacts, IDEMPOTENCY_KEY, Outcome, answer_breaker_effect, classify,
+    is_idempotency_key, is_idempotent,
 };
 use crate::client::{CallTag, Events, ReadResponse, Shared, report_at_drop};
 use crate::concurrency::Permit;
@@ -34,7 +34,7 @@ use crate::rate::TokenBucket;
 use crate::runtime::{Elapsed, Runtime, timeout_at};
 use crate::server_delay::server_delay;
 use crate::sync::WakeOnDrop;
-use crate::time::{Instant, millis, millis_between};
+use crate::time::{Instant, millis_between};
 use crate::transport::{
     PreparedRequest, Transport, TransportError, TransportErrorKind, TransportResponse, read_body,
 };
@@ -1167,7 +1167,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                         match read {
                             Ok(Ok(body)) => {
                                 let done = self.now();
-                                let ms = millis(done.saturating_duration_since(started));
+                                let ms = millis_between(done, started);
                                 let bytes = u64::try_from(body.len()).ok();
                                 let status = response.status();
                                 self.succeeded(guard, status, done, ms, bytes);
@@ -1216,7 +1216,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                         in_body: Some(_), ..
                     } => {
                         let ended = self.now();
-                        (ended, millis(ended.saturating_duration_since(started)))
+                        (ended, millis_between(ended, started))
                     }
                 };
 
@@ -1253,13 +1253,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         ms: u64,
         bytes: Option<u64>,
     ) {
-        // A 2xx, the common answer, is a success to the breaker whatever the facts;
-        // anything else (an answer status of the policy's) as the rules say.
-        let effect = if status.is_success() {
-            BreakerEffect::Success
-        } else {
-            classify(Outcome::Status(status), &CallFacts::default()).breaker
-        };
+        let effect = answer_breaker_effect(status);
         let (transition, wake) = self.tell_breaker(effect, guard.probe.take(), at);
         let (send, attempt) = (guard.send, guard.attempt);
         guard.finish(

@@ -286,6 +286,18 @@ pub fn classify(outcome: Outcome, facts: &CallFacts) -> Verdict {
     }
 }
 
+/// What a response for the caller (a status [`classify`] calls a success, or one the
+/// policy takes as an answer) tells the breaker: the table's verdict, with a 2xx,
+/// the common answer, read off at once (it is a success whatever the call's facts).
+#[inline]
+pub(crate) fn answer_breaker_effect(status: StatusCode) -> BreakerEffect {
+    if status.is_success() {
+        BreakerEffect::Success
+    } else {
+        classify(Outcome::Status(status), &CallFacts::default()).breaker
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,7 @@ use crate::observer::{CallEnd, CallId, EventKind, TransportEvent, TransportObser
 use crate::policy::CallPolicy;
 use crate::rate::TokenBucket;
 use crate::runtime::Runtime;
-use crate::time::{Instant, millis};
+use crate::time::{Instant, millis_between};
 use crate::transport::{Transport, TransportResponse};
 
 /// One resilient HTTP client for one remote API.
@@ -130,7 +130,7 @@ impl<R: Runtime> FetchEnv for ClientFetchEnv<'_, R> {
             None,
             || EventKind::TokenFetchEnded {
                 reason: ended.reason,
-                ms: millis(at.saturating_duration_since(ended.started)),
+                ms: millis_between(at, ended.started),
                 outcome: ended.outcome,
             },
         );
