@@ -256,6 +256,9 @@ impl<'a> Future for Acquire<'a> {
             && limiter.word.load(Ordering::Acquire) >= ONE
         {
             limiter.word.fetch_sub(ONE, Ordering::AcqRel);
+            // The guard first: a panic out of a waker below (the next one's wake, or
+            // a drop) unwinds through it, and the permit comes back.
+            let permit = limiter.grant();
             let served = queue.waiters.pop_front();
             self.queued = None;
             if queue.waiters.is_empty() {
@@ -269,7 +272,7 @@ impl<'a> Future for Acquire<'a> {
             if let Some(w) = next {
                 w.wake();
             }
-            return Poll::Ready(limiter.grant());
+            return Poll::Ready(permit);
         }
         // The waker replaced is dropped after the lock: its drop may be the last of a
         // task whose own waiting `Acquire` then takes the lock.
@@ -480,6 +483,33 @@ mod tests {
             panic!("the permit was not passed on")
         };
         drop(permit);
+        assert_eq!((l.in_flight(), l.waiting()), (0, 0));
+    }
+
+    #[test]
+    fn a_panic_out_of_the_next_ones_waker_while_the_front_is_served_loses_no_permit() {
+        use crate::sync::test_support::counting_waker;
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+        // Two permits come back while A and B wait: A, served, sees the second one
+        // free and wakes B, whose waker panics. The panic leaves A's poll; the permit
+        // A took must come back with it.
+        let l = Limiter::new(2).unwrap();
+        let held = (l.try_acquire().unwrap(), l.try_acquire().unwrap());
+        let (mut a, mut b) = (l.acquire(), l.acquire());
+        assert!(poll(&mut a).is_pending());
+        let (waker, woken) = counting_waker(true);
+        assert!(b.poll_unpin(&mut Context::from_waker(&waker)).is_pending());
+        drop(held);
+        let served = catch_unwind(AssertUnwindSafe(|| poll(&mut a).is_ready()));
+        assert!(served.is_err(), "B's waker panicked out of A's poll");
+        assert!(woken.load(Ordering::SeqCst) >= 1, "B was woken");
+        assert_eq!(l.in_flight(), 0, "the permit A took came back");
+        // Both permits serve B and a newcomer.
+        let Poll::Ready(first) = poll(&mut b) else {
+            panic!("B is served")
+        };
+        let second = l.try_acquire().expect("the second permit is free");
+        drop((first, second, a));
         assert_eq!((l.in_flight(), l.waiting()), (0, 0));
     }
 
