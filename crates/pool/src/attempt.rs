@@ -818,14 +818,14 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // own token, as the gate would hand it out (not an expired one: the fetch's
         // failure ends the call). A new token under another header name cannot
         // replace the request's: back through the gate before taking a rate token.
-        let mut held = self.newer_token(&mut request, now);
+        let mut held = self.newer_token(self.token, &mut request, now);
         if self.refused(held, now) {
             Box::pin(self.fetch_token(None)).await?;
             now = self.now();
             if !self.still_allowed(probe, now) {
                 return Ok(None);
             }
-            held = self.newer_token(&mut request, now);
+            held = self.newer_token(held, &mut request, now);
             if self.refused(held, now) {
                 return Ok(None);
             }
@@ -847,7 +847,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // token is not refunded, as for a send the breaker turns back. A token that,
         // once fetched, lives less than a rate interval never goes out: the call
         // goes round until its budget ends.
-        let held = self.newer_token(&mut request, now);
+        let held = self.newer_token(held, &mut request, now);
         if self.refused(held, now) {
             return Ok(None);
         }
@@ -902,13 +902,22 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             .is_none_or(|bucket| bucket.try_take(now).is_ok())
     }
 
-    /// After a wait with the request prepared: the newest token goes out if a refresh
-    /// brought one, and every token since the request's own came under its header
-    /// name (a request cannot drop a header, so a token under another name would go
-    /// out beside the old one, and overwrite a header of that name the request set).
-    /// Returns the token the request now carries.
-    fn newer_token(&self, request: &mut T::Request, now: Instant) -> Option<Held> {
-        let held = self.token?;
+    /// After a wait with the request prepared, carrying `carried` (the token it was
+    /// built with, or one an earlier look put on it): the newest token goes out if a
+    /// refresh brought one, and every token since the carried one came under its
+    /// header name (a request cannot drop a header, so a token under another name
+    /// would go out beside the old one, and overwrite a header of that name the
+    /// request set). Returns the token the request now carries, which the next look
+    /// starts from: a look from the one it was built with would find no newer token
+    /// once the swapped-in one expired, and judge the request by the older token's
+    /// expiry.
+    fn newer_token(
+        &self,
+        carried: Option<Held>,
+        request: &mut T::Request,
+        now: Instant,
+    ) -> Option<Held> {
+        let held = carried?;
         match self
             .client
             .auth_state

@@ -2592,6 +2592,75 @@ fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
 }
 
 #[test]
+fn a_token_put_on_a_waiting_request_is_judged_by_its_own_expiry_at_the_next_look() {
+    // t1 has no lifetime; the refresh at 100 ms brings t2, which lives 850 ms (later
+    // tokens 10 s). B, built with t1, waits for the permit (A holds it until 900 ms),
+    // takes t2 there, then waits for the rate token (1/s) until 1 s, when t2 has
+    // expired. The look
+    // after the rate wait must start from t2, not from t1: from t1 it finds nothing
+    // newer that is still valid, judges the request by t1 (never expires), and sends
+    // it with t2, 50 ms after t2 expired. B goes back through the gate instead, and
+    // goes out with t3 at the next rate token (2 s).
+    let w = World::new();
+    w.transport.push(Reply::ok().after(ms(900)));
+    w.transport.default_reply(Reply::ok());
+    let counter = Arc::new(AtomicU32::new(0));
+    let source = token_fn(move || {
+        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let token = AuthToken::bearer(&format!("t{n}"))?;
+            Ok::<_, AuthError>(match n {
+                1 => token,
+                2 => token.expires_in(ms(850)),
+                _ => token.expires_in(secs(10)),
+            })
+        }
+    });
+    let client = w
+        .builder()
+        .max_parallel(1)
+        .rate_limit_with_burst(1.0, 1)
+        .auth(source)
+        .build()
+        .unwrap();
+    let policy = CallPolicy::background()
+        .with_attempt_timeout(secs(2))
+        .unwrap()
+        .with_budget(Some(secs(5)))
+        .unwrap();
+    let a = w.spawn_call(&client, policy.clone(), "/a");
+    let b = w.spawn_call(&client, policy, "/b");
+    let (refresher, rt) = (client.clone(), w.rt.clone());
+    let refresh = w.rt.spawn(async move {
+        rt.sleep(ms(100)).await;
+        refresher.refresh_token().await
+    });
+    all_succeed(&w, vec![a, b]);
+    w.rt.block_on(refresh).unwrap().unwrap();
+    let sent: Vec<_> = w
+        .transport
+        .requests()
+        .iter()
+        .map(|r| {
+            (
+                r.path.clone(),
+                r.at.since_origin(),
+                r.headers[AUTHORIZATION].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    let (path, at, token) = &sent[1];
+    assert_eq!(path, "/b");
+    assert_eq!(*at, secs(2), "B waited for two rate tokens: {sent:?}");
+    assert_eq!(
+        token, "Bearer t3",
+        "B went out at {at:?}; t2 expired at 950 ms: {sent:?}"
+    );
+    w.assert_contract();
+}
+
+#[test]
 fn a_dropped_fetching_caller_hands_the_fetch_to_a_waiter() {
     let w = World::new();
     w.transport.default_reply(Reply::ok());
