@@ -167,6 +167,13 @@ pub trait Transport {
     ///
     /// The time spent here is not charged to a call's budget. The default admits at
     /// once. Dropping the future gives up the wait and must not consume anything.
+    ///
+    /// It is awaited on every pass through the gate (a redial's and a replay's too),
+    /// once the breaker let the pass in and before the token, the permit and the
+    /// breaker's second look: a pass that then sends nothing (the breaker turns it
+    /// back after a wait, its token was refused meanwhile) has spent an admission,
+    /// and its next pass asks for another. A shared limit counts admissions, which
+    /// can outnumber sends.
     fn admit(&self) -> impl Future<Output = ()> {
         std::future::ready(())
     }
