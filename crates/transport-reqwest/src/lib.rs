@@ -440,8 +440,12 @@ use std::time::Duration;
 
 use vantage_api_pool::{TransportError, TransportErrorKind};
 
-/// The read timeout of a client the adapter builds: a body (or a head) that sends
-/// nothing for this long fails with a timeout instead of hanging its reader.
+/// The read timeout of a client the adapter builds: a body that sends nothing for
+/// this long fails with a timeout instead of hanging its reader. reqwest starts it
+/// anew for each read of the body, but only once for the head: a response head
+/// (its redirect hops and a streamed upload included) not complete this long after
+/// the send began fails with a timeout, even while bytes keep arriving. An attempt
+/// timeout longer than this needs a client with a longer read timeout.
 #[cfg(not(target_arch = "wasm32"))]
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
