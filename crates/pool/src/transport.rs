@@ -367,7 +367,8 @@ pub trait TransportResponse {
     }
 
     /// The body length when the transport knows it; by default the `Content-Length`
-    /// header, when it is digits only and every copy of it agrees.
+    /// header as hyper reads it: digits, or a list of them split by commas, every
+    /// value in every copy the same.
     fn content_length(&self) -> Option<u64> {
         content_length_header(self.headers())
     }
@@ -516,7 +517,8 @@ pub trait SendTransportResponse: Send {
     }
 
     /// As [`TransportResponse::content_length`]; by default the `Content-Length`
-    /// header, when it is digits only and every copy of it agrees.
+    /// header as hyper reads it: digits, or a list of them split by commas, every
+    /// value in every copy the same.
     fn content_length(&self) -> Option<u64> {
         content_length_header(self.headers())
     }
@@ -572,20 +574,24 @@ impl<T: SendTransportResponse> TransportResponse for T {
     }
 }
 
-/// The `Content-Length` header as a number: digits only (RFC 9110: `1*DIGIT`), and
-/// the same in every `Content-Length` the response carries; otherwise `None`.
+/// The `Content-Length` header as a number, read as hyper reads it: each copy a
+/// list of values split by commas (RFC 9110 §8.6 lets a recipient take `42, 42`),
+/// each value digits only (`1*DIGIT`: no sign) with white space around it, and
+/// every value of every copy the same; otherwise `None`.
 fn content_length_header(headers: &HeaderMap) -> Option<u64> {
     let mut length = None;
     for value in headers.get_all(http::header::CONTENT_LENGTH) {
-        let digits = value.as_bytes();
-        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return None;
+        for part in value.as_bytes().split(|&b| b == b',') {
+            let digits = part.trim_ascii();
+            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+            if length.is_some_and(|first| first != n) {
+                return None;
+            }
+            length = Some(n);
         }
-        let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
-        if length.is_some_and(|first| first != n) {
-            return None;
-        }
-        length = Some(n);
     }
     length
 }
@@ -735,16 +741,23 @@ mod tests {
     }
 
     #[test]
-    fn content_length_is_digits_and_agrees_with_itself() {
+    fn content_length_is_read_as_hyper_reads_it() {
         assert_eq!(lengths(&["42"]), Some(42));
         assert_eq!(lengths(&["0"]), Some(0));
         assert_eq!(lengths(&["42", "42"]), Some(42));
         assert_eq!(lengths(&[]), None);
         assert_eq!(lengths(&["+5"]), None);
         assert_eq!(lengths(&["-1"]), None);
-        assert_eq!(lengths(&[" 5"]), None);
+        assert_eq!(lengths(&[" 5"]), Some(5));
         assert_eq!(lengths(&["5x"]), None);
         assert_eq!(lengths(&["42", "43"]), None);
+        // Comma lists, as hyper takes them: every value the same.
+        assert_eq!(lengths(&["3, 3"]), Some(3));
+        assert_eq!(lengths(&["3,3", "3"]), Some(3));
+        assert_eq!(lengths(&["3, 4"]), None);
+        assert_eq!(lengths(&["3,"]), None);
+        assert_eq!(lengths(&[","]), None);
+        assert_eq!(lengths(&["3, +3"]), None);
         assert_eq!(lengths(&["99999999999999999999999"]), None);
     }
 }

@@ -8,7 +8,9 @@
 //! [`ScriptedTransport`] has types of its own, so that code could not be tested on
 //! it. `ScriptedReqwest` has the same four port types as `ReqwestTransport`; it
 //! builds the draft as reqwest does (the same `prepare`, with the same
-//! [`Config`](vantage_api_pool::TransportErrorKind::Config) errors), hands the
+//! [`Config`](vantage_api_pool::TransportErrorKind::Config) errors, and hyper's
+//! refusal of an HTTP version it cannot send, or of `CONNECT` over HTTP/1.0, as
+//! `Config` at the send, nothing sent), hands the
 //! request to a [`ScriptedTransport`] on a [`VirtualRuntime`], and turns its scripted
 //! reply into a real [`reqwest::Response`] whose body streams the reply's chunks on
 //! the virtual clock. Nothing touches a socket.
@@ -30,7 +32,7 @@
 //! |---|---|
 //! | status and headers | the same |
 //! | the body of a response to `HEAD`, or of a 1xx, 204 or 304 | empty, `content_length()` 0 (as hyper reads them; the script's body is not read) |
-//! | a `Content-Length` | as hyper reads it: `content_length()` is what is left of it, bytes past it are not delivered, a body that ends short of it fails `Interrupted`; one beside a `Transfer-Encoding` is ignored; one hyper cannot read (not a number, lines that disagree) fails the send `Interrupted` |
+//! | a `Content-Length` | as hyper reads it: `content_length()` is what is left of it, bytes past it are not delivered, a body that ends short of it fails `Interrupted`; one beside a `Transfer-Encoding` is ignored; a list of one value (`3, 3`) reads as that value; one hyper cannot read (not a number, values that disagree) fails the send `Interrupted` |
 //! | a 1xx other than 101 | returned as it is (hyper would wait past it for the final response, which a script of one reply per send does not have) |
 //! | a 3xx | returned as it is, never followed (script the hop the call should see; mark one that went to another origin with `Reply::credentials_dropped`) |
 //! | body chunks, delays, stalls | streamed as reqwest's body: `chunk`, `bytes`, `text`, `json` wait on the virtual clock |
@@ -218,7 +220,11 @@ impl SendTransport for ScriptedReqwest {
         let (_, request) = request.into_parts();
         let head_request = request.method() == http::Method::HEAD;
         let timeout = request.timeout().copied();
+        let refused = refused_by_hyper(&request);
         async move {
+            if let Some(err) = refused {
+                return Err(err);
+            }
             let runtime = self.script.runtime();
             let start = runtime.now();
             let limits = ReadLimits {
@@ -516,6 +522,24 @@ async fn timer_first<F: Future>(
 /// What a read that a time limit ended fails with.
 fn timed_out() -> TransportError {
     TransportError::new(TransportErrorKind::TimedOut, "operation timed out")
+}
+
+/// The refusal hyper-util gives a request before anything is sent, as the real
+/// adapter maps it ([`Config`](TransportErrorKind::Config)): an HTTP version it
+/// cannot send (HTTP/0.9, HTTP/3), or `CONNECT` over HTTP/1.0. (An HTTP/2 request
+/// over a connection that turns out HTTP/1 is refused too, over the real adapter;
+/// a script has no connection to tell.)
+fn refused_by_hyper(request: &reqwest::Request) -> Option<TransportError> {
+    let refusal = match request.version() {
+        http::Version::HTTP_11 | http::Version::HTTP_2 => return None,
+        http::Version::HTTP_10 if request.method() != http::Method::CONNECT => return None,
+        http::Version::HTTP_10 => "UserUnsupportedRequestMethod",
+        _ => "UserUnsupportedVersion",
+    };
+    Some(TransportError::new(
+        TransportErrorKind::Config,
+        format!("error sending request: client error ({refusal})"),
+    ))
 }
 
 /// Whether hyper reads no body for this response: one to a `HEAD`, a 1xx, 204 or 304

@@ -169,6 +169,63 @@ fn a_draft_reqwest_cannot_build_is_config_and_never_sent() {
 }
 
 #[test]
+fn a_request_hyper_cannot_send_is_config_and_never_sent() {
+    // As over the real adapter (`transport.rs`,
+    // `a_request_in_an_http_version_hyper_cannot_send_is_config`): hyper-util refuses
+    // HTTP/0.9 and HTTP/3, and `CONNECT` over HTTP/1.0, before anything is sent.
+    let (rt, script, client) = set_up();
+    script.default_reply(Reply::ok());
+    let refused = [
+        (
+            Method::GET,
+            reqwest::Version::HTTP_09,
+            "UserUnsupportedVersion",
+        ),
+        (
+            Method::GET,
+            reqwest::Version::HTTP_3,
+            "UserUnsupportedVersion",
+        ),
+        (
+            Method::CONNECT,
+            reqwest::Version::HTTP_10,
+            "UserUnsupportedRequestMethod",
+        ),
+    ];
+    for (method, version, refusal) in refused {
+        let err = rt
+            .block_on(client.execute(|http| http.request(method.clone(), URL).version(version)))
+            .expect("driven")
+            .unwrap_err();
+        let case = format!("{method} {version:?}");
+        assert_eq!(
+            err.kind(),
+            ErrorKind::Transport(TransportErrorKind::Config),
+            "{case}"
+        );
+        assert!(err.nothing_sent(), "{case}");
+        let source = std::error::Error::source(&err).map(ToString::to_string);
+        assert!(
+            source.as_deref().is_some_and(|s| s.contains(refusal)),
+            "{case}: {source:?}"
+        );
+    }
+    assert_eq!(script.request_count(), 0);
+    // What hyper sends goes to the script.
+    for (method, version) in [
+        (Method::GET, reqwest::Version::HTTP_10),
+        (Method::GET, reqwest::Version::HTTP_11),
+        (Method::GET, reqwest::Version::HTTP_2),
+        (Method::CONNECT, reqwest::Version::HTTP_11),
+    ] {
+        rt.block_on(client.execute(|http| http.request(method.clone(), URL).version(version)))
+            .expect("driven")
+            .unwrap_or_else(|err| panic!("{method} {version:?}: {err}"));
+    }
+    assert_eq!(script.request_count(), 4);
+}
+
+#[test]
 fn the_body_streams_on_the_virtual_clock_through_reqwest() {
     let (rt, script, client) = set_up();
     script.push(
@@ -701,6 +758,12 @@ async fn a_scripted_answer_reads_as_the_same_answer_from_a_real_server() {
                 .header("content-length", "6")
                 .body("abcdef")
                 .body_fails_after(3, TransportErrorKind::Interrupted, "reset"),
+            &["content-length"],
+        ),
+        (
+            Method::GET,
+            Act::Respond("HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\n\r\nabc".to_owned()),
+            Reply::ok().header("content-length", "3, 3").body("abc"),
             &["content-length"],
         ),
         (

@@ -571,7 +571,18 @@ async fn a_request_in_an_http_version_hyper_cannot_send_is_config() {
     let err = send(&transport, draft).await.unwrap_err();
     assert_eq!(err.kind(), TransportErrorKind::Config, "{err}");
     assert_no_url(&err, &url);
-    eprintln!("unsupported version: {err}");
+    assert!(err.to_string().contains("UserUnsupportedVersion"), "{err}");
+    // `CONNECT` over HTTP/1.0 is refused as well.
+    let draft = transport
+        .handle()
+        .request(reqwest::Method::CONNECT, &url)
+        .version(reqwest::Version::HTTP_10);
+    let err = send(&transport, draft).await.unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::Config, "{err}");
+    assert!(
+        err.to_string().contains("UserUnsupportedRequestMethod"),
+        "{err}"
+    );
 }
 
 /// A resolver that knows no name.
