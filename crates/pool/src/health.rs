@@ -418,6 +418,10 @@ struct ApiState {
     /// `Started` heard minus terminal events heard: signed, so a terminal event
     /// heard before its `Started` (events relayed out of order) evens out.
     in_flight: i64,
+    /// Ends still to come of sends that were in flight when the API was forgotten
+    /// (their `Started` went with the old figures): each is taken off this, not
+    /// off `in_flight`.
+    orphans: i64,
     /// A ring: slice `i` lives in slot `i % SLICES`, so the newest `SLICES` slices
     /// seen are kept, whatever the rate.
     slices: Box<[Slice; SLICES]>,
@@ -443,6 +447,7 @@ impl ApiState {
             breaker: BreakerView::Closed,
             breaker_at: Instant::ORIGIN,
             in_flight: 0,
+            orphans: 0,
             slices: Box::new([Slice::default(); SLICES]),
             last_status: None,
             last_error: None,
@@ -458,6 +463,32 @@ impl ApiState {
             last_token_error: None,
             updated_at: at,
         }
+    }
+
+    /// A state for an API (or label) listed anew, owed the ends of `orphans` sends
+    /// that were in flight when it was forgotten.
+    fn listed(at: Instant, orphans: Option<i64>) -> Self {
+        ApiState {
+            orphans: orphans.unwrap_or(0),
+            ..ApiState::new(at)
+        }
+    }
+
+    /// A terminal event: an orphan's end while any are owed, else a send of these
+    /// figures leaving.
+    fn send_ended(&mut self) {
+        if self.orphans > 0 {
+            self.orphans -= 1;
+        } else {
+            self.in_flight -= 1;
+        }
+    }
+
+    /// The ends a forget of these figures leaves to come, if any: the sends in
+    /// flight and the orphans still owed.
+    fn ends_owed(&self) -> Option<i64> {
+        let owed = self.in_flight.max(0) + self.orphans;
+        (owed > 0).then_some(owed)
     }
 
     /// Takes `status` as the last one unless a later one is already known.
@@ -552,6 +583,18 @@ pub struct HealthObserver {
     /// With [`per_label`](HealthObserver::per_label): the figures of each API's
     /// labelled calls, per label.
     labels: Option<Mutex<Labels>>,
+    /// The ends still to come of sends in flight at a [`forget`](Self::forget),
+    /// until the API (or label) is listed anew. Locked last, inside `apis` or
+    /// `labels`.
+    orphans: Mutex<Orphans>,
+}
+
+/// Per API forgotten with sends in flight (and per label of it), how many ends of
+/// those sends are still to come.
+#[derive(Debug, Default)]
+struct Orphans {
+    apis: HashMap<Arc<str>, i64>,
+    labels: HashMap<(Arc<str>, &'static str), i64>,
 }
 
 /// Per API, per label, the figures of the calls with that label.
@@ -598,6 +641,7 @@ impl HealthObserver {
             slicing: Slicing::new(window),
             apis: Mutex::new(HashMap::new()),
             labels: None,
+            orphans: Mutex::new(Orphans::default()),
         }
     }
 
@@ -742,11 +786,14 @@ impl HealthObserver {
     ///
     /// For observers that outlive some of their APIs (a client per tenant, dropped
     /// when the tenant leaves): forget an API once its clients are dropped. An event
-    /// of `api` heard after this lists it anew, from nothing: a send in flight at
-    /// the forget ends without its `Started`, and counts as no send in flight (an
-    /// end heard before its start does the same). What the forgotten figures hold
-    /// (the last errors, whose sources may be a token source's own errors) is
-    /// dropped once the locks are released.
+    /// of `api` heard after this lists it anew, from nothing. A send in flight at the
+    /// forget ends without its `Started`: the observer keeps how many sends were in
+    /// flight (per label too) until the API is listed anew, and that many ends are
+    /// then taken off what is owed, not off the sends in flight, so once they have
+    /// come the in-flight figure is exact again (until then, a send started after
+    /// the forget that ends first stands in for one of them). What the forgotten
+    /// figures hold (the last errors, whose sources may be a token source's own
+    /// errors) is dropped once the locks are released.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -768,11 +815,25 @@ impl HealthObserver {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn forget(&self, api: &str) -> bool {
-        let state = self.lock().remove(api);
-        let labels = self
-            .labels
-            .as_ref()
-            .and_then(|labels| lock(labels).remove(api));
+        let state = {
+            let mut apis = self.lock();
+            let state = apis.remove(api);
+            if let Some(owed) = state.as_ref().and_then(ApiState::ends_owed) {
+                lock(&self.orphans).apis.insert(Arc::from(api), owed);
+            }
+            state
+        };
+        let labels = self.labels.as_ref().and_then(|labels| {
+            let mut labels = lock(labels);
+            let of_api = labels.remove(api)?;
+            let mut orphans = lock(&self.orphans);
+            for (label, state) in &of_api {
+                if let Some(owed) = state.ends_owed() {
+                    orphans.labels.insert((Arc::from(api), *label), owed);
+                }
+            }
+            Some(of_api)
+        });
         let listed = state.is_some() || labels.is_some();
         drop((state, labels));
         listed
@@ -919,7 +980,9 @@ impl TransportObserver for HealthObserver {
     fn on_attach(&self, api: &str, at: Instant) {
         let mut apis = self.lock();
         if !apis.contains_key(api) {
-            apis.insert(Arc::from(api), ApiState::new(at));
+            let name = Arc::from(api);
+            let orphans = lock(&self.orphans).apis.remove(&name);
+            apis.insert(name, ApiState::listed(at, orphans));
         }
     }
 
@@ -961,11 +1024,15 @@ impl HealthObserver {
             let mut apis = self.lock();
             match apis.get_mut(api) {
                 Some(state) => touch(state, &mut replaced),
-                None => touch(
-                    apis.entry(Arc::from(api))
-                        .or_insert_with(|| ApiState::new(at)),
-                    &mut replaced,
-                ),
+                None => {
+                    let name = Arc::from(api);
+                    let orphans = lock(&self.orphans).apis.remove(&name);
+                    touch(
+                        apis.entry(name)
+                            .or_insert_with(|| ApiState::listed(at, orphans)),
+                        &mut replaced,
+                    );
+                }
             }
         }
         drop(replaced);
@@ -977,7 +1044,10 @@ impl HealthObserver {
                     Some(of_api) => of_api,
                     None => labels.entry(Arc::from(api)).or_default(),
                 };
-                let state = of_api.entry(label).or_insert_with(|| ApiState::new(at));
+                let state = of_api.entry(label).or_insert_with(|| {
+                    let orphans = lock(&self.orphans).labels.remove(&(Arc::from(api), label));
+                    ApiState::listed(at, orphans)
+                });
                 touch(state, &mut replaced);
             }
             drop(replaced);
@@ -989,7 +1059,7 @@ impl HealthObserver {
         match &event.kind {
             EventKind::Started { .. } => state.in_flight += 1,
             EventKind::Succeeded { status, ms, .. } => {
-                state.in_flight -= 1;
+                state.send_ended();
                 state.saw_status(*status, event.at);
                 // An answer for the caller closes an open breaker (of any epoch), with
                 // or without its own `BreakerClosed`: a close reported before an
@@ -1000,7 +1070,7 @@ impl HealthObserver {
             EventKind::Failed {
                 error, ms, sent, ..
             } => {
-                state.in_flight -= 1;
+                state.send_ended();
                 if *sent {
                     state.saw_send(self.slicing, event.at, false, *ms);
                     if let Some(status) = error.status() {
@@ -1014,7 +1084,7 @@ impl HealthObserver {
                 replaced.error = keep_if_latest(&mut state.last_error, event.at, error);
             }
             EventKind::Cancelled { .. } => {
-                state.in_flight -= 1;
+                state.send_ended();
                 state.cancelled += 1;
             }
             EventKind::Redialing { .. } => state.redials += 1,
@@ -1227,6 +1297,58 @@ mod tests {
         let plain = HealthObserver::new(Duration::from_secs(60));
         plain.on_attach("a", at(0));
         assert!(plain.forget("a") && plain.snapshot("a").is_none());
+    }
+
+    #[test]
+    fn ends_of_sends_in_flight_at_a_forget_leave_later_sends_counted() {
+        let h = HealthObserver::new(Duration::from_secs(60)).per_label();
+        let label = Some("orders.get");
+        let send = |at_ms, call, kind| {
+            h.on_event(
+                "a",
+                &TransportEvent::new(at(at_ms), Some(CallId(call)), kind).with_label(label),
+            );
+        };
+        let in_flight = || {
+            (
+                h.snapshot("a").map(|a| a.in_flight),
+                h.label_snapshots("a").first().map(|(_, l)| l.in_flight),
+            )
+        };
+        // Two sends in flight at the forget; the first ends after it, listing the
+        // API anew; a third starts: one in flight, not none.
+        send(0, 1, started());
+        send(0, 2, started());
+        assert!(h.forget("a"));
+        send(10, 1, ok(10, StatusCode::OK));
+        send(20, 3, started());
+        assert_eq!(in_flight(), (Some(1), Some(1)));
+        // A second forget while one orphan is still owed and the third is in
+        // flight: both their ends are owed now.
+        assert!(h.forget("a"));
+        send(30, 2, ok(30, StatusCode::OK));
+        send(40, 3, ok(20, StatusCode::OK));
+        send(50, 4, started());
+        assert_eq!(in_flight(), (Some(1), Some(1)));
+        send(60, 4, ok(10, StatusCode::OK));
+        assert_eq!(in_flight(), (Some(0), Some(0)));
+        // Listed anew by a client attached under the name: the orphan's end is
+        // still taken off what is owed.
+        send(70, 5, started());
+        assert!(h.forget("a"));
+        h.on_attach("a", at(80));
+        send(90, 5, ok(20, StatusCode::OK));
+        send(100, 6, started());
+        assert_eq!(h.snapshot("a").unwrap().in_flight, 1);
+        // Nothing in flight at a forget: nothing owed, and an end heard before its
+        // start still evens out.
+        send(110, 6, ok(10, StatusCode::OK));
+        assert!(h.forget("a"));
+        send(130, 7, ok(10, StatusCode::OK));
+        send(120, 7, started());
+        assert_eq!(in_flight(), (Some(0), Some(0)));
+        send(140, 8, started());
+        assert_eq!(in_flight(), (Some(1), Some(1)));
     }
 
     /// Feeds `h` two rounds of a failed send, a refusal and a failed token fetch
