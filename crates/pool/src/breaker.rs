@@ -184,7 +184,8 @@ pub enum Gate {
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
-    /// Opened, or a probe failed and it stays open for a longer cooldown.
+    /// Opened, or a probe failed and it stays open for a cooldown twice the last
+    /// (at most the configured maximum: once there, the same again).
     Opened {
         /// How long it stays open.
         cooldown: Duration,

@@ -45,8 +45,8 @@ use crate::time::{Instant, millis};
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerView {
-    /// No `BreakerOpened` since the last `BreakerClosed` or the last `Succeeded`
-    /// (or ever).
+    /// No `BreakerOpened` since the last `BreakerClosed`, `BreakerReset` or
+    /// `Succeeded` (or ever).
     Closed,
     /// Opened at `since` for `cooldown`; a probe may go from `since + cooldown`.
     Open {

@@ -464,7 +464,10 @@ pub enum EventKind {
         /// call so far can have reached the API).
         sent: bool,
     },
-    /// The caller dropped the call's future while this send was in flight.
+    /// The send ended with no outcome: the caller dropped the call's future while it
+    /// was in flight, or a panic unwound through it (the transport's `send`, an
+    /// observer's `Started`, the clock read after it); the call then ends
+    /// [`Panicked`](CallOutcome::Panicked).
     Cancelled {
         /// Send number within the call.
         send: u32,
@@ -495,7 +498,8 @@ pub enum EventKind {
         /// The sleep before it, jitter included.
         after: Duration,
     },
-    /// The breaker opened, or a probe failed and it stays open for a longer cooldown.
+    /// The breaker opened, or a probe failed and it stays open for a cooldown twice
+    /// the last (at most the configured maximum: once there, the same again).
     BreakerOpened {
         /// How long it stays open.
         cooldown: Duration,
