@@ -14,7 +14,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::HeaderValue;
+use http::{HeaderValue, Method};
 
 use crate::auth::{self, SharedAuthError, Token, TokenSource};
 use crate::backoff::{DelaySource, apply_jitter, backoff};
@@ -170,6 +170,9 @@ pub(crate) struct Call<'c, T, R: Runtime, A, P: Borrow<CallPolicy>> {
     deadline: Instant,
     /// Whether an admission of this call waited (so `deadline` may move again).
     admission_waited: bool,
+    /// Whether the last send's request was a `HEAD` (its answer has no body,
+    /// whatever its `Content-Length` says); kept only for calls that read the body.
+    head_request: bool,
     /// The error of the last failed send that the call went on from (retry, redial,
     /// replay): the `source()` of a refusal that ends the call before its next send.
     last_failure: Option<Arc<ClientError>>,
@@ -472,6 +475,7 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
             last_at: Instant::ORIGIN,
             deadline: Instant::FAR_FUTURE,
             admission_waited: false,
+            head_request: false,
             last_failure: None,
         }
     }
@@ -1047,7 +1051,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 let mut request = {
                     let mut prepared = client.transport.prepare(draft);
                     idempotent = match &mut prepared {
-                        Ok(request) => self.decorate(request, token),
+                        Ok(request) => {
+                            if ending.body_limit().is_some() {
+                                self.head_request = request.method() == Some(&Method::HEAD);
+                            }
+                            self.decorate(request, token)
+                        }
                         Err(error) => {
                             drop(probe);
                             let error = self.unprepared(error);
@@ -1167,9 +1176,20 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                         // ---- or read its body first, inside the send's time limit: a
                         // body that breaks or stalls is a failed send like any other.
                         // Boxed: only calls that read pay for this state.
-                        let (response, read) =
-                            Box::pin(read_whole(&client.runtime, send_deadline, response, limit))
-                                .await;
+                        // A body its head declares longer than the limit fails at once,
+                        // unread (an answer that has no body is read: its length says
+                        // nothing of one).
+                        let declared = has_body(response.status(), self.head_request)
+                            .then(|| response.content_length())
+                            .flatten();
+                        let (response, read) = Box::pin(read_whole(
+                            &client.runtime,
+                            send_deadline,
+                            response,
+                            limit,
+                            declared,
+                        ))
+                        .await;
                         let after_head = |response: &T::Response| AfterHead {
                             request_id: client.request_id_in(response.headers()).map(Arc::from),
                         };
@@ -1561,15 +1581,36 @@ fn judged_after_head(error: TransportError) -> TransportError {
 }
 
 /// Reads a success body whole, up to `limit` bytes, giving up at `deadline`; hands
-/// the response back with the outcome.
+/// the response back with the outcome. A body whose `declared` length (the head's
+/// `Content-Length` of an answer that has a body) is over the limit is `TooLarge` at
+/// once, nothing read: a slow one would otherwise run into the time limit, and be
+/// sent again, before the limit is passed.
 async fn read_whole<R: Runtime, Response: TransportResponse>(
     runtime: &R,
     deadline: Instant,
     mut response: Response,
     limit: usize,
+    declared: Option<u64>,
 ) -> (Response, Result<Result<Bytes, TransportError>, Elapsed>) {
+    if declared.is_some_and(|length| length > limit as u64) {
+        let error = TransportError::new(
+            TransportErrorKind::TooLarge,
+            "the body's declared length is longer than the limit",
+        );
+        return (response, Ok(Err(error)));
+    }
     let read = timeout_at(runtime, deadline, read_body(&mut response, limit)).await;
     (response, read)
+}
+
+/// Whether an answer with `status` to a request that was (or was not) a `HEAD` has a
+/// body, so its `Content-Length` gives that body's length: not one to a `HEAD`, a
+/// 1xx, a 204 or a 304.
+fn has_body(status: http::StatusCode, head_request: bool) -> bool {
+    !(head_request
+        || status.is_informational()
+        || status == http::StatusCode::NO_CONTENT
+        || status == http::StatusCode::NOT_MODIFIED)
 }
 
 /// Reads up to [`MAX_ERROR_BODY`] bytes of an error response's body, giving up at

@@ -637,6 +637,11 @@ impl<T: Transport, R: Runtime, A: TokenSource> ResilientClient<T, R, A> {
     ///   `Config`, counts as `Interrupted`: the answer had begun.)
     /// - A body longer than `limit` ends the call at once with `TooLarge` (final;
     ///   the breaker is not told, as for any `TooLarge`); what was read is dropped.
+    ///   One whose head declares it longer (the transport's
+    ///   [`content_length`](crate::TransportResponse::content_length), for an answer
+    ///   that has a body: not one to a `HEAD`, a 1xx, 204 or 304) ends it at the
+    ///   head, unread, so a slow one is not read until a time limit cuts it and the
+    ///   request is sent again.
     /// - `Succeeded` is reported once the body is read: its `ms` runs from just
     ///   before the send to the body's end, and `bytes` is the body's length. A half-open
     ///   probe is judged on the whole body too. A body that fails reports `Failed`, its

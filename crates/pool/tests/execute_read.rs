@@ -231,6 +231,58 @@ fn a_body_over_the_limit_ends_the_call_and_leaves_the_breaker_alone() {
 }
 
 #[test]
+fn a_body_declared_longer_than_the_limit_fails_at_its_head_unread() {
+    // 100,000 bytes declared, coming 100 a second: against a limit of 1,000 the call
+    // ends at the head with `TooLarge`, one send, rather than reading for the whole
+    // attempt timeout, cutting it, and sending the GET again until the budget ends.
+    let w = World::new();
+    let declared = Reply::ok()
+        .header("content-length", "100000")
+        .body(vec![b'x'; 100_000])
+        .chunk_size(100)
+        .chunk_delay(secs(1));
+    w.transport.push(declared.after(ms(20)));
+    let client = w.builder().breaker(1, secs(5), secs(60)).build().unwrap();
+    let policy = bounded(3, ms(250));
+    let err = read(&w, &client, &policy, 1_000, |h| h.get("/export")).unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::TooLarge)
+    );
+    assert_eq!(w.transport.request_count(), 1);
+    assert_eq!(w.rt.elapsed(), ms(20), "ended at the head");
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    assert_eq!(
+        failures(&w.events()),
+        [(ErrorKind::Transport(TransportErrorKind::TooLarge), true, 20)]
+    );
+    // An answer that has no body is read, whatever its length says: to a HEAD, and
+    // a 204 or a 304 to a GET. A body of exactly its declared length, the limit, is
+    // read too.
+    w.transport
+        .push(Reply::ok().header("content-length", "100000"));
+    w.transport
+        .push(Reply::status(204).header("content-length", "100000"));
+    w.transport
+        .push(Reply::status(304).header("content-length", "100000"));
+    w.transport.push(
+        Reply::ok()
+            .header("content-length", "1000")
+            .body(vec![b'x'; 1_000]),
+    );
+    let head = read(&w, &client, &policy, 1_000, |h| h.head("/export")).unwrap();
+    assert_eq!((head.status(), head.body().len()), (StatusCode::OK, 0));
+    for status in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED] {
+        let got = read(&w, &client, &policy, 1_000, |h| h.get("/export")).unwrap();
+        assert_eq!((got.status(), got.body().len()), (status, 0));
+    }
+    let got = read(&w, &client, &policy, 1_000, |h| h.get("/export")).unwrap();
+    assert_eq!(got.body().len(), 1_000);
+    assert_eq!(w.transport.request_count(), 5);
+    w.assert_contract();
+}
+
+#[test]
 fn an_empty_body_fits_a_limit_of_zero() {
     let w = World::new();
     w.transport.push(Reply::status(204));
