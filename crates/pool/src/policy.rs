@@ -64,7 +64,11 @@ pub struct RetryPolicy {
     pub max_retries: u32,
     /// The first back-off.
     pub base: Duration,
-    /// The ceiling of the back-off, and of a server's requested delay.
+    /// The ceiling of the back-off, and of a server's requested delay: the longest
+    /// any wait for a retry can be. Nothing bounds it further, so a huge one (up to
+    /// `Duration::MAX`) lets a server's `Retry-After` park the call for as long as
+    /// it asks, within the call's budget (a retry the budget has no room for is not
+    /// waited for); without a budget, until the call is dropped.
     pub max: Duration,
 }
 
@@ -120,7 +124,9 @@ pub enum RetryMode {
     UntilCancelled {
         /// The first back-off.
         base: Duration,
-        /// The ceiling of the back-off and of a server's requested delay.
+        /// The ceiling of the back-off and of a server's requested delay. With no
+        /// budget, nothing else bounds a wait: a huge ceiling lets a server's
+        /// `Retry-After` park the call until it is dropped.
         max: Duration,
     },
     /// A bounded schedule.
