@@ -807,6 +807,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                     None => acquire.await,
                 };
                 now = self.now();
+                // A permit granted at the budget's end (the race polls the wait
+                // first): no time to send, so no rate token is taken for it.
+                if self.past_budget(now) {
+                    return Err(self.timed_out_at_gate());
+                }
                 if !self.still_allowed(probe, now) {
                     return Ok(None);
                 }
@@ -826,6 +831,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         if self.refused(held, now) {
             Box::pin(self.fetch_token(None)).await?;
             now = self.now();
+            if self.past_budget(now) {
+                return Err(self.timed_out_at_gate());
+            }
             if !self.still_allowed(probe, now) {
                 return Ok(None);
             }
@@ -1021,6 +1029,13 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 } else {
                     // `auth_token` would look for a token at hand again first.
                     match Box::pin(self.fetch_token(None)).await {
+                        // A fetch that ended at the budget's end (its race against
+                        // the budget polls the fetch first) leaves no time to send:
+                        // no request is built.
+                        Ok(_) if self.past_budget(self.now()) => {
+                            drop(probe);
+                            return Err(self.refuse(self.timed_out_at_gate()));
+                        }
                         Ok(token) => {
                             now = self.now();
                             yielded = true;

@@ -2044,6 +2044,127 @@ fn a_redial_that_reaches_the_gate_exactly_at_the_budgets_end_builds_no_request()
 }
 
 #[test]
+fn a_permit_or_a_token_that_comes_at_the_budgets_end_leaves_the_rate_token_and_the_closure_alone() {
+    // The budget is spent at its end, whatever wait reaches it: a permit granted
+    // then, a first token fetch that ends then, or the refresh a send holding its
+    // permit waits for that ends then. Each wait's race against the
+    // budget looks at the wait first, so either can win at that very instant; the
+    // call must still end `TimedOut` at once, building no request and taking no
+    // rate token (the bucket: 1 token in 10 s, burst 2).
+    let two_seconds = CallPolicy::background()
+        .with_attempt_timeout(secs(1))
+        .unwrap()
+        .with_budget(Some(secs(2)))
+        .unwrap();
+    // B waits for the permit A holds until its 2 s reply.
+    let w = World::new();
+    w.transport.on_path("/a", [Reply::ok().after(secs(2))]);
+    w.transport.default_reply(Reply::ok());
+    let client = w
+        .builder()
+        .max_parallel(1)
+        .rate_limit_with_burst(0.1, 2)
+        .build()
+        .unwrap();
+    let a = w.spawn_call(&client, CallPolicy::background(), "/a");
+    let b = w.spawn_call(&client, two_seconds.clone(), "/b");
+    let (a, b) = w.rt.block_on(async { (a.await, b.await) }).unwrap();
+    assert!(a.is_ok());
+    let err = b.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
+    assert!(err.nothing_sent());
+    // The bucket's second token is still there for the next call.
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/c")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(0), secs(2)]);
+    w.assert_contract();
+
+    // The first token fetch takes the whole budget.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let rt = w.rt.clone();
+    let source = vantage_api_pool::auth::token_fn(move || {
+        let rt = rt.clone();
+        async move {
+            rt.sleep(secs(2)).await;
+            Ok::<_, vantage_api_pool::auth::AuthError>((
+                http::header::AUTHORIZATION,
+                http::HeaderValue::from_static("Bearer t1"),
+            ))
+        }
+    });
+    let client = w
+        .builder()
+        .rate_limit_with_burst(0.1, 1)
+        .auth(source)
+        .build()
+        .unwrap();
+    let mut built = 0;
+    let err =
+        w.rt.block_on(client.execute_with(&two_seconds, |h| {
+            built += 1;
+            h.get("/x")
+        }))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
+    assert_eq!((w.now(), built), (secs(2), 0), "no request built");
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/y")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(2)], "the bucket's token was left");
+    w.assert_contract();
+
+    // B gets the permit at 1 s, when A's 401 rejects the token B's request carries:
+    // B waits, holding the permit, for the refresh A started, which ends at B's
+    // budget's end (2 s). A replays at 2 s with the new token; a third call finds
+    // the bucket's last token (1 in 10 s, burst 3) still there.
+    let w = World::new();
+    w.transport
+        .on_path("/a", [Reply::status(401).after(secs(1)), Reply::ok()]);
+    w.transport.default_reply(Reply::ok());
+    let (rt, fetches) = (w.rt.clone(), Arc::new(std::sync::atomic::AtomicU32::new(0)));
+    let counted = Arc::clone(&fetches);
+    let source = vantage_api_pool::auth::token_fn(move || {
+        let rt = rt.clone();
+        let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            if n > 1 {
+                rt.sleep(secs(1)).await;
+            }
+            let value = if n == 1 { "Bearer t1" } else { "Bearer t2" };
+            Ok::<_, vantage_api_pool::auth::AuthError>((
+                http::header::AUTHORIZATION,
+                http::HeaderValue::from_static(value),
+            ))
+        }
+    });
+    let client = w
+        .builder()
+        .max_parallel(1)
+        .rate_limit_with_burst(0.1, 3)
+        .auth(source)
+        .build()
+        .unwrap();
+    let a = w.spawn_call(&client, CallPolicy::background(), "/a");
+    let b = w.spawn_call(&client, two_seconds, "/b");
+    let (a, b) = w.rt.block_on(async { (a.await, b.await) }).unwrap();
+    assert!(a.is_ok(), "{a:?}");
+    let err = b.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/c")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.sent_at(), [secs(0), secs(2), secs(2)]);
+    w.assert_contract();
+}
+
+#[test]
 fn started_carries_the_gates_reading_not_the_clock_after_a_slow_request_closure() {
     // The request closure takes 300 ms (say, signing a body): `Started` stands for
     // the gate's reading (0 ms), as `TransportEvent::at` documents.
