@@ -15,6 +15,9 @@
 //! | `OPTIONS` anything | `204`, the CORS allow headers (methods, the requested headers); not counted |
 //! | `GET /flaky/<id>` | first request `503` with `Retry-After: 1`, later ones `200 ok` |
 //! | `GET /missing/<id>` | `404` with the body `no such order` |
+//! | `POST /see-other-busy/<id>` | `303` to `/busy/<id>`: `429` with `retry-after-ms: 10` |
+//! | `POST /see-other-unauth/<id>` | `303` to `/unauth/<id>`: `401` |
+//! | `GET /gzip-stored/<id>` | `200` with 100 `x`, gzip-encoded in 123 bytes (one stored deflate block) |
 //! | `GET /stall-body/<id>` | `200` announcing 100 body bytes, sends 10 (`0123456789`), then nothing until the client closes |
 //! | `GET /cut-once/<id>` | first request `200` announcing 100 body bytes, sends 10 (`0123456789`), then closes the connection; later ones `200` with 100 `x` |
 //! | `GET /stall-head/<id>` | nothing at all until the client closes (counted as a request) |
@@ -268,6 +271,22 @@ fn answer(
             &[id, ("retry-after", "1")],
             "busy",
         )
+    } else if let Some(rest) = path.strip_prefix("/see-other-busy/") {
+        let to = format!("/busy/{rest}");
+        response("303 See Other", &[id, ("location", to.as_str())], "")
+    } else if let Some(rest) = path.strip_prefix("/see-other-unauth/") {
+        let to = format!("/unauth/{rest}");
+        response("303 See Other", &[id, ("location", to.as_str())], "")
+    } else if path.starts_with("/busy/") {
+        response(
+            "429 Too Many Requests",
+            &[id, ("retry-after-ms", "10")],
+            "slow down",
+        )
+    } else if path.starts_with("/unauth/") {
+        response("401 Unauthorized", &[id], "who are you")
+    } else if path.starts_with("/gzip-stored/") {
+        gzip_stored(&[b'x'; 100], id)
     } else if path.starts_with("/missing/") {
         response("404 Not Found", &[id], "no such order")
     } else if path.starts_with("/cut-once/") {
@@ -304,6 +323,50 @@ fn answer(
     } else {
         response("200 OK", &[id], "ok")
     }
+}
+
+/// A `200` whose body is `plain` gzip-encoded in one stored (uncompressed) deflate
+/// block: 23 bytes longer on the wire than once fetch has decoded it.
+fn gzip_stored(plain: &[u8], id: (&str, &str)) -> Vec<u8> {
+    let len = u16::try_from(plain.len()).expect("a stored block holds at most 65,535 bytes");
+    let mut gzip = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+    gzip.push(1); // the last block, stored
+    gzip.extend_from_slice(&len.to_le_bytes());
+    gzip.extend_from_slice(&(!len).to_le_bytes());
+    gzip.extend_from_slice(plain);
+    gzip.extend_from_slice(&crc32(plain).to_le_bytes());
+    gzip.extend_from_slice(&(plain.len() as u32).to_le_bytes());
+    let mut bytes = format!(
+        "HTTP/1.1 200 OK\r\n\
+         access-control-allow-origin: *\r\n\
+         access-control-expose-headers: {EXPOSED}\r\n\
+         content-encoding: gzip\r\n\
+         content-type: text/plain\r\n\
+         content-length: {}\r\n\
+         {}: {}\r\n\r\n",
+        gzip.len(),
+        id.0,
+        id.1
+    )
+    .into_bytes();
+    bytes.extend_from_slice(&gzip);
+    bytes
+}
+
+/// CRC-32 (IEEE), for the gzip trailer.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in data {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
 }
 
 /// A whole response whose last `body_len` bytes (its body) are replaced by `part`:

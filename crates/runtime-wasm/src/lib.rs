@@ -20,8 +20,10 @@
 //! The runtime and its futures hold JavaScript values and are not `Send`: run the
 //! pool's calls with `wasm_bindgen_futures::spawn_local`, or return them to
 //! JavaScript as a promise with `wasm_bindgen_futures::future_to_promise`. A sleep's
-//! timer wakes whichever task polled it last, so any single-threaded executor drives
-//! it.
+//! timer wakes whichever task polled it last, so any single-threaded executor that
+//! returns to the JavaScript event loop between polls drives it. One that blocks
+//! the thread instead (`futures::executor::block_on`, `pollster`) never lets the
+//! timer's callback run: its sleeps never end, and it spins.
 //!
 //! # Other targets
 //!

@@ -214,7 +214,9 @@ async fn a_503_with_retry_after_1_then_200_succeeds_no_earlier_than_a_second_lat
         panic!("the second send succeeds: {:?}", events[4]);
     };
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(bytes, Some(2));
+    // fetch's body length is not known at the head (see
+    // `a_compressed_body_within_the_limit_is_read_…`).
+    assert_eq!(bytes, None);
     assert_eq!(client.runtime().pending_timers(), 0);
 }
 
@@ -277,7 +279,9 @@ async fn a_body_is_read_by_the_caller_after_success() {
     let url = format!("{}{path}", server());
     let response = client.execute(|http| http.get(&url)).await.expect("200");
     assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(response.content_length(), Some(2));
+    // Unknown on wasm32: fetch decodes bodies, and its `Content-Length` may be the
+    // encoded one's (see `a_compressed_body_within_the_limit_is_read_…`).
+    assert_eq!(response.content_length(), None);
     // The portable forms, which also compile natively.
     assert_eq!(
         response.as_inner().map(|inner| inner.status()),
@@ -714,4 +718,81 @@ async fn an_error_body_that_stalls_is_cut_by_the_attempt_timeout_keeping_what_ca
         closed, 1,
         "the stalled body was given up: the server saw it close"
     );
+}
+
+/// The fault server's count of requests to `path`: a POST the server answered with a
+/// 303, whose GET met `then`, went out once.
+async fn a_post_answered_by_a_303_goes_out_once<A: vantage_api_pool::TokenSource>(
+    prefix: &str,
+    client: ResilientClient<ReqwestTransport, WasmRuntime, A>,
+) -> (u64, Result<StatusCode, ClientError>) {
+    let path = fresh(prefix);
+    let url = format!("{}{path}", server());
+    let policy = CallPolicy::bounded(vantage_api_pool::RetryPolicy {
+        max_retries: 3,
+        base: Duration::from_millis(5),
+        max: Duration::from_millis(5),
+    });
+    let result = client
+        .execute_with(&policy, |http| http.post(&url).body("order #1"))
+        .await
+        .map(|response| response.status());
+    (counted("count", &path).await, result)
+}
+
+#[wasm_bindgen_test]
+async fn a_post_a_303_answered_is_not_sent_again_for_what_its_get_met() {
+    // fetch follows the 303 out of sight; the final URL tells the adapter that the
+    // response answers the GET it led to, so neither a 429 to that GET nor its 401
+    // (a token refresh and a replay) sends the POST again. The same natively.
+    let observer = RecordingObserver::new();
+    let plain = builder(&observer).build().expect("valid settings");
+    let (posts, result) = a_post_answered_by_a_303_goes_out_once("see-other-busy", plain).await;
+    assert_eq!(posts, 1, "{result:?}");
+    let err = result.expect_err("the 429 is final for the POST");
+    assert_eq!(err.status(), Some(StatusCode::TOO_MANY_REQUESTS));
+    assert!(err.answered_by_redirect());
+    let token = token_fn(|| async {
+        Ok::<_, AuthError>((
+            http::header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer t"),
+        ))
+    });
+    let with_token = builder(&RecordingObserver::new())
+        .auth(token)
+        .build()
+        .expect("valid settings");
+    let (posts, result) =
+        a_post_answered_by_a_303_goes_out_once("see-other-unauth", with_token).await;
+    assert_eq!(posts, 1, "{result:?}");
+    let err = result.expect_err("the 401 is final for the POST");
+    assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED));
+    // A GET that the 303 leads to the same 429 is sent again: it is idempotent.
+    let client = client(&RecordingObserver::new());
+    let path = fresh("see-other-busy");
+    let url = format!("{}{path}", server());
+    let policy = CallPolicy::bounded(vantage_api_pool::RetryPolicy {
+        max_retries: 1,
+        base: Duration::from_millis(5),
+        max: Duration::from_millis(5),
+    });
+    let err = client
+        .execute_with(&policy, |http| http.get(&url))
+        .await
+        .expect_err("429 twice");
+    assert_eq!((err.attempts(), counted("count", &path).await), (2, 2));
+}
+
+#[wasm_bindgen_test]
+async fn a_compressed_body_within_the_limit_is_read_not_too_large() {
+    // 100 bytes, gzip-encoded in 123: fetch hands over the 100, so a limit of 100
+    // reads them, whatever the `Content-Length` of the encoded body says.
+    let client = client(&RecordingObserver::new());
+    let path = fresh("gzip-stored");
+    let url = format!("{}{path}", server());
+    let read = client
+        .execute_read_with(&CallPolicy::background(), 100, |http| http.get(&url))
+        .await
+        .expect("100 bytes under a limit of 100");
+    assert_eq!(read.body().as_ref(), &[b'x'; 100][..]);
 }

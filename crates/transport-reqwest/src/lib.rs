@@ -199,12 +199,14 @@ part, later sends on it time out too until the platform gives it up).
 fetch follows redirects itself, with no policy to set and no hop the adapter can
 see: it drops `Authorization` on a hop to another origin, but a token under another
 header name (`x-api-key`) goes along, so point such a client only at an API whose
-redirects stay in its origin. Nor can it tell a request answered with a redirect
-(`answered_by_redirect` is always `false` there): a POST answered `303 See Other`
-whose GET then meets a 429 or a 503 with a delay is sent again, as the status is
-taken for the POST's own, and so is one whose GET meets a 401 on a client with a
-token source (its replay). Give such a POST an `Idempotency-Key` the server
-honours, or a policy without retries. What the platform's own network stack does under
+redirects stay in its origin. The adapter sees fetch's final URL: when it is not the
+request's, the answer of a request other than a `GET` or `HEAD` counts as answered
+by a redirect (`answered_by_redirect`; a 307 or 308 too, which it cannot tell from a
+303), so a POST answered `303 See Other` whose GET meets a 429, a 503 with a delay
+or a 401 is not sent again; and one from another origin as sent without
+`Authorization` (`credentials_dropped`). A chain that leaves the origin and comes
+back to the request's URL looks like no redirect: give such a POST an
+`Idempotency-Key` the server honours. What the platform's own network stack does under
 fetch (a resend of a request that a kept-alive connection handed back unwritten,
 say) is out of the adapter's sight.
 
@@ -783,6 +785,15 @@ macro_rules! transport_impl {
                 #[cfg(target_arch = "wasm32")]
                 let marks = 0;
                 let http_url = matches!(request.url().scheme(), "http" | "https");
+                #[cfg(target_arch = "wasm32")]
+                let asked = {
+                    let mut url = request.url().clone();
+                    url.set_fragment(None);
+                    let method = request.method();
+                    (url, method != http::Method::GET && method != http::Method::HEAD)
+                };
+                #[cfg(not(target_arch = "wasm32"))]
+                let asked = ();
                 let sending = Sending {
                     pending: client.execute(request),
                     marks,
@@ -790,6 +801,7 @@ macro_rules! transport_impl {
                     answered: false,
                     credentials_dropped: false,
                     http_url,
+                    asked,
                 };
                 #[cfg(target_arch = "wasm32")]
                 let sending = futures::future::Either::Right(sending);
@@ -965,8 +977,19 @@ pin_project_lite::pin_project! {
         // scheme came from a redirect (`prepare` refuses other schemes, but a
         // request can be changed after it, or made with `ReqwestRequest::new`).
         http_url: bool,
+        // On wasm32, the request's URL without its fragment and whether a redirect
+        // may have turned it into a GET (any method but GET and HEAD): fetch follows
+        // redirects out of sight, and its final URL is all that tells of them.
+        // Nothing natively.
+        asked: Asked,
     }
 }
+
+/// What [`Sending`] keeps of the request on wasm32 (see `asked`).
+#[cfg(target_arch = "wasm32")]
+type Asked = (reqwest::Url, bool);
+#[cfg(not(target_arch = "wasm32"))]
+type Asked = ();
 
 impl<F> Future for Sending<F>
 where
@@ -1010,7 +1033,8 @@ where
                 Err(error) => Err(error::send_error(error)),
             })
         }
-        // The browser follows redirects itself, and every failure is `Interrupted`.
+        // The browser follows redirects itself (its final URL tells that it did),
+        // and every failure is `Interrupted`.
         #[cfg(target_arch = "wasm32")]
         {
             let _ = (
@@ -1024,9 +1048,12 @@ where
             } else {
                 error::transport_error
             };
-            this.pending
-                .poll(cx)
-                .map(|result| result.map(ReqwestResponse::new).map_err(map_error))
+            let (asked, answerable) = &*this.asked;
+            this.pending.poll(cx).map(|result| {
+                result
+                    .map(|response| ReqwestResponse::fetched(response, asked, *answerable))
+                    .map_err(map_error)
+            })
         }
     }
 }

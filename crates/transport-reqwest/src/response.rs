@@ -42,7 +42,9 @@ impl ReqwestResponse {
     }
 
     /// The body length when known, as reqwest's
-    /// [`content_length`](reqwest::Response::content_length) gives it.
+    /// [`content_length`](reqwest::Response::content_length) gives it natively; on
+    /// wasm32 always `None` (fetch decodes the body, and the header's length may be
+    /// the encoded one's).
     #[must_use]
     pub fn content_length(&self) -> Option<u64> {
         TransportResponse::content_length(self)
@@ -197,7 +199,8 @@ mod imp {
         /// policy followed to another origin than the hop before, which reqwest sent
         /// without the request's `Authorization`, `Cookie` and `Proxy-Authorization`:
         /// a 401 in it is final. Always `false` under an untracked policy, which the
-        /// adapter cannot see, and on wasm32, where the browser follows redirects.
+        /// adapter cannot see. (On wasm32, where the browser follows redirects: fetch's
+        /// final URL is of another origin than the request's.)
         fn credentials_dropped(&self) -> bool {
             self.inner
                 .extensions()
@@ -212,8 +215,9 @@ mod imp {
         /// retried or replayed only for an idempotent call. A redirect after which
         /// reqwest sends the same request on (a 307 or 308, or a 301 or 302 to a
         /// PATCH, say) does not count. Always `false` under an untracked policy, whose hops the
-        /// adapter does not see (comparing URLs could not tell a 303 from a 307),
-        /// and on wasm32, where the browser follows redirects.
+        /// adapter does not see (comparing URLs could not tell a 303 from a 307).
+        /// (On wasm32, where the browser follows redirects, a final URL other than
+        /// the request's marks the answer of any request but a `GET` or `HEAD`.)
         fn answered_by_redirect(&self) -> bool {
             self.inner
                 .extensions()
@@ -253,7 +257,8 @@ mod imp {
     pub struct ReqwestResponse {
         status: StatusCode,
         headers: HeaderMap,
-        content_length: Option<u64>,
+        answered: bool,
+        credentials_dropped: bool,
         unread: Option<reqwest::Response>,
         body: Option<BodyStream>,
     }
@@ -265,10 +270,36 @@ mod imp {
             ReqwestResponse {
                 status: inner.status(),
                 headers: inner.headers().clone(),
-                content_length: inner.content_length(),
+                answered: false,
+                credentials_dropped: false,
                 unread: Some(inner),
                 body: None,
             }
+        }
+
+        /// Wraps the response to a request sent to `asked` (its URL without a
+        /// fragment) that was `answerable` (a method a redirect may turn into a
+        /// `GET`: any but `GET` and `HEAD`). fetch follows redirects out of sight; a
+        /// final URL other than `asked` tells that it followed some. The response
+        /// then counts as answering another request than the one sent, for an
+        /// `answerable` one (a 303, or a 301 or 302 to a `POST`, answered it; a 307 or
+        /// 308, which cannot be told apart here, did not, and is counted too: a
+        /// request that is not idempotent is then not sent again), and as sent
+        /// without the credentials when the final origin is another (fetch drops
+        /// `Authorization` on a hop to another origin).
+        pub(crate) fn fetched(
+            inner: reqwest::Response,
+            asked: &reqwest::Url,
+            answerable: bool,
+        ) -> Self {
+            let mut response = ReqwestResponse::new(inner);
+            if let Some(inner) = &response.unread
+                && inner.url() != asked
+            {
+                response.answered = answerable;
+                response.credentials_dropped = inner.url().origin() != asked.origin();
+            }
+            response
         }
 
         /// The reqwest response, or `None` once
@@ -338,9 +369,28 @@ mod imp {
             std::mem::take(&mut self.headers)
         }
 
-        /// reqwest's [`content_length`](reqwest::Response::content_length).
+        /// Unknown (`None`): fetch hands over the body decoded, while the
+        /// `Content-Length` it shows (reqwest's
+        /// [`content_length`](reqwest::Response::content_length)) is that of the
+        /// encoded body, and a browser hides `Content-Encoding` from a cross-origin
+        /// reader, so nothing tells the two apart. (A limit on an `execute_read` is
+        /// then met by the bytes read, never by the header.)
         fn content_length(&self) -> Option<u64> {
-            self.content_length
+            None
+        }
+
+        /// fetch followed a redirect to another origin (its final URL's origin is
+        /// not the request's): it dropped `Authorization` on the way.
+        fn credentials_dropped(&self) -> bool {
+            self.credentials_dropped
+        }
+
+        /// fetch followed a redirect (its final URL is not the request's) for a
+        /// request other than a `GET` or `HEAD`. A 307 or 308, which keeps the
+        /// method, cannot be told apart from a 303 here, and counts too: a request
+        /// that is not idempotent is then not sent again.
+        fn answered_by_redirect(&self) -> bool {
+            self.answered
         }
 
         /// The next piece of the `fetch` body stream. Dropping the future loses
