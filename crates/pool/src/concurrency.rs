@@ -252,22 +252,28 @@ impl<'a> Future for Acquire<'a> {
         let mut queue = limiter.lock();
         // The flag is set while this caller is queued, so only lock holders change
         // the word: a free permit stays free until the front takes it.
-        if queue.waiters.front().is_some_and(|w| w.id == id)
-            && limiter.word.load(Ordering::Acquire) >= ONE
-        {
+        let free = limiter.word.load(Ordering::Acquire);
+        if queue.waiters.front().is_some_and(|w| w.id == id) && free >= ONE {
+            // A second permit free is one for the next in line: its waker, cloned
+            // before anything changes (a clone that panics leaves the queue and the
+            // count as they were).
+            let next = if free >= 2 * ONE {
+                queue.waiters.get(1).map(|w| w.waker.clone())
+            } else {
+                None
+            };
             limiter.word.fetch_sub(ONE, Ordering::AcqRel);
-            // The guard first: a panic out of a waker below (the next one's wake, or
-            // a drop) unwinds through it, and the permit comes back.
-            let permit = limiter.grant();
             let served = queue.waiters.pop_front();
             self.queued = None;
             if queue.waiters.is_empty() {
                 limiter.clear_flag();
             }
-            // Another permit may be free for the next in line.
-            let next = limiter.wake_front(&queue);
             drop(queue);
-            // Its waker may be an older one than this poll's: dropped after the lock.
+            // The guard after the lock (its drop takes the lock) and before anything
+            // that may panic: the served waker's drop (maybe an older waker than this
+            // poll's, so dropped after the lock) and the next one's wake. A panic out
+            // of either unwinds through it, and the permit comes back.
+            let permit = limiter.grant();
             drop(served);
             if let Some(w) = next {
                 w.wake();

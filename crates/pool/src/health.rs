@@ -420,7 +420,7 @@ struct ApiState {
     in_flight: i64,
     /// Ends still to come of sends that were in flight when the API was forgotten
     /// (their `Started` went with the old figures): each is taken off this, not
-    /// off `in_flight`.
+    /// off `in_flight`. Never below zero.
     orphans: i64,
     /// A ring: slice `i` lives in slot `i % SLICES`, so the newest `SLICES` slices
     /// seen are kept, whatever the rate.
@@ -465,11 +465,14 @@ impl ApiState {
         }
     }
 
-    /// A state for an API (or label) listed anew, owed the ends of `orphans` sends
-    /// that were in flight when it was forgotten.
-    fn listed(at: Instant, orphans: Option<i64>) -> Self {
+    /// A state for an API (or label) listed anew, given what its forget left
+    /// `owed`: the ends of that many sends still in flight, or, below zero, that
+    /// many ends heard before their `Started`, whose starts are still to come.
+    fn listed(at: Instant, owed: Option<i64>) -> Self {
+        let owed = owed.unwrap_or(0);
         ApiState {
-            orphans: orphans.unwrap_or(0),
+            orphans: owed.max(0),
+            in_flight: owed.min(0),
             ..ApiState::new(at)
         }
     }
@@ -484,11 +487,13 @@ impl ApiState {
         }
     }
 
-    /// The ends a forget of these figures leaves to come, if any: the sends in
-    /// flight and the orphans still owed.
+    /// What a forget of these figures leaves owed, if anything: the ends still to
+    /// come (of the sends in flight and the orphans still owed), or, below zero, the
+    /// starts still to come of ends heard first. (While orphans are owed no end is
+    /// taken off `in_flight`, so the two never offset each other.)
     fn ends_owed(&self) -> Option<i64> {
-        let owed = self.in_flight.max(0) + self.orphans;
-        (owed > 0).then_some(owed)
+        let owed = self.in_flight + self.orphans;
+        (owed != 0).then_some(owed)
     }
 
     /// Takes `status` as the last one unless a later one is already known.
@@ -590,7 +595,8 @@ pub struct HealthObserver {
 }
 
 /// Per API forgotten with sends in flight (and per label of it), how many ends of
-/// those sends are still to come.
+/// those sends are still to come; below zero, how many starts of ends heard before
+/// them.
 #[derive(Debug, Default)]
 struct Orphans {
     apis: HashMap<Arc<str>, i64>,
@@ -791,7 +797,9 @@ impl HealthObserver {
     /// flight (per label too) until the API is listed anew, and that many ends are
     /// then taken off what is owed, not off the sends in flight, so once they have
     /// come the in-flight figure is exact again (until then, a send started after
-    /// the forget that ends first stands in for one of them). What the forgotten
+    /// the forget that ends first stands in for one of them). So are the starts
+    /// still owed of ends heard before them (events relayed out of order). What the
+    /// forgotten
     /// figures hold (the last errors, whose sources may be a token source's own
     /// errors) is dropped once the locks are released.
     ///
@@ -1348,6 +1356,15 @@ mod tests {
         send(120, 7, started());
         assert_eq!(in_flight(), (Some(0), Some(0)));
         send(140, 8, started());
+        assert_eq!(in_flight(), (Some(1), Some(1)));
+        // An end heard before its start, then a forget: the start still owed, heard
+        // after it, counts no send in flight.
+        send(150, 8, ok(10, StatusCode::OK));
+        send(170, 9, ok(10, StatusCode::OK));
+        assert!(h.forget("a"));
+        send(160, 9, started());
+        assert_eq!(in_flight(), (Some(0), Some(0)));
+        send(180, 10, started());
         assert_eq!(in_flight(), (Some(1), Some(1)));
     }
 

@@ -368,7 +368,8 @@ pub trait TransportResponse {
 
     /// The body length when the transport knows it; by default the `Content-Length`
     /// header as hyper reads it: digits, or a list of them split by commas, every
-    /// value in every copy the same.
+    /// value in every copy the same, and none beside a `Transfer-Encoding` (which
+    /// frames the body instead).
     fn content_length(&self) -> Option<u64> {
         content_length_header(self.headers())
     }
@@ -518,7 +519,8 @@ pub trait SendTransportResponse: Send {
 
     /// As [`TransportResponse::content_length`]; by default the `Content-Length`
     /// header as hyper reads it: digits, or a list of them split by commas, every
-    /// value in every copy the same.
+    /// value in every copy the same, and none beside a `Transfer-Encoding` (which
+    /// frames the body instead).
     fn content_length(&self) -> Option<u64> {
         content_length_header(self.headers())
     }
@@ -577,8 +579,13 @@ impl<T: SendTransportResponse> TransportResponse for T {
 /// The `Content-Length` header as a number, read as hyper reads it: each copy a
 /// list of values split by commas (RFC 9110 §8.6 lets a recipient take `42, 42`),
 /// each value digits only (`1*DIGIT`: no sign) with white space around it, and
-/// every value of every copy the same; otherwise `None`.
+/// every value of every copy the same; otherwise `None`. A `Transfer-Encoding`
+/// frames the body instead (RFC 9112 §6.3: it overrides a `Content-Length` beside
+/// it), so there is none then either.
 fn content_length_header(headers: &HeaderMap) -> Option<u64> {
+    if headers.contains_key(http::header::TRANSFER_ENCODING) {
+        return None;
+    }
     let mut length = None;
     for value in headers.get_all(http::header::CONTENT_LENGTH) {
         for part in value.as_bytes().split(|&b| b == b',') {
@@ -758,6 +765,17 @@ mod tests {
         assert_eq!(lengths(&["3,"]), None);
         assert_eq!(lengths(&[","]), None);
         assert_eq!(lengths(&["3, +3"]), None);
+        // Beside a Transfer-Encoding, which frames the body instead: none.
+        let mut chunked = HeaderMap::new();
+        chunked.insert(
+            http::header::CONTENT_LENGTH,
+            HeaderValue::from_static("100"),
+        );
+        chunked.insert(
+            http::header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        assert_eq!(content_length_header(&chunked), None);
         assert_eq!(lengths(&["99999999999999999999999"]), None);
     }
 }
