@@ -233,19 +233,21 @@ impl<'a> Future for Acquire<'a> {
             if limiter.try_take_unqueued() {
                 return Poll::Ready(limiter.grant());
             }
+            // The waker to queue, cloned first, outside the lock: a clone that
+            // panics leaves the flag as it was (set below, it would stay set with
+            // nobody queued, and send every caller through the lock).
+            let waker = cx.waker().clone();
             let mut queue = limiter.lock();
             // Nobody queued (the flag is clear) and a permit free: take it; otherwise
             // join the queue, setting the flag if this caller is the first.
             if queue.waiters.is_empty() && limiter.take_or_flag() {
                 drop(queue);
+                drop(waker);
                 return Poll::Ready(limiter.grant());
             }
             let id = queue.next_id;
             queue.next_id += 1;
-            queue.waiters.push_back(Waiter {
-                id,
-                waker: cx.waker().clone(),
-            });
+            queue.waiters.push_back(Waiter { id, waker });
             self.queued = Some(id);
             return Poll::Pending;
         };

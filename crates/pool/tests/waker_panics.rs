@@ -3,21 +3,24 @@
 //! one `unsafe` of the workspace's tests.
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 use std::time::Duration;
 
 use vantage_api_pool::concurrency::Limiter;
 
-/// Set: the next clone of a [`panicking_clone`] waker panics (once).
-static PANIC_ON_CLONE: AtomicBool = AtomicBool::new(false);
+thread_local! {
+    /// Set: the next clone of a [`panicking_clone`] waker on this thread panics
+    /// (once). Per thread, so tests running side by side cannot trip each other.
+    static PANIC_ON_CLONE: Cell<bool> = const { Cell::new(false) };
+}
 
 unsafe fn clone(data: *const ()) -> RawWaker {
-    if PANIC_ON_CLONE.swap(false, Ordering::SeqCst) {
+    if PANIC_ON_CLONE.replace(false) {
         panic!("a waker whose clone panics");
     }
     RawWaker::new(data, &VTABLE)
@@ -55,7 +58,7 @@ fn a_next_waker_whose_clone_panics_neither_deadlocks_the_queue_nor_loses_a_permi
         assert!(poll_with(&mut a, Waker::noop()).is_pending());
         assert!(poll_with(&mut b, &panicking_clone()).is_pending());
         drop(held);
-        PANIC_ON_CLONE.store(true, Ordering::SeqCst);
+        PANIC_ON_CLONE.set(true);
         let served = catch_unwind(AssertUnwindSafe(|| {
             poll_with(&mut a, Waker::noop()).is_ready()
         }));
@@ -84,4 +87,25 @@ fn a_next_waker_whose_clone_panics_neither_deadlocks_the_queue_nor_loses_a_permi
             panic!("deadlocked: a permit was dropped under the queue's lock")
         }
     }
+}
+
+#[test]
+fn a_waker_whose_clone_panics_as_its_caller_would_queue_leaves_the_lock_free_path_open() {
+    // Every permit held, A would be the first to queue: its waker's clone panics.
+    // The "somebody is queued" flag must not be left set with nobody queued, which
+    // would send every later caller through the lock.
+    let limiter = Limiter::new(1).unwrap();
+    let held = limiter.try_acquire().unwrap();
+    let mut a = limiter.acquire();
+    PANIC_ON_CLONE.set(true);
+    let joined = catch_unwind(AssertUnwindSafe(|| {
+        poll_with(&mut a, &panicking_clone()).is_pending()
+    }));
+    assert!(joined.is_err(), "the clone panicked out of A's poll");
+    drop((a, held));
+    assert_eq!((limiter.in_flight(), limiter.waiting()), (0, 0));
+    assert!(
+        limiter.try_acquire().is_some(),
+        "nobody waits and the permit is free: the lock-free take gets it"
+    );
 }

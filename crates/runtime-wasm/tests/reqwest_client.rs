@@ -796,3 +796,24 @@ async fn a_compressed_body_within_the_limit_is_read_not_too_large() {
         .expect("100 bytes under a limit of 100");
     assert_eq!(read.body().as_ref(), &[b'x'; 100][..]);
 }
+
+#[wasm_bindgen_test]
+async fn a_post_to_a_path_the_platform_encodes_otherwise_was_not_redirected() {
+    // Chromium sends (and reports back in its final URL) a `|` in a path as `%7C`,
+    // which reqwest's URL keeps as it is: the same place, so the POST's own 429 is
+    // retried like any (an outside review's case: it was taken for a redirect).
+    let client = client(&RecordingObserver::new());
+    let path = format!("{}/auth0|123^x", fresh("busy"));
+    let url = format!("{}{path}", server());
+    let policy = CallPolicy::bounded(vantage_api_pool::RetryPolicy {
+        max_retries: 1,
+        base: Duration::from_millis(5),
+        max: Duration::from_millis(5),
+    });
+    let err = client
+        .execute_with(&policy, |http| http.post(&url).body("order #1"))
+        .await
+        .expect_err("429 twice");
+    assert!(!err.answered_by_redirect(), "no redirect was followed");
+    assert_eq!(err.attempts(), 2, "the POST's own 429 is retried");
+}

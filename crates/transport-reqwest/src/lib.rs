@@ -204,9 +204,12 @@ request's, the answer of a request other than a `GET` or `HEAD` counts as answer
 by a redirect (`answered_by_redirect`; a 307 or 308 too, which it cannot tell from a
 303), so a POST answered `303 See Other` whose GET meets a 429, a 503 with a delay
 or a 401 is not sent again; and one from another origin as sent without
-`Authorization` (`credentials_dropped`). A chain that leaves the origin and comes
-back to the request's URL looks like no redirect: give such a POST an
-`Idempotency-Key` the server honours. What the platform's own network stack does under
+`Authorization` (`credentials_dropped`); the two URLs are compared with their
+percent-encoding decoded (Chromium encodes a `|` or `^` in a path that reqwest's URL
+keeps as it is). A chain that leaves the origin and comes back to the request's URL
+looks like no redirect (give such a POST an `Idempotency-Key` the server honours),
+and one that comes back to another URL of its origin like a redirect that kept
+`Authorization`. What the platform's own network stack does under
 fetch (a resend of a request that a kept-alive connection handed back unwritten,
 say) is out of the adapter's sight.
 

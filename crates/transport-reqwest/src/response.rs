@@ -294,7 +294,7 @@ mod imp {
         ) -> Self {
             let mut response = ReqwestResponse::new(inner);
             if let Some(inner) = &response.unread
-                && inner.url() != asked
+                && !super::same_place(asked, inner.url())
             {
                 response.answered = answerable;
                 response.credentials_dropped = inner.url().origin() != asked.origin();
@@ -406,5 +406,90 @@ mod imp {
                 .get_or_insert_with(|| Box::pin(futures::stream::empty()));
             body.next().await.transpose().map_err(body_error)
         }
+    }
+}
+
+#[cfg(any(target_arch = "wasm32", test))]
+/// Whether fetch's final URL is the one the request went to: the same scheme,
+/// host and port, and the same path and query once their percent-encoding is
+/// decoded (a browser encodes some characters reqwest's URLs leave as they are:
+/// Chromium a `|` or `^` in a path, which then comes back encoded).
+fn same_place(asked: &reqwest::Url, fetched: &reqwest::Url) -> bool {
+    asked.scheme() == fetched.scheme()
+        && asked.host_str() == fetched.host_str()
+        && asked.port_or_known_default() == fetched.port_or_known_default()
+        && decoded(asked.path()).eq(decoded(fetched.path()))
+        && decoded(asked.query().unwrap_or("")).eq(decoded(fetched.query().unwrap_or("")))
+}
+
+/// The bytes of `text` with each `%XX` escape decoded.
+#[cfg(any(target_arch = "wasm32", test))]
+fn decoded(text: &str) -> impl Iterator<Item = u8> + '_ {
+    let bytes = text.as_bytes();
+    let hex = |at: usize| {
+        bytes
+            .get(at)
+            .and_then(|&b| char::from(b).to_digit(16))
+            .and_then(|d| u8::try_from(d).ok())
+    };
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let byte = *bytes.get(at)?;
+        if byte == b'%'
+            && let (Some(high), Some(low)) = (hex(at + 1), hex(at + 2))
+        {
+            at += 3;
+            return Some(high << 4 | low);
+        }
+        at += 1;
+        Some(byte)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_place;
+
+    fn same(a: &str, b: &str) -> bool {
+        same_place(&a.parse().unwrap(), &b.parse().unwrap())
+    }
+
+    #[test]
+    fn a_final_url_is_the_requests_own_whatever_the_platform_percent_encodes() {
+        let asked = "http://127.0.0.1:8080/users/auth0|123^x?q=a|b";
+        assert!(same(asked, asked));
+        // Chromium sends a `|` or `^` in a path encoded, and reports it so.
+        assert!(same(
+            asked,
+            "http://127.0.0.1:8080/users/auth0%7C123%5Ex?q=a|b"
+        ));
+        assert!(same(
+            asked,
+            "http://127.0.0.1:8080/users/auth0%7c123%5ex?q=a%7Cb"
+        ));
+        assert!(same("http://h/x", "http://h:80/x"));
+        assert!(same("http://h/x?", "http://h/x"));
+        // Another path, query, port, host or scheme is another place.
+        assert!(!same(
+            asked,
+            "http://127.0.0.1:8080/users/auth0|124^x?q=a|b"
+        ));
+        assert!(!same(
+            asked,
+            "http://127.0.0.1:8080/users/auth0|123^x?q=a|c"
+        ));
+        assert!(!same(
+            asked,
+            "http://127.0.0.1:8081/users/auth0|123^x?q=a|b"
+        ));
+        assert!(!same(
+            asked,
+            "http://localhost:8080/users/auth0|123^x?q=a|b"
+        ));
+        assert!(!same("http://h/x", "https://h/x"));
+        assert!(!same("http://h/see-other/1", "http://h/busy/1"));
+        // An escape that is not one stays as it is.
+        assert!(same("http://h/100%", "http://h/100%"));
+        assert!(!same("http://h/100%25", "http://h/100%2"));
     }
 }
