@@ -129,6 +129,15 @@ async fn one_failing_attempt(prefix: &str, limit_ms: u64) -> (Client, String, Cl
     (client, path, err, raw_performance_now() - raw_start)
 }
 
+/// A bounded policy of `retries` retries, 5 ms apart.
+fn retrying_every_5_ms(retries: u32) -> CallPolicy {
+    CallPolicy::bounded(vantage_api_pool::RetryPolicy {
+        max_retries: retries,
+        base: Duration::from_millis(5),
+        max: Duration::from_millis(5),
+    })
+}
+
 fn events(observer: &RecordingObserver) -> Vec<TransportEvent> {
     observer.events().into_iter().map(|r| r.event).collect()
 }
@@ -575,11 +584,7 @@ async fn execute_read_sends_a_get_again_when_its_body_is_cut_off() {
     let client = client(&observer);
     let path = fresh("cut-once");
     let url = format!("{}{path}", server());
-    let policy = CallPolicy::bounded(vantage_api_pool::RetryPolicy {
-        max_retries: 2,
-        base: Duration::from_millis(5),
-        max: Duration::from_millis(5),
-    });
+    let policy = retrying_every_5_ms(2);
     let read = client
         .execute_read_with(&policy, 1000, |http| http.get(&url))
         .await
@@ -728,11 +733,7 @@ async fn a_post_answered_by_a_303_goes_out_once<A: vantage_api_pool::TokenSource
 ) -> (u64, Result<StatusCode, ClientError>) {
     let path = fresh(prefix);
     let url = format!("{}{path}", server());
-    let policy = CallPolicy::bounded(vantage_api_pool::RetryPolicy {
-        max_retries: 3,
-        base: Duration::from_millis(5),
-        max: Duration::from_millis(5),
-    });
+    let policy = retrying_every_5_ms(3);
     let result = client
         .execute_with(&policy, |http| http.post(&url).body("order #1"))
         .await
@@ -771,11 +772,7 @@ async fn a_post_a_303_answered_is_not_sent_again_for_what_its_get_met() {
     let client = client(&RecordingObserver::new());
     let path = fresh("see-other-busy");
     let url = format!("{}{path}", server());
-    let policy = CallPolicy::bounded(vantage_api_pool::RetryPolicy {
-        max_retries: 1,
-        base: Duration::from_millis(5),
-        max: Duration::from_millis(5),
-    });
+    let policy = retrying_every_5_ms(1);
     let err = client
         .execute_with(&policy, |http| http.get(&url))
         .await
@@ -805,11 +802,7 @@ async fn a_post_to_a_path_the_platform_encodes_otherwise_was_not_redirected() {
     let client = client(&RecordingObserver::new());
     let path = format!("{}/auth0|123^x", fresh("busy"));
     let url = format!("{}{path}", server());
-    let policy = CallPolicy::bounded(vantage_api_pool::RetryPolicy {
-        max_retries: 1,
-        base: Duration::from_millis(5),
-        max: Duration::from_millis(5),
-    });
+    let policy = retrying_every_5_ms(1);
     let err = client
         .execute_with(&policy, |http| http.post(&url).body("order #1"))
         .await
