@@ -799,9 +799,8 @@ impl HealthObserver {
     /// come the in-flight figure is exact again (until then, a send started after
     /// the forget that ends first stands in for one of them). So are the starts
     /// still owed of ends heard before them (events relayed out of order). What the
-    /// forgotten
-    /// figures hold (the last errors, whose sources may be a token source's own
-    /// errors) is dropped once the locks are released.
+    /// forgotten figures hold (the last errors, whose sources may be a token
+    /// source's own errors) is dropped once the locks are released.
     ///
     /// ```
     /// use std::sync::Arc;
