@@ -409,11 +409,11 @@ mod imp {
     }
 }
 
-#[cfg(any(target_arch = "wasm32", test))]
 /// Whether fetch's final URL is the one the request went to: the same scheme,
 /// host and port, and the same path and query once their percent-encoding is
 /// decoded (a browser encodes some characters reqwest's URLs leave as they are:
 /// Chromium a `|` or `^` in a path, which then comes back encoded).
+#[cfg(any(target_arch = "wasm32", test))]
 fn same_place(asked: &reqwest::Url, fetched: &reqwest::Url) -> bool {
     asked.scheme() == fetched.scheme()
         && asked.host_str() == fetched.host_str()
