@@ -17,6 +17,7 @@
 //! | `GET /missing/<id>` | `404` with the body `no such order` |
 //! | `POST /see-other-busy/<id>` | `303` to `/busy/<id>`: `429` with `retry-after-ms: 10` |
 //! | `POST /see-other-unauth/<id>` | `303` to `/unauth/<id>`: `401` |
+//! | `GET /elsewhere/<path>` | `302` to `/<path>` on the server's second port: another origin, with the same answers and counts |
 //! | `GET /gzip-stored/<id>` | `200` with 100 `x`, gzip-encoded in 123 bytes (one stored deflate block) |
 //! | `GET /stall-body/<id>` | `200` announcing 100 body bytes, sends 10 (`0123456789`), then nothing until the client closes |
 //! | `GET /cut-once/<id>` | first request `200` announcing 100 body bytes, sends 10 (`0123456789`), then closes the connection; later ones `200` with 100 `x` |
@@ -67,6 +68,10 @@ type Shared = Arc<Mutex<Counts>>;
 /// connection (an ephemeral port: nothing else is likely to take it meanwhile).
 static CLOSED_PORT: OnceLock<u16> = OnceLock::new();
 
+/// A second port on 127.0.0.1 that serves the same answers (and counts), another
+/// origin for redirects to cross.
+static OTHER_PORT: OnceLock<u16> = OnceLock::new();
+
 fn main() {
     let max_seconds = parse_max_seconds();
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -77,6 +82,8 @@ fn main() {
         .expect("bind a second port")
         .port();
     CLOSED_PORT.get_or_init(|| closed_port);
+    let other = TcpListener::bind("127.0.0.1:0").expect("bind another port");
+    OTHER_PORT.get_or_init(|| other.local_addr().expect("local address").port());
     println!("listening on {addr}");
     std::io::stdout().flush().expect("flush stdout");
 
@@ -89,9 +96,16 @@ fn main() {
     });
 
     let counts = Shared::default();
+    let for_other = Arc::clone(&counts);
+    std::thread::spawn(move || accept(&other, &for_other));
+    accept(&listener, &counts);
+}
+
+/// Serves each connection `listener` accepts on a thread of its own.
+fn accept(listener: &TcpListener, counts: &Shared) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
-        let counts = Arc::clone(&counts);
+        let counts = Arc::clone(counts);
         std::thread::spawn(move || {
             if let Err(e) = serve(stream, &counts) {
                 eprintln!("fault_server: connection error: {e}");
@@ -277,6 +291,10 @@ fn answer(
     } else if let Some(rest) = path.strip_prefix("/see-other-unauth/") {
         let to = format!("/unauth/{rest}");
         response("303 See Other", &[id, ("location", to.as_str())], "")
+    } else if let Some(rest) = path.strip_prefix("/elsewhere/") {
+        let port = OTHER_PORT.get().copied().unwrap_or(0);
+        let to = format!("http://127.0.0.1:{port}/{rest}");
+        response("302 Found", &[id, ("location", to.as_str())], "")
     } else if path.starts_with("/busy/") {
         response(
             "429 Too Many Requests",

@@ -810,3 +810,39 @@ async fn a_post_to_a_path_the_platform_encodes_otherwise_was_not_redirected() {
     assert!(!err.answered_by_redirect(), "no redirect was followed");
     assert_eq!(err.attempts(), 2, "the POST's own 429 is retried");
 }
+
+#[wasm_bindgen_test]
+async fn a_401_from_another_origin_a_redirect_led_to_is_final() {
+    // fetch follows the 302 to the server's second port, another origin, dropping
+    // `Authorization` on the way: the 401 there says nothing of the token, so no
+    // token is fetched for it and the GET is not replayed.
+    let fetches = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted_fetches = Arc::clone(&fetches);
+    let client = builder(&RecordingObserver::new())
+        .auth(token_fn(move || {
+            counted_fetches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async {
+                Ok::<_, AuthError>((
+                    http::header::AUTHORIZATION,
+                    HeaderValue::from_static("Bearer t"),
+                ))
+            }
+        }))
+        .build()
+        .expect("valid settings");
+    let target = fresh("unauth");
+    let url = format!("{}/elsewhere{target}", server());
+    let err = client
+        .execute_with(&retrying_every_5_ms(2), |http| http.get(&url))
+        .await
+        .expect_err("a 401");
+    assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED));
+    assert!(err.credentials_dropped(), "{err:?}");
+    assert_eq!(err.attempts(), 1, "not replayed");
+    assert_eq!(
+        fetches.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "no refresh"
+    );
+    assert_eq!(counted("count", &target).await, 1);
+}
