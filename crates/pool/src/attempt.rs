@@ -1029,15 +1029,15 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
                 } else {
                     // `auth_token` would look for a token at hand again first.
                     match Box::pin(self.fetch_token(None)).await {
-                        // A fetch that ended at the budget's end (its race against
-                        // the budget polls the fetch first) leaves no time to send:
-                        // no request is built.
-                        Ok(_) if self.past_budget(self.now()) => {
-                            drop(probe);
-                            return Err(self.refuse(self.timed_out_at_gate()));
-                        }
                         Ok(token) => {
                             now = self.now();
+                            // A fetch that ended at the budget's end (its race
+                            // against the budget polls the fetch first) leaves no
+                            // time to send: no request is built.
+                            if self.past_budget(now) {
+                                drop(probe);
+                                return Err(self.refuse(self.timed_out_at_gate()));
+                            }
                             yielded = true;
                             token
                         }

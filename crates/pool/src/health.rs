@@ -846,6 +846,12 @@ impl HealthObserver {
         listed
     }
 
+    /// The state of `api`, listed (anew) at `at`, with what a forget of it left owed.
+    /// Called under the `apis` lock.
+    fn listed_anew(&self, api: &Arc<str>, at: Instant) -> ApiState {
+        ApiState::listed(at, lock(&self.orphans).apis.remove(api))
+    }
+
     /// Where the window of `state` ends: at `now`, or at the API's latest event when
     /// `now` is earlier or not given.
     fn window_end(&self, state: &ApiState, now: Option<Instant>) -> Instant {
@@ -988,8 +994,8 @@ impl TransportObserver for HealthObserver {
         let mut apis = self.lock();
         if !apis.contains_key(api) {
             let name = Arc::from(api);
-            let orphans = lock(&self.orphans).apis.remove(&name);
-            apis.insert(name, ApiState::listed(at, orphans));
+            let state = self.listed_anew(&name, at);
+            apis.insert(name, state);
         }
     }
 
@@ -1031,15 +1037,11 @@ impl HealthObserver {
             let mut apis = self.lock();
             match apis.get_mut(api) {
                 Some(state) => touch(state, &mut replaced),
-                None => {
-                    let name = Arc::from(api);
-                    let orphans = lock(&self.orphans).apis.remove(&name);
-                    touch(
-                        apis.entry(name)
-                            .or_insert_with(|| ApiState::listed(at, orphans)),
-                        &mut replaced,
-                    );
-                }
+                None => touch(
+                    apis.entry(Arc::from(api))
+                        .or_insert_with_key(|name| self.listed_anew(name, at)),
+                    &mut replaced,
+                ),
             }
         }
         drop(replaced);

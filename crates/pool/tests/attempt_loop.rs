@@ -2047,10 +2047,9 @@ fn a_redial_that_reaches_the_gate_exactly_at_the_budgets_end_builds_no_request()
 fn a_permit_or_a_token_that_comes_at_the_budgets_end_leaves_the_rate_token_and_the_closure_alone() {
     // The budget is spent at its end, whatever wait reaches it: a permit granted
     // then, a first token fetch that ends then, or the refresh a send holding its
-    // permit waits for that ends then. Each wait's race against the
-    // budget looks at the wait first, so either can win at that very instant; the
-    // call must still end `TimedOut` at once, building no request and taking no
-    // rate token (the bucket: 1 token in 10 s, burst 2).
+    // permit waits for that ends then. Each wait's race against the budget looks at
+    // the wait first, so the wait can win at that very instant; the call must still
+    // end `TimedOut` at once, building no request and taking no rate token.
     let two_seconds = CallPolicy::background()
         .with_attempt_timeout(secs(1))
         .unwrap()
