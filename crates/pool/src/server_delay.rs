@@ -40,7 +40,7 @@
 //! | a sign (`+1`, `-1`), a fraction (`1.5`), an exponent (`1e3`) | ignored |
 //! | more than `u64::MAX` seconds (`99999999999999999999999`) | ignored (see below) |
 //! | an HTTP-date (IMF-fixdate, RFC 850 or asctime) after `wall_now` | the date minus `wall_now` |
-//! | an RFC 850 date's two-digit year (`Sunday, 29-Nov-26 …`) | the year with those last two digits that is at most 50 years after `wall_now`'s (RFC 9110 §5.6.7) |
+//! | an RFC 850 date's two-digit year (`Sunday, 29-Nov-26 …`) | the year with those last two digits that puts the date at most 50 years after `wall_now` (RFC 9110 §5.6.7: one more than 50 years ahead is read as a century earlier, in the past) |
 //! | an HTTP-date at or before `wall_now` | ignored |
 //! | any other date format (`2026-11-29T10:00:00Z`) or text | ignored |
 //!
@@ -176,8 +176,10 @@ fn parse_retry_after(text: &str, wall_now: SystemTime) -> Option<Duration> {
 }
 
 /// An RFC 850 date (`Sunday, 29-Nov-26 10:00:10 GMT`) as an IMF-fixdate whose year
-/// RFC 9110 §5.6.7 picks: of the years ending in its two digits, the latest that is
-/// at most 50 years after `wall_now`'s. `None` for any other text (parsed as it is),
+/// RFC 9110 §5.6.7 picks: of the years ending in its two digits, the latest that puts
+/// the date at most 50 years after `wall_now` (to the second: a date in the 50th
+/// year on that comes later in its year than `wall_now` is in its own is read a
+/// century earlier). `None` for any other text (parsed as it is),
 /// and for a `wall_now` an HTTP-date cannot hold (before 1970, from 9999): the date
 /// parser's own reading (`00` to `69` as 20xx) then stands.
 fn rfc850_as_imf_fixdate(text: &str, wall_now: SystemTime) -> Option<String> {
@@ -211,17 +213,35 @@ fn rfc850_as_imf_fixdate(text: &str, wall_now: SystemTime) -> Option<String> {
     let now = httpdate::fmt_http_date(wall_now);
     let this_year: u32 = now.get(12..16)?.parse().ok()?;
     let two_digits = u32::from(bytes[7] - b'0') * 10 + u32::from(bytes[8] - b'0');
+    let (day, month, time) = (rest.get(0..2)?, rest.get(3..6)?, rest.get(10..)?);
+    // The first year ending in those digits not before `wall_now`'s; if the date in
+    // it is more than 50 years ahead, the century before (in the past: ignored).
     let mut year = this_year - this_year % 100 + two_digits;
-    if year > this_year + 50 {
-        year -= 100;
-    } else if year + 50 <= this_year {
+    if year < this_year {
         year += 100;
     }
-    let (day, month, time) = (rest.get(0..2)?, rest.get(3..6)?, rest.get(10..)?);
+    if year > this_year + 50 || year == this_year + 50 && later_in_year((month, day, time), &now) {
+        year -= 100;
+    }
     Some(format!(
         "{}, {day} {month} {year} {time}",
         weekday.get(..3)?
     ))
+}
+
+/// Whether `(month, day, time)` of a date (`Nov`, `29`, `10:00:10 GMT`) comes later
+/// in a year than the same parts of IMF-fixdate `now` (`Sun, 29 Nov 2026 10:00:00
+/// GMT`). Both days have two digits and both times are `HH:MM:SS`, so they compare
+/// as text; an unknown month is not later (the date parser then refuses it).
+fn later_in_year((month, day, time): (&str, &str, &str), now: &str) -> bool {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let index = |name: Option<&str>| MONTHS.iter().position(|m| Some(*m) == name);
+    let (Some(date_month), Some(now_month)) = (index(Some(month)), index(now.get(8..11))) else {
+        return false;
+    };
+    (date_month, Some(day), time.get(..8)) > (now_month, now.get(5..7), now.get(17..25))
 }
 
 /// A non-empty run of ASCII digits as a number; `None` on any other byte, or when
@@ -596,8 +616,8 @@ mod tests {
     }
 
     /// RFC 9110 §5.6.7: an RFC 850 date's two-digit year is the latest year ending
-    /// in those digits that is at most 50 years ahead of the wall clock's, not a
-    /// fixed century (the date parser alone reads `00` to `69` as 20xx).
+    /// in those digits that puts the date at most 50 years ahead of the wall clock,
+    /// not a fixed century (the date parser alone reads `00` to `69` as 20xx).
     #[test]
     fn an_rfc850_year_is_read_against_the_wall_clock() {
         // 2070-01-01T00:00:00Z, a Wednesday; 2069-12-31 was a Tuesday.
@@ -621,6 +641,18 @@ mod tests {
         assert_eq!(in_2076, Some(Duration::from_secs(18_263 * 86_400)));
         // `77` is more than 50 years on: 1977, in the past.
         assert_eq!(delay(b"Monday, 29-Nov-77 10:00:00 GMT", now), None);
+        // So is a date in 2076 later than 50 years on, by a month or by a second:
+        // 1976, in the past. A second earlier is 2076.
+        assert_eq!(delay(b"Tuesday, 29-Dec-76 10:00:00 GMT", now), None);
+        assert_eq!(delay(b"Sunday, 29-Nov-76 10:00:01 GMT", now), None);
+        assert_eq!(
+            delay(b"Sunday, 29-Nov-76 09:59:59 GMT", now),
+            in_2076.map(|d| d - secs(1))
+        );
+        assert_eq!(
+            delay(b"Friday, 30-Oct-76 10:00:00 GMT", now),
+            in_2076.map(|d| d - secs(30 * 86_400))
+        );
         // From 2099, `05` is 2105.
         let in_2099 = SystemTime::UNIX_EPOCH + secs(4_070_908_800); // 2099-01-01
         let in_2105 = SystemTime::UNIX_EPOCH + secs(4_260_211_200); // 2105-01-01, Thursday
