@@ -926,6 +926,35 @@ fn fit_to(text: &str, width: usize) -> String {
     text.chars().take(width).collect()
 }
 
+/// The line under an API's row, in [`WIDTH`] characters: its last error, then the
+/// tokens fetched and a quiet spell's note (`quiet`: the long form, and the short
+/// one for a line too full for the long). The notes are kept whole and the error's
+/// text is cut, ending in `…`, to make room for them: a long 401 text otherwise
+/// pushed the token count off the line for the rest of the run.
+fn error_line(last: &str, tokens: Option<&str>, quiet: Option<(&str, &str)>) -> String {
+    let lead = format!("{:<11} last error: ", "");
+    let width = |text: &str| text.chars().count();
+    let notes_width = |notes: &[&str]| notes.iter().map(|n| 2 + width(n)).sum::<usize>();
+    let mut notes: Vec<&str> = tokens.into_iter().collect();
+    if let Some((long, short)) = quiet {
+        let with_long = width(&lead) + width(last) + notes_width(&notes) + 2 + width(long);
+        notes.push(if with_long <= WIDTH { long } else { short });
+    }
+    let room = WIDTH.saturating_sub(width(&lead) + notes_width(&notes));
+    let mut line = lead;
+    if width(last) <= room {
+        line.push_str(last);
+    } else {
+        line.push_str(&fit_to(last, room.saturating_sub(1)));
+        line.push('…');
+    }
+    for note in notes {
+        line.push_str("; ");
+        line.push_str(note);
+    }
+    fit(&line)
+}
+
 impl View {
     fn paint(&self, style: &str, text: &str) -> String {
         if self.settings.color {
@@ -1048,10 +1077,7 @@ impl View {
         let idle = self.now().saturating_duration_since(health?.updated_at);
         (idle >= Duration::from_secs(1)).then(|| {
             (
-                format!(
-                    "no events for {}: nothing sent, the window empties",
-                    secs(idle)
-                ),
+                format!("no events for {}: the window empties", secs(idle)),
                 format!("quiet {}", secs(idle)),
             )
         })
@@ -1104,23 +1130,12 @@ impl View {
             ));
             lines.push(self.paint(DIM, &fit(&format!("{:<11} {}", "", api.about))));
             let last = self.last_error(h, self.totals.get(api.name).replays);
-            let mut error = format!("{:<11} last error: {last}", "");
-            if let Some(note) = self.token_note(h)
-                && error.chars().count() + 2 + note.chars().count() <= WIDTH
-            {
-                error.push_str("; ");
-                error.push_str(&note);
-            }
-            if let Some((long, short)) = self.quiet(h) {
-                let note = if error.chars().count() + 2 + long.chars().count() <= WIDTH {
-                    long
-                } else {
-                    short
-                };
-                error.push_str("; ");
-                error.push_str(&note);
-            }
-            lines.push(fit(&error));
+            let quiet = self.quiet(h);
+            lines.push(error_line(
+                &last,
+                self.token_note(h).as_deref(),
+                quiet.as_ref().map(|(long, short)| (&**long, &**short)),
+            ));
         }
         lines.push(String::new());
         lines.push(self.paint(BOLD, "recent"));
@@ -1797,5 +1812,40 @@ fn main() -> ExitCode {
             eprintln!("demo failed: {error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{WIDTH, error_line};
+
+    const LONG_401: &str = "HTTP 401 after 1 attempt (0.7s ago; 3 replayed with a new token)";
+
+    #[test]
+    fn the_token_count_stays_on_a_line_whose_error_is_long() {
+        let line = error_line(LONG_401, Some("tokens 4 (last 0.5s ago)"), None);
+        assert!(line.ends_with("…; tokens 4 (last 0.5s ago)"), "{line}");
+        assert_eq!(line.chars().count(), WIDTH, "{line}");
+        // With a quiet spell too: its short note, both kept.
+        let quiet = ("no events for 2.0s: the window empties", "quiet 2.0s");
+        let line = error_line(LONG_401, Some("tokens 4"), Some(quiet));
+        assert!(line.ends_with("…; tokens 4; quiet 2.0s"), "{line}");
+        assert!(line.chars().count() <= WIDTH, "{line}");
+    }
+
+    #[test]
+    fn a_short_error_is_kept_whole_with_the_long_quiet_note() {
+        let quiet = ("no events for 2.0s: the window empties", "quiet 2.0s");
+        let line = error_line("none", None, Some(quiet));
+        assert_eq!(line.trim_start(), format!("last error: none; {}", quiet.0));
+        let line = error_line(
+            "HTTP 503 after 3 attempts (1.2s ago)",
+            Some("tokens 2"),
+            None,
+        );
+        assert_eq!(
+            line.trim_start(),
+            "last error: HTTP 503 after 3 attempts (1.2s ago); tokens 2"
+        );
     }
 }
