@@ -51,6 +51,7 @@ macro_rules! reserved_headers {
             ::http::header::CONTENT_TYPE,
             ::http::header::CONTENT_ENCODING,
             ::http::header::TRANSFER_ENCODING,
+            ::http::header::EXPECT,
             ::http::header::CONNECTION,
             ::http::HeaderName::from_static("keep-alive"),
             ::http::HeaderName::from_static("proxy-connection"),
@@ -62,11 +63,12 @@ macro_rules! reserved_headers {
 }
 pub(crate) use reserved_headers;
 
-/// The header names a token may not come under: the idempotency key and the headers
-/// that frame the message or the connection. A [`TokenSource`] that gives one, or
+/// The header names a token may not come under: the idempotency key, the headers
+/// that frame the message or the connection, and `expect` (whether the body goes
+/// out at all waits on the server's answer to it). A [`TokenSource`] that gives one, or
 /// an empty or blank value, fails the fetch: the call ends with
 /// [`ErrorKind::Auth`](crate::ErrorKind::Auth), nothing sent.
-pub const RESERVED_TOKEN_HEADERS: [HeaderName; 12] = reserved_headers!();
+pub const RESERVED_TOKEN_HEADERS: [HeaderName; 13] = reserved_headers!();
 
 /// Refuses a token under a name in [`RESERVED_TOKEN_HEADERS`], or with an empty or
 /// blank value: sent, it would break the request's framing or carry no credential.

@@ -19,11 +19,11 @@ use crate::runtime::Runtime;
 use crate::transport::Transport;
 
 /// The header names [`ClientBuilder::retry_count_header`] refuses: credentials, and
-/// the names no token may take ([`RESERVED_TOKEN_HEADERS`]: the idempotency key and
-/// the headers that frame the message or the connection).
+/// the names no token may take ([`RESERVED_TOKEN_HEADERS`]: the idempotency key,
+/// the headers that frame the message or the connection, and `expect`).
 ///
 /// [`RESERVED_TOKEN_HEADERS`]: crate::auth::RESERVED_TOKEN_HEADERS
-pub const RESERVED_RETRY_COUNT_HEADERS: [HeaderName; 15] = reserved_headers!(
+pub const RESERVED_RETRY_COUNT_HEADERS: [HeaderName; 16] = reserved_headers!(
     header::AUTHORIZATION,
     header::PROXY_AUTHORIZATION,
     header::COOKIE

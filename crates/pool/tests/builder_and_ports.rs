@@ -287,7 +287,13 @@ fn a_retry_count_header_the_request_depends_on_is_refused() {
     let w = World::new();
     let reserved = vantage_api_pool::builder::RESERVED_RETRY_COUNT_HEADERS;
     // The ones whose loss does the most harm are on the list by name.
-    for name in ["idempotency-key", "authorization", "content-length", "host"] {
+    for name in [
+        "idempotency-key",
+        "authorization",
+        "content-length",
+        "host",
+        "expect",
+    ] {
         assert!(reserved.iter().any(|r| r == name), "{name}");
     }
     for name in reserved {

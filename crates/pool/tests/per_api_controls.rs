@@ -2838,6 +2838,7 @@ fn a_token_under_a_framing_header_or_with_an_empty_value_is_an_auth_error() {
     let cases = [
         (http::header::HOST, "evil.example"),
         (http::header::CONTENT_LENGTH, "999"),
+        (http::header::EXPECT, "100-continue"),
         (HeaderName::from_static("idempotency-key"), "k"),
         (AUTHORIZATION, ""),
         (AUTHORIZATION, "  "),
