@@ -293,3 +293,24 @@ fn errors_are_error_send_sync_static() {
     assert_error::<vantage_api_pool::ConfigError>();
     assert_error::<vantage_api_pool::TransportError>();
 }
+
+/// The values a caller keeps or hands to another thread (a policy in a shared
+/// config, a health figure sent to a dashboard task, an event forwarded over a
+/// channel): an `Rc` slipped into one would show only in a user's `tokio::spawn`.
+/// Native only, as the client test above.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn kept_values_are_send_sync_static() {
+    fn assert_value<T: Send + Sync + 'static>() {}
+    fn assert_error<E: std::error::Error + Send + Sync + 'static>() {}
+    assert_error::<vantage_api_pool::auth::SharedAuthError>();
+    assert_error::<vantage_api_pool::Elapsed>();
+    assert_value::<AuthError>();
+    assert_value::<vantage_api_pool::AuthToken>();
+    assert_value::<vantage_api_pool::CallPolicy>();
+    assert_value::<vantage_api_pool::RetryPolicy>();
+    assert_value::<vantage_api_pool::BreakerState>();
+    assert_value::<vantage_api_pool::TransportEvent>();
+    assert_value::<vantage_api_pool::health::HealthObserver>();
+    assert_value::<vantage_api_pool::health::ApiHealth>();
+}
