@@ -25,19 +25,33 @@ use crate::time::Instant;
 ///
 /// # Implementing
 ///
+/// Every method keeps a contract the loop relies on: `now` never goes backwards and
+/// stays below [`Instant::FAR_FUTURE`]; a sleep never ends before its deadline, and
+/// one until `FAR_FUTURE` (or any deadline the runtime's own clock cannot hold) never
+/// ends and never panics: the loop asks for one when a wait has no end (a call
+/// under [`RetryMode::UntilCancelled`](crate::RetryMode::UntilCancelled) with an
+/// unbounded ceiling, say); `random` is in `[0, 1)`. A runtime that breaks one
+/// breaks the loop's timing (a sleep that ends early times every send out at once),
+/// not its memory safety. The testkit's `VirtualRuntime` and the adapters'
+/// runtimes are complete examples; the smallest one that keeps every rule:
+///
 /// ```
 /// use std::future::Future;
-/// use std::time::{Duration, SystemTime};
+/// use std::task::Poll;
+/// use std::time::SystemTime;
 /// use vantage_api_pool::{Instant, Runtime};
 ///
-/// /// A runtime whose time never moves and whose sleeps end at once: only good for
-/// /// calls that never wait.
+/// /// A runtime whose time never moves: a deadline that has not come never will, so
+/// /// its sleeps stay pending (a call on it must never wait).
 /// struct Frozen;
 ///
 /// impl Runtime for Frozen {
 ///     fn now(&self) -> Instant { Instant::ORIGIN }
 ///     fn wall_clock(&self) -> SystemTime { SystemTime::UNIX_EPOCH }
-///     fn sleep_until(&self, _deadline: Instant) -> impl Future<Output = ()> { async {} }
+///     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> {
+///         let due = deadline <= self.now();
+///         std::future::poll_fn(move |_| if due { Poll::Ready(()) } else { Poll::Pending })
+///     }
 ///     fn random(&self) -> f64 { 0.5 }
 /// }
 ///
@@ -56,6 +70,10 @@ pub trait Runtime {
     /// The deadline is fixed when this method is called, not when the future is first
     /// polled. Dropping the future cancels the timer and releases whatever the runtime
     /// held for it; nothing else happens.
+    ///
+    /// A deadline of [`Instant::FAR_FUTURE`], or one past what the runtime's own clock
+    /// can hold, never comes: the future stays pending, and neither this method nor a
+    /// poll panics. The loop asks for such a sleep when a wait has no end.
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()>;
 
     /// A future that completes `duration` after now (as read when this is called).
@@ -68,7 +86,10 @@ pub trait Runtime {
     /// A uniformly distributed number in `[0, 1)`, used for jitter.
     ///
     /// It need not be cryptographically strong; a test runtime returns a seeded
-    /// sequence so a run can be replayed.
+    /// sequence so a run can be replayed. A value outside `[0, 1)` is not refused:
+    /// jitter reads NaN or a negative number as 0 and one at or above 1 as the largest
+    /// below 1 ([`apply_jitter`](crate::backoff::apply_jitter)), so a generator that
+    /// gives NaN quietly turns jitter off.
     fn random(&self) -> f64;
 }
 
