@@ -1182,6 +1182,26 @@ fn a_failed_renewal_sends_the_token_still_valid_and_an_expired_token_is_never_se
 }
 
 #[test]
+fn a_renewal_that_fails_with_4_s_left_tries_again_2_s_later_the_floor_itself() {
+    // t1 lives 8 s, so it is due at 4 s (half its life, under the 60 s margin), and
+    // every renewal fails. The one at 4 s leaves 4 s: halfway is exactly 2 s away,
+    // which is the floor, not under it, so the next try is at 6 s (not at 5.999 s);
+    // that one leaves 1 s, so none follows before the expiry.
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (client, fetches) = with_tokens_living(&w, secs(8), Duration::ZERO, Some(2), |b| b);
+    for (now_ms, fetched) in [(0, 1), (4_000, 2), (5_999, 2), (6_000, 3), (7_999, 3)] {
+        w.rt.run_until(at(ms(now_ms))).unwrap();
+        w.rt.block_on(client.execute_with(&CallPolicy::background(), |h| h.get("/a")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(fetches.load(Ordering::SeqCst), fetched, "at {now_ms} ms");
+    }
+    assert_eq!(w.transport.requests().len(), 5);
+    w.assert_contract();
+}
+
+#[test]
 fn failed_renewals_back_off_halfway_to_the_expiry_and_none_is_tried_in_its_last_2_s() {
     // t1 lives 60 s and every renewal fails at once. With a call every 125 ms,
     // renewals are tried at 30 s, 45 s, 52.5 s and 56.25 s; the next halfway point,
