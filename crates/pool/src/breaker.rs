@@ -723,6 +723,36 @@ mod tests {
     }
 
     #[test]
+    fn a_reachable_answer_that_closes_it_sets_the_cooldown_back_to_its_base() {
+        let b = CircuitBreaker::new(
+            BreakerConfig::new(3, Duration::from_secs(5), Duration::from_secs(60)).unwrap(),
+        );
+        for _ in 0..3 {
+            b.record(Failure, None, at(0));
+        }
+        // A failed probe doubles the cooldown to 10 s.
+        let Gate::Allow { probe: Some(epoch) } = b.check(at(5)) else {
+            panic!("probe at 5")
+        };
+        assert_eq!(
+            b.record(Failure, Some(epoch), at(5)),
+            Some(Transition::Opened {
+                cooldown: Duration::from_secs(10)
+            })
+        );
+        // A 404 (reachable, not a success) closes it: the failure run stays, so the
+        // next failure opens it again at once, for the base cooldown.
+        assert_eq!(b.record(Reachable, None, at(6)), Some(Transition::Closed));
+        assert_eq!(
+            b.record(Failure, None, at(7)),
+            Some(Transition::Opened {
+                cooldown: Duration::from_secs(5)
+            })
+        );
+        assert_eq!(b.state(at(7)), BreakerState::Open { until: at(12) });
+    }
+
+    #[test]
     fn stale_epochs_cannot_free_or_fail_a_newer_probe() {
         let b = breaker();
         open_it(&b, at(0));
