@@ -275,13 +275,52 @@ fn check_config_refusals(events: &[TransportEvent], problems: &mut Vec<String>) 
 }
 
 /// At most one probe per epoch: while the breaker is open, no real send starts
-/// before its cooldown ends, and after it at most one is in flight at a time.
-fn check_probes(events: &[TransportEvent], problems: &mut Vec<String>) {
+/// before its cooldown ends, and after it at most one is in flight at a time. A
+/// probe answered with a 5xx opens the breaker again, and while it is closed the
+/// `threshold`th 5xx in a row opens it: `BreakerOpened` is the next event of its
+/// call. (Other failures count toward the threshold too, and only a success breaks
+/// the run; counting 5xx alone, from 0 at each success and each close, can only
+/// come short of the breaker's own count, never over it.)
+fn check_probes(events: &[TransportEvent], threshold: u32, problems: &mut Vec<String>) {
     let synthetic = synthetic_sends(events);
     let mut open: Option<(Instant, Duration)> = None;
     let mut in_flight: HashSet<(CallId, u32)> = HashSet::new();
+    // The call whose probe a 5xx answered, or whose 5xx reached the threshold, and when.
+    let mut reopen_owed: Option<(CallId, Instant)> = None;
+    let mut server_errors_in_a_row = 0;
     for e in events {
+        if let Some((call, at)) = reopen_owed
+            && e.call == Some(call)
+        {
+            if !matches!(e.kind, EventKind::BreakerOpened { .. }) {
+                problems.push(format!(
+                    "{call:?}: a 5xx at {at:?} owed BreakerOpened, then {:?}",
+                    e.kind
+                ));
+            }
+            reopen_owed = None;
+        }
         let key = e.call.zip(e.kind.send_and_attempt().map(|(s, _)| s));
+        if let EventKind::Failed {
+            sent: true, error, ..
+        } = &e.kind
+            && in_flight.contains(&key.unwrap())
+            && error.status().is_some_and(|s| s.is_server_error())
+        {
+            reopen_owed = e.call.map(|call| (call, e.at));
+        }
+        match &e.kind {
+            EventKind::Failed {
+                sent: true, error, ..
+            } if open.is_none() && error.status().is_some_and(|s| s.is_server_error()) => {
+                server_errors_in_a_row += 1;
+                if server_errors_in_a_row >= threshold {
+                    reopen_owed = e.call.map(|call| (call, e.at));
+                }
+            }
+            EventKind::Succeeded { .. } => server_errors_in_a_row = 0,
+            _ => {}
+        }
         match e.kind {
             EventKind::Started { .. } if !synthetic.contains(&key.unwrap()) => {
                 if let Some((at, cooldown)) = open {
@@ -310,9 +349,15 @@ fn check_probes(events: &[TransportEvent], problems: &mut Vec<String>) {
             EventKind::BreakerClosed => {
                 open = None;
                 in_flight.clear();
+                server_errors_in_a_row = 0;
             }
             _ => {}
         }
+    }
+    if let Some((call, at)) = reopen_owed {
+        problems.push(format!(
+            "{call:?}: a 5xx at {at:?} owed BreakerOpened, and the breaker never opened"
+        ));
     }
 }
 
@@ -910,7 +955,7 @@ fn run_seed(seed: u64) -> Result<u64, String> {
         }
     }
 
-    check_probes(&events, &mut problems);
+    check_probes(&events, threshold, &mut problems);
     check_config_refusals(&events, &mut problems);
 
     // A failure only doubles the cooldown when it is the probe's: every re-opening is
