@@ -670,6 +670,41 @@ mod tests {
         );
     }
 
+    /// A wall clock at 9999-01-01T00:00:00Z, the first instant an HTTP-date cannot
+    /// hold, leaves an RFC 850 year to the date parser: no panic (formatting that
+    /// clock as an HTTP-date would); 1970 is past.
+    #[test]
+    fn a_wall_clock_at_the_first_instant_of_9999_leaves_an_rfc850_year_to_the_parser() {
+        let year_9999 = SystemTime::UNIX_EPOCH + secs(253_402_300_800);
+        let map = headers(&[(RA, b"Thursday, 01-Jan-70 00:00:10 GMT")]);
+        assert_eq!(server_delay(&map, year_9999), None);
+        assert_eq!(server_delay(&map, year_9999 - secs(1)), None);
+        assert_eq!(
+            server_delay(&headers(&[(RA, b"5")]), year_9999),
+            Some(secs(5))
+        );
+    }
+
+    /// Text that starts like an RFC 850 date but is cut short, or has no two-digit
+    /// year, is ignored: never a panic, nor a year made up from other characters
+    /// (`9Z` would make 2032, whose 29 Nov is a Monday).
+    #[test]
+    fn a_malformed_rfc850_date_is_ignored() {
+        for value in [
+            &b"Monday, 29-Nov-9Z 10:00:00 GMT"[..],
+            b"Sunday, 29-Nov-",
+            b"Sunday, 29-Nov-2",
+            b"Sunday, 29-Nov-+6 10:00:10 GMT",
+        ] {
+            assert_eq!(
+                server_delay(&headers(&[(RA, value)]), now()),
+                None,
+                "{}",
+                String::from_utf8_lossy(value)
+            );
+        }
+    }
+
     #[test]
     fn an_overflowing_number_is_ignored_and_an_overflowing_ms_leaves_retry_after_to_be_read() {
         let ceiling = secs(30);

@@ -1363,3 +1363,27 @@ fn a_sleep_drops_the_wakers_it_lets_go_of_outside_the_clocks_lock() {
     // once the sleep had removed it.
     assert_eq!(seen, [1, 0]);
 }
+
+/// A sleep polled one nanosecond before its deadline is still pending, on both of
+/// its paths (the lock-free reading and the one under the clock's lock).
+#[test]
+fn a_sleep_polled_one_nanosecond_before_its_deadline_is_pending() {
+    let rt = VirtualRuntime::new();
+    let mut sleep = pin!(rt.sleep(Duration::from_secs(1)));
+    rt.advance(Duration::from_secs(1) - Duration::from_nanos(1));
+    let ready = rt
+        .block_on(poll_fn(|cx| {
+            Poll::Ready(sleep.as_mut().poll(cx).is_ready())
+        }))
+        .unwrap();
+    assert!(!ready, "ready at {:?}", rt.now());
+    assert_eq!(rt.pending_timers(), 1);
+    rt.advance(Duration::from_nanos(1));
+    let ready = rt
+        .block_on(poll_fn(|cx| {
+            Poll::Ready(sleep.as_mut().poll(cx).is_ready())
+        }))
+        .unwrap();
+    assert!(ready);
+    assert_eq!(rt.pending_timers(), 0);
+}
