@@ -88,8 +88,9 @@ pub trait Runtime {
     /// It need not be cryptographically strong; a test runtime returns a seeded
     /// sequence so a run can be replayed. A value outside `[0, 1)` is not refused:
     /// jitter reads NaN or a negative number as 0 and one at or above 1 as the largest
-    /// below 1 ([`apply_jitter`](crate::backoff::apply_jitter)), so a generator that
-    /// gives NaN quietly turns jitter off.
+    /// below 1 ([`apply_jitter`](crate::backoff::apply_jitter)). So a generator that
+    /// gives NaN quietly changes the waits: `Proportional` adds nothing, and `Full`
+    /// shrinks every policy back-off to its 1 ms floor.
     fn random(&self) -> f64;
 }
 

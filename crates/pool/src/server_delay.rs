@@ -40,7 +40,7 @@
 //! | a sign (`+1`, `-1`), a fraction (`1.5`), an exponent (`1e3`) | ignored |
 //! | more than `u64::MAX` seconds (`99999999999999999999999`) | ignored (see below) |
 //! | an HTTP-date (IMF-fixdate, RFC 850 or asctime) after `wall_now` | the date minus `wall_now` |
-//! | an RFC 850 date's two-digit year (`Sunday, 29-Nov-26 …`) | the year with those last two digits that puts the date at most 50 years after `wall_now` (RFC 9110 §5.6.7: one more than 50 years ahead is read as a century earlier, in the past) |
+//! | an RFC 850 date's two-digit year (`Sunday, 29-Nov-26 …`) | the latest year with those last two digits that puts the date at most 50 years after `wall_now` (RFC 9110 §5.6.7: one more than 50 years ahead is read as a century earlier, in the past) |
 //! | an HTTP-date at or before `wall_now` | ignored |
 //! | any other date format (`2026-11-29T10:00:00Z`) or text | ignored |
 //!
@@ -642,9 +642,23 @@ mod tests {
         // `77` is more than 50 years on: 1977, in the past.
         assert_eq!(delay(b"Monday, 29-Nov-77 10:00:00 GMT", now), None);
         // So is a date in 2076 later than 50 years on, by a month or by a second:
-        // 1976, in the past. A second earlier is 2076.
+        // 1976, in the past. A second earlier is 2076. (Ignored either way, as the
+        // weekdays are 2076's; the year picked is read off the rewritten date.)
         assert_eq!(delay(b"Tuesday, 29-Dec-76 10:00:00 GMT", now), None);
         assert_eq!(delay(b"Sunday, 29-Nov-76 10:00:01 GMT", now), None);
+        let year_of = |text| rfc850_as_imf_fixdate(text, now).map(|d| d[12..16].to_owned());
+        for (text, year) in [
+            ("Sunday, 29-Nov-76 10:00:00 GMT", "2076"),
+            ("Sunday, 29-Nov-76 10:00:01 GMT", "1976"),
+            ("Tuesday, 29-Dec-76 10:00:00 GMT", "1976"),
+            ("Friday, 30-Oct-76 10:00:00 GMT", "2076"),
+            ("Monday, 29-Nov-77 10:00:00 GMT", "1977"),
+            ("Sunday, 29-Nov-26 09:59:59 GMT", "2026"),
+            ("Sunday, 29-Nov-25 10:00:00 GMT", "2025"),
+            ("Sunday, 29-Nov-27 10:00:00 GMT", "2027"),
+        ] {
+            assert_eq!(year_of(text).as_deref(), Some(year), "{text}");
+        }
         assert_eq!(
             delay(b"Sunday, 29-Nov-76 09:59:59 GMT", now),
             in_2076.map(|d| d - secs(1))

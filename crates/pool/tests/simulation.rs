@@ -277,8 +277,8 @@ fn check_config_refusals(events: &[TransportEvent], problems: &mut Vec<String>) 
 /// At most one probe per epoch: while the breaker is open, no real send starts
 /// before its cooldown ends, and after it at most one is in flight at a time. A
 /// probe answered with a 5xx opens the breaker again, and while it is closed the
-/// `threshold`th 5xx in a row opens it: `BreakerOpened` is the next event of its
-/// call. (Other failures count toward the threshold too, and only a success breaks
+/// `threshold`th 5xx in a row opens it: `BreakerOpened`, of its call, is the next
+/// event. (Other failures count toward the threshold too, and only a success breaks
 /// the run; counting 5xx alone, from 0 at each success and each close, can only
 /// come short of the breaker's own count, never over it.)
 fn check_probes(events: &[TransportEvent], threshold: u32, problems: &mut Vec<String>) {
@@ -289,16 +289,15 @@ fn check_probes(events: &[TransportEvent], threshold: u32, problems: &mut Vec<St
     let mut reopen_owed: Option<(CallId, Instant)> = None;
     let mut server_errors_in_a_row = 0;
     for e in events {
-        if let Some((call, at)) = reopen_owed
-            && e.call == Some(call)
-        {
-            if !matches!(e.kind, EventKind::BreakerOpened { .. }) {
+        // The transition is reported right after the send's `Failed`, with nothing
+        // between on this one thread: it is the next event of all.
+        if let Some((call, at)) = reopen_owed.take() {
+            if e.call != Some(call) || !matches!(e.kind, EventKind::BreakerOpened { .. }) {
                 problems.push(format!(
                     "{call:?}: a 5xx at {at:?} owed BreakerOpened, then {:?}",
                     e.kind
                 ));
             }
-            reopen_owed = None;
         }
         let key = e.call.zip(e.kind.send_and_attempt().map(|(s, _)| s));
         if let EventKind::Failed {

@@ -926,21 +926,32 @@ fn fit_to(text: &str, width: usize) -> String {
     text.chars().take(width).collect()
 }
 
-/// The line under an API's row, in [`WIDTH`] characters: its last error, then the
-/// tokens fetched and a quiet spell's note (`quiet`: the long form, and the short
-/// one for a line too full for the long). The notes are kept whole and the error's
-/// text is cut, ending in `…`, to make room for them: a long 401 text otherwise
-/// pushed the token count off the line for the rest of the run.
-fn error_line(last: &str, tokens: Option<&str>, quiet: Option<(&str, &str)>) -> String {
+/// How many characters of the error a line keeps at least, notes or not.
+const ERROR_AT_LEAST: usize = 16;
+
+/// The line under an API's row, in [`WIDTH`] characters: its last error, then its
+/// notes (the tokens fetched, a quiet spell), each as a long and a short form. The
+/// whole error with every note long if they fit; else the notes short, from the
+/// last, until the whole error fits; else the error cut, ending in `…`, keeping at
+/// least [`ERROR_AT_LEAST`] characters, and a note that still does not fit whole
+/// left out, from the last. A note is never cut: a long 401 text once pushed the
+/// token count off the line for the rest of the run.
+fn error_line(last: &str, notes: &[(&str, &str)]) -> String {
     let lead = format!("{:<11} last error: ", "");
     let width = |text: &str| text.chars().count();
     let notes_width = |notes: &[&str]| notes.iter().map(|n| 2 + width(n)).sum::<usize>();
-    let mut notes: Vec<&str> = tokens.into_iter().collect();
-    if let Some((long, short)) = quiet {
-        let with_long = width(&lead) + width(last) + notes_width(&notes) + 2 + width(long);
-        notes.push(if with_long <= WIDTH { long } else { short });
+    let fits = |error: usize, notes: &[&str]| width(&lead) + error + notes_width(notes) <= WIDTH;
+    let mut chosen: Vec<&str> = notes.iter().map(|(long, _)| *long).collect();
+    for (i, (_, short)) in notes.iter().enumerate().rev() {
+        if fits(width(last), &chosen) {
+            break;
+        }
+        chosen[i] = short;
     }
-    let room = WIDTH.saturating_sub(width(&lead) + notes_width(&notes));
+    while !chosen.is_empty() && !fits(width(last).min(ERROR_AT_LEAST), &chosen) {
+        chosen.pop();
+    }
+    let room = WIDTH.saturating_sub(width(&lead) + notes_width(&chosen));
     let mut line = lead;
     if width(last) <= room {
         line.push_str(last);
@@ -948,7 +959,7 @@ fn error_line(last: &str, tokens: Option<&str>, quiet: Option<(&str, &str)>) -> 
         line.push_str(&fit_to(last, room.saturating_sub(1)));
         line.push('…');
     }
-    for note in notes {
+    for note in chosen {
         line.push_str("; ");
         line.push_str(note);
     }
@@ -1052,22 +1063,25 @@ impl View {
     }
 
     /// For an API with a token source, from `TokenFetchEnded`: the tokens fetched,
-    /// how long ago the last, and the fetches that brought none.
-    fn token_note(&self, health: Option<&ApiHealth>) -> Option<String> {
+    /// how long ago the last, and the fetches that brought none; the long note and
+    /// the short one, for a line too full for the long.
+    fn token_note(&self, health: Option<&ApiHealth>) -> Option<(String, String)> {
         let h = health?;
         let missed = h.token_fetches_failed + h.token_fetches_abandoned;
         if h.tokens_fetched + missed == 0 {
             return None;
         }
         let mut note = format!("tokens {}", h.tokens_fetched);
+        let mut short = note.clone();
         if let Some(at) = h.last_token_fetched_at {
             let last = self.now().saturating_duration_since(at);
             note.push_str(&format!(" (last {} ago)", secs(last)));
         }
         if missed > 0 {
             note.push_str(&format!(", {missed} fetches brought none"));
+            short.push_str(&format!(", {missed} missed"));
         }
-        Some(note)
+        Some((note, short))
     }
 
     /// With no events for a while (calls waiting out an open breaker send nothing),
@@ -1130,12 +1144,13 @@ impl View {
             ));
             lines.push(self.paint(DIM, &fit(&format!("{:<11} {}", "", api.about))));
             let last = self.last_error(h, self.totals.get(api.name).replays);
-            let quiet = self.quiet(h);
-            lines.push(error_line(
-                &last,
-                self.token_note(h).as_deref(),
-                quiet.as_ref().map(|(long, short)| (&**long, &**short)),
-            ));
+            let notes: Vec<(String, String)> = self
+                .token_note(h)
+                .into_iter()
+                .chain(self.quiet(h))
+                .collect();
+            let notes: Vec<(&str, &str)> = notes.iter().map(|(l, s)| (&**l, &**s)).collect();
+            lines.push(error_line(&last, &notes));
         }
         lines.push(String::new());
         lines.push(self.paint(BOLD, "recent"));
@@ -1216,7 +1231,7 @@ impl View {
                 "",
                 h.map_or(0, |h| h.retries)
             );
-            if let Some(note) = self.token_note(h) {
+            if let Some((note, _)) = self.token_note(h) {
                 tail.push_str("; ");
                 tail.push_str(&note);
             }
@@ -1817,32 +1832,62 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{WIDTH, error_line};
+    use super::{ERROR_AT_LEAST, WIDTH, error_line};
 
     const LONG_401: &str = "HTTP 401 after 1 attempt (0.7s ago; 3 replayed with a new token)";
+    const QUIET: (&str, &str) = ("no events for 2.0s: the window empties", "quiet 2.0s");
 
     #[test]
     fn the_token_count_stays_on_a_line_whose_error_is_long() {
-        let line = error_line(LONG_401, Some("tokens 4 (last 0.5s ago)"), None);
-        assert!(line.ends_with("…; tokens 4 (last 0.5s ago)"), "{line}");
+        // The error is too long to keep whole beside any note: the note goes short
+        // and the error is cut.
+        let tokens = ("tokens 4 (last 0.5s ago)", "tokens 4");
+        let line = error_line(LONG_401, &[tokens]);
+        assert!(line.ends_with(" replay…; tokens 4"), "{line}");
         assert_eq!(line.chars().count(), WIDTH, "{line}");
-        // With a quiet spell too: its short note, both kept.
-        let quiet = ("no events for 2.0s: the window empties", "quiet 2.0s");
-        let line = error_line(LONG_401, Some("tokens 4"), Some(quiet));
+        // With a quiet spell too: both notes, short.
+        let line = error_line(LONG_401, &[tokens, QUIET]);
         assert!(line.ends_with("…; tokens 4; quiet 2.0s"), "{line}");
+        assert_eq!(line.chars().count(), WIDTH, "{line}");
+        // An error that fits whole beside the long token note keeps it long; with
+        // the quiet note too, the quiet one goes short first, then the tokens'.
+        let line = error_line("HTTP 401 (0.7s ago)", &[tokens]);
+        let want = "last error: HTTP 401 (0.7s ago); tokens 4 (last 0.5s ago)";
+        assert_eq!(line.trim_start(), want);
+        let line = error_line("HTTP 503 (1.2s)", &[tokens, QUIET]);
+        let want = "last error: HTTP 503 (1.2s); tokens 4 (last 0.5s ago); quiet 2.0s";
+        assert_eq!(line.trim_start(), want);
+        let line = error_line("HTTP 401 (0.7s ago)", &[tokens, QUIET]);
+        let want = "last error: HTTP 401 (0.7s ago); tokens 4; quiet 2.0s";
+        assert_eq!(line.trim_start(), want);
+    }
+
+    #[test]
+    fn notes_go_short_then_out_and_are_never_cut() {
+        let tokens = (
+            "tokens 12 (last 3.4s ago), 2 fetches brought none",
+            "tokens 12, 2 missed",
+        );
+        let line = error_line(LONG_401, &[tokens, QUIET]);
+        assert!(
+            line.ends_with("…; tokens 12, 2 missed; quiet 2.0s"),
+            "{line}"
+        );
+        // A note that leaves the error too little room even short is left out, from
+        // the last.
+        let wide = ("x".repeat(40), "y".repeat(30));
+        let line = error_line(LONG_401, &[tokens, (&wide.0, &wide.1)]);
+        assert!(line.ends_with("…; tokens 12, 2 missed"), "{line}");
+        let error = line.trim_start().trim_start_matches("last error: ");
+        assert!(error.chars().count() > ERROR_AT_LEAST, "{line}");
         assert!(line.chars().count() <= WIDTH, "{line}");
     }
 
     #[test]
-    fn a_short_error_is_kept_whole_with_the_long_quiet_note() {
-        let quiet = ("no events for 2.0s: the window empties", "quiet 2.0s");
-        let line = error_line("none", None, Some(quiet));
-        assert_eq!(line.trim_start(), format!("last error: none; {}", quiet.0));
-        let line = error_line(
-            "HTTP 503 after 3 attempts (1.2s ago)",
-            Some("tokens 2"),
-            None,
-        );
+    fn a_short_error_is_kept_whole_with_the_long_notes() {
+        let line = error_line("none", &[QUIET]);
+        assert_eq!(line.trim_start(), format!("last error: none; {}", QUIET.0));
+        let line = error_line("HTTP 503 after 3 attempts (1.2s ago)", &[("tokens 2", "t")]);
         assert_eq!(
             line.trim_start(),
             "last error: HTTP 503 after 3 attempts (1.2s ago); tokens 2"
