@@ -684,7 +684,34 @@ async fn a_post_whose_own_body_stream_fails_is_interrupted_whatever_its_error_ho
     // body). What lies under it is the caller's: a relayed upload whose source could
     // not connect, say. Read as this connection's error, its `ConnectionRefused`
     // made the POST `Connect` ("nothing sent"), retried three times.
-    // The stream fails once the server has read the request's head.
+    let (error, observer) = post_with_a_body_that_fails_with(
+        3,
+        std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "the upload's source refused",
+        ),
+    )
+    .await;
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted),
+        "{}",
+        message(&error)
+    );
+    assert!(!error.nothing_sent(), "{}", message(&error));
+    assert_eq!(
+        trace(&observer),
+        ["started s1 a1", "failed s1 a1 transport:interrupted"]
+    );
+}
+
+/// A POST, under a policy of `retries`, whose own body stream fails with `error`
+/// once the server has read the request's head: the call's error, and what its
+/// observer heard. The server saw the one request.
+async fn post_with_a_body_that_fails_with(
+    retries: u32,
+    error: std::io::Error,
+) -> (vantage_api_pool::ClientError, RecordingObserver) {
     let head_read = Arc::new(tokio::sync::Notify::new());
     let server = FaultServer::start({
         let head_read = Arc::clone(&head_read);
@@ -697,33 +724,56 @@ async fn a_post_whose_own_body_stream_fails_is_interrupted_whatever_its_error_ho
     let observer = RecordingObserver::new();
     let client = client(ReqwestTransport::with_defaults().unwrap(), &observer);
     let url = server.url(PATH);
-    let error = client
-        .execute_with(&policy(3), |http| {
+    let mut error = Some(error);
+    let err = client
+        .execute_with(&policy(retries), |http| {
             use futures::StreamExt;
             let first = futures::stream::iter([Ok::<_, std::io::Error>("amount=")]);
             let head_read = Arc::clone(&head_read);
+            let error = error.take().expect("one attempt");
             let then_broken = futures::stream::once(async move {
                 head_read.notified().await;
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::ConnectionRefused,
-                    "the upload's source refused",
-                ))
+                Err(error)
             });
             http.post(&url)
                 .body(reqwest::Body::wrap_stream(first.chain(then_broken)))
         })
         .await
         .unwrap_err();
+    assert_eq!(server.requests().len(), 1);
+    (err, observer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_in_the_callers_own_body_error_is_redacted() {
+    // The caller's body stream (a relayed upload, say) fails with an error that
+    // names its source's URL, token and all. `without_url` and the exact replacement
+    // of a reqwest error's own URL do not reach it: only the `scheme://` redaction does.
+    let (error, _) = post_with_a_body_that_fails_with(
+        0,
+        std::io::Error::other("relay from https://uploads.example/src?token=hunter2 failed"),
+    )
+    .await;
     assert_eq!(
         error.kind(),
-        ErrorKind::Transport(TransportErrorKind::Interrupted),
+        ErrorKind::Transport(TransportErrorKind::Interrupted)
+    );
+    assert!(
+        message(&error).contains("relay from <url> failed"),
         "{}",
         message(&error)
     );
-    assert!(!error.nothing_sent(), "{}", message(&error));
-    assert_eq!(
-        trace(&observer),
-        ["started s1 a1", "failed s1 a1 transport:interrupted"]
-    );
-    assert_eq!(server.requests().len(), 1);
+    assert_no_url(&error);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_transport_error_message_is_cut_to_512_bytes() {
+    let (error, _) =
+        post_with_a_body_that_fails_with(0, std::io::Error::other("x".repeat(2000))).await;
+    let transport = std::error::Error::source(&error)
+        .and_then(|s| s.downcast_ref::<vantage_api_pool::TransportError>())
+        .expect("a transport error");
+    let text = transport.message();
+    assert_eq!(text.len(), 512, "{text}");
+    assert!(text.ends_with("xxx..."), "{text}");
 }

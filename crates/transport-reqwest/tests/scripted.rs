@@ -907,3 +907,34 @@ fn the_json_query_and_form_features_reach_reqwest() {
         "application/x-www-form-urlencoded"
     );
 }
+
+#[test]
+fn a_request_body_failing_with_a_refused_connection_is_interrupted_as_over_reqwest() {
+    // As over the real adapter (`not_sent.rs`): the caller's own body stream error,
+    // whatever it holds, is not this connection's. Read as such, its
+    // `ConnectionRefused` would make the POST `Connect` ("nothing sent"), retried.
+    let (rt, script, client) = set_up();
+    script.default_reply(Reply::ok());
+    let err = rt
+        .block_on(client.execute(|http| {
+            let pieces: Vec<Result<&'static str, std::io::Error>> = vec![
+                Ok("amount="),
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "the upload's source refused",
+                )),
+            ];
+            http.post(URL)
+                .body(reqwest::Body::wrap_stream(futures::stream::iter(pieces)))
+        }))
+        .expect("driven")
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Transport(TransportErrorKind::Interrupted),
+        "{err}"
+    );
+    assert!(!err.nothing_sent(), "{err}");
+    assert_eq!(err.attempts(), 1, "{err}");
+    assert_eq!(script.request_count(), 0);
+}
