@@ -291,13 +291,13 @@ fn check_probes(events: &[TransportEvent], threshold: u32, problems: &mut Vec<St
     for e in events {
         // The transition is reported right after the send's `Failed`, with nothing
         // between on this one thread: it is the next event of all.
-        if let Some((call, at)) = reopen_owed.take() {
-            if e.call != Some(call) || !matches!(e.kind, EventKind::BreakerOpened { .. }) {
-                problems.push(format!(
-                    "{call:?}: a 5xx at {at:?} owed BreakerOpened, then {:?}",
-                    e.kind
-                ));
-            }
+        if let Some((call, at)) = reopen_owed.take()
+            && (e.call != Some(call) || !matches!(e.kind, EventKind::BreakerOpened { .. }))
+        {
+            problems.push(format!(
+                "{call:?}: a 5xx at {at:?} owed BreakerOpened, then {:?}",
+                e.kind
+            ));
         }
         let key = e.call.zip(e.kind.send_and_attempt().map(|(s, _)| s));
         if let EventKind::Failed {
