@@ -300,25 +300,17 @@ fn check_probes(events: &[TransportEvent], threshold: u32, problems: &mut Vec<St
             ));
         }
         let key = e.call.zip(e.kind.send_and_attempt().map(|(s, _)| s));
-        if let EventKind::Failed {
-            sent: true, error, ..
-        } = &e.kind
-            && in_flight.contains(&key.unwrap())
-            && error.status().is_some_and(|s| s.is_server_error())
-        {
-            reopen_owed = e.call.map(|call| (call, e.at));
+        let server_error = matches!(&e.kind, EventKind::Failed { sent: true, error, .. }
+            if error.status().is_some_and(|s| s.is_server_error()));
+        if server_error && open.is_none() {
+            server_errors_in_a_row += 1;
+        } else if matches!(e.kind, EventKind::Succeeded { .. }) {
+            server_errors_in_a_row = 0;
         }
-        match &e.kind {
-            EventKind::Failed {
-                sent: true, error, ..
-            } if open.is_none() && error.status().is_some_and(|s| s.is_server_error()) => {
-                server_errors_in_a_row += 1;
-                if server_errors_in_a_row >= threshold {
-                    reopen_owed = e.call.map(|call| (call, e.at));
-                }
-            }
-            EventKind::Succeeded { .. } => server_errors_in_a_row = 0,
-            _ => {}
+        let probe_failed = server_error && in_flight.contains(&key.unwrap());
+        let run_reached = server_error && open.is_none() && server_errors_in_a_row >= threshold;
+        if probe_failed || run_reached {
+            reopen_owed = e.call.map(|call| (call, e.at));
         }
         match e.kind {
             EventKind::Started { .. } if !synthetic.contains(&key.unwrap()) => {
