@@ -294,11 +294,16 @@ impl Future for TokioSleep {
 
 /// A seed from the wall clock and the process-wide runtime counter.
 fn fresh_seed() -> u64 {
-    let count = RUNTIMES.fetch_add(1, Ordering::Relaxed);
     let nanos = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64); // the low 64 bits are the ones that vary
-    seed_from(nanos, count)
+    fresh_seed_at(nanos)
+}
+
+/// The seed of a runtime made at wall-clock `nanos`; counts it, so the next one
+/// made at the same reading gets another.
+fn fresh_seed_at(nanos: u64) -> u64 {
+    seed_from(nanos, RUNTIMES.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The seed of the `count`th runtime made at wall-clock `nanos`: runtimes made in
@@ -336,6 +341,19 @@ mod tests {
                 (0..64).map(|count| seed_from(nanos, count)).collect();
             assert_eq!(seeds.len(), 64, "a seed repeats at {nanos}");
         }
+        // The counter is what tells them apart: each runtime made counts.
+        assert_ne!(fresh_seed_at(5), fresh_seed_at(5));
+    }
+
+    #[test]
+    fn runtimes_made_at_neighbouring_instants_and_counts_get_different_seeds() {
+        // The count is mixed before it meets the clock, so (1 ns, 0th) and (0 ns,
+        // 1st), made a nanosecond apart, do not draw the same jitter.
+        let base = 1_700_000_000_000_000_000;
+        let seeds: std::collections::HashSet<u64> = (0..64)
+            .flat_map(|nanos| (0..64).map(move |count| seed_from(base + nanos, count)))
+            .collect();
+        assert_eq!(seeds.len(), 64 * 64);
     }
 
     #[test]
