@@ -178,22 +178,24 @@ fn every_kind_of_event_has_its_level_and_fields() {
         .map(|(level, f)| {
             let get = |name: &str| f.get(name).map_or("-".to_owned(), |v| v.replace('"', ""));
             format!(
-                "{level} {} {} {} {}",
+                "{level} {} {} {} {} sends={} attempts={}",
                 get("call"),
                 get("outcome"),
                 get("status"),
-                get("kind")
+                get("kind"),
+                get("sends"),
+                get("attempts")
             )
         })
         .collect();
     assert_eq!(
         ends,
         [
-            "DEBUG 1 failed 503 status",
-            "DEBUG 2 failed - breaker_open",
-            "DEBUG 3 succeeded 200 -",
-            "DEBUG 4 cancelled - -",
-            "DEBUG 5 failed 503 status",
+            "DEBUG 1 failed 503 status sends=2 attempts=1",
+            "DEBUG 2 failed - breaker_open sends=1 attempts=1",
+            "DEBUG 3 succeeded 200 - sends=1 attempts=1",
+            "DEBUG 4 cancelled - - sends=1 attempts=1",
+            "DEBUG 5 failed 503 status sends=1 attempts=1",
         ]
     );
     let names: Vec<_> = lines
@@ -234,7 +236,8 @@ fn every_kind_of_event_has_its_level_and_fields() {
     assert_eq!(field(5, "call").as_deref(), Some("1"));
     assert_eq!(field(10, "call").as_deref(), Some("3"));
     assert_eq!(field(9, "status").as_deref(), Some("200"));
-    // The refusal: unsent, no time, kind breaker_open.
+    // The refusal: call 2's, unsent, no time, kind breaker_open.
+    assert_eq!(field(7, "call").as_deref(), Some("2"));
     assert_eq!(field(7, "sent").as_deref(), Some("false"));
     assert_eq!(field(7, "ms").as_deref(), Some("0"));
     assert_eq!(field(7, "kind").as_deref(), Some("\"breaker_open\""));
@@ -304,7 +307,12 @@ fn the_numbers_are_the_events_own_with_times_in_milliseconds() {
     let retry = nth("retry_scheduled", 0);
     assert_eq!([&retry["attempt"], &retry["after_ms"]], ["2", "10.0"]);
     // Sent at 40 ms (30 ms + 10 ms back-off), answered 40 ms later.
+    // Send and attempt are told apart: the redial was send 2 of attempt 1, the
+    // success is send 3 of attempt 2.
+    let started = nth("started", 1);
+    assert_eq!([&started["send"], &started["attempt"]], ["2", "1"]);
     let succeeded = nth("succeeded", 0);
+    assert_eq!([&succeeded["send"], &succeeded["attempt"]], ["3", "2"]);
     assert_eq!(succeeded["ms"], "40");
     assert_eq!(succeeded["bytes"], "0");
     assert_eq!(succeeded["at_ms"], "80.0");
@@ -316,8 +324,16 @@ fn times_keep_their_fraction_of_a_millisecond() {
     w.transport
         .push(Reply::ok().after(std::time::Duration::from_micros(2_500)));
     let lines = one_traced_call(&w, bounded(0, ms(10)));
-    let succeeded = &lines.last().expect("a line per event").1;
-    assert_eq!(succeeded["at_ms"], "2.5");
+    let at_ms: Vec<_> = lines
+        .iter()
+        .map(|(_, f)| (f["event"].trim_matches('"').to_owned(), f["at_ms"].clone()))
+        .collect();
+    let want = [
+        ("started", "0.0"),
+        ("succeeded", "2.5"),
+        ("call_end", "2.5"),
+    ];
+    assert_eq!(at_ms, want.map(|(e, t)| (e.to_owned(), t.to_owned())));
 }
 
 #[test]
@@ -459,10 +475,11 @@ fn a_call_a_panic_unwound_through_ends_with_a_warning() {
         .iter()
         .filter(|(_, f)| f["event"] == "\"call_end\"")
         .map(|(level, f)| {
+            let get = |name: &str| f.get(name).cloned().unwrap_or_default();
             (
                 level.to_string(),
-                f["outcome"].clone(),
-                f["message"].clone(),
+                ["outcome", "sends", "attempts", "elapsed_ms"].map(get),
+                get("message"),
             )
         })
         .collect();
@@ -470,8 +487,92 @@ fn a_call_a_panic_unwound_through_ends_with_a_warning() {
         ends,
         [(
             "WARN".to_owned(),
-            "\"panicked\"".to_owned(),
+            ["\"panicked\"", "0", "0", "0.0"].map(str::to_owned),
             "call unwound by a panic".to_owned()
         )]
     );
+}
+
+#[test]
+fn a_token_fetch_given_up_is_info_and_one_a_panic_unwound_a_warning() {
+    // Fetch 1 lands with a 90 s lifetime; fetch 2 (a refresh) takes 10 s and its
+    // caller drops it; fetch 3 (another refresh) panics.
+    quiet_panics_starting_with("token source panics");
+    let w = World::new();
+    w.transport.default_reply(Reply::ok());
+    let (rt, fetches) = (w.rt.clone(), Arc::new(std::sync::atomic::AtomicU32::new(0)));
+    let client = traced(&w)
+        .auth(vantage_api_pool::auth::token_fn(move || {
+            let rt = rt.clone();
+            let n = fetches.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            async move {
+                match n {
+                    1 => Ok(vantage_api_pool::auth::AuthToken::bearer("t1")?.expires_in(secs(90))),
+                    2 => {
+                        rt.sleep(secs(10)).await;
+                        vantage_api_pool::auth::AuthToken::bearer("t2")
+                    }
+                    _ => panic!("token source panics on fetch {n}"),
+                }
+            }
+        }))
+        .build()
+        .unwrap();
+    let capture = Capture::default();
+    tracing::subscriber::with_default(capture.clone(), || {
+        w.rt.block_on(client.execute(|h| h.get("/x")))
+            .unwrap()
+            .unwrap();
+        let refresh = {
+            let client = client.clone();
+            w.rt.spawn(async move {
+                let _ = client.refresh_token().await;
+            })
+        };
+        w.rt.run_until_idle().unwrap();
+        refresh.abort();
+        w.rt.run_until_idle().unwrap();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            w.rt.block_on(client.refresh_token())
+        }));
+        assert!(unwound.is_err());
+    });
+    let lines = capture.0.lock().unwrap().clone();
+    let fetched: Vec<_> = lines
+        .iter()
+        .filter(|(_, f)| f["event"] == "\"token_fetch_ended\"")
+        .map(|(level, f)| {
+            let get = |name: &str| f.get(name).cloned().unwrap_or_default();
+            (
+                level.to_string(),
+                ["reason", "outcome", "lifetime_ms"].map(get),
+                get("message"),
+            )
+        })
+        .collect();
+    let want = [
+        (
+            "INFO",
+            ["\"first\"", "\"fetched\"", "90000.0"],
+            "auth token fetched",
+        ),
+        (
+            "INFO",
+            ["\"requested\"", "\"abandoned\"", ""],
+            "auth token fetch given up by its caller",
+        ),
+        (
+            "WARN",
+            ["\"requested\"", "\"panicked\"", ""],
+            "auth token fetch unwound by a panic",
+        ),
+    ];
+    let want = want.map(|(level, fields, message)| {
+        (
+            level.to_owned(),
+            fields.map(str::to_owned),
+            message.to_owned(),
+        )
+    });
+    assert_eq!(fetched, want);
 }
