@@ -786,4 +786,63 @@ mod tests {
             ["first", "rejected", "renewal", "expired", "requested"]
         );
     }
+
+    #[test]
+    fn token_fetch_outcomes_have_their_snake_case_names() {
+        let names = [
+            TokenFetchOutcome::Fetched {
+                generation: 1,
+                lifetime: None,
+            },
+            TokenFetchOutcome::Failed {
+                error: crate::AuthError::from("no").into(),
+            },
+            TokenFetchOutcome::Abandoned,
+            TokenFetchOutcome::Panicked,
+        ]
+        .map(|outcome| outcome.name());
+        assert_eq!(names, ["fetched", "failed", "abandoned", "panicked"]);
+    }
+
+    #[test]
+    fn a_call_end_made_by_hand_keeps_each_number_where_it_was_given() {
+        let began = Instant::from_nanos(1_000);
+        let at = Instant::from_nanos(5_000);
+        let end = CallEnd::new(CallId(7), began, at, 3, 2, CallOutcome::Cancelled);
+        assert_eq!(end.call, CallId(7));
+        assert_eq!((end.began, end.at), (began, at));
+        assert_eq!((end.sends, end.attempts), (3, 2));
+        assert_eq!(end.label, None);
+        assert_eq!(end.elapsed(), Duration::from_nanos(4_000));
+        assert_eq!(end.with_label(Some("list")).label, Some("list"));
+    }
+
+    #[test]
+    #[cfg(panic = "unwind")]
+    fn a_fanout_passes_on_the_first_panic_after_every_observer_heard() {
+        struct Panics(&'static str);
+        impl TransportObserver for Panics {
+            fn on_event(&self, _: &str, _: &TransportEvent) {
+                std::panic::panic_any(self.0);
+            }
+        }
+        #[derive(Default)]
+        struct Counts(std::sync::atomic::AtomicU32);
+        impl TransportObserver for Counts {
+            fn on_event(&self, _: &str, _: &TransportEvent) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let last = Arc::new(Counts::default());
+        let fanout = Fanout::new([
+            Arc::new(Panics("first")) as Arc<dyn TransportObserver>,
+            Arc::new(Panics("second")),
+            last.clone(),
+        ]);
+        let event = TransportEvent::new(Instant::ORIGIN, None, EventKind::BreakerClosed);
+        let panic = std::panic::catch_unwind(AssertUnwindSafe(|| fanout.on_event("api", &event)))
+            .expect_err("the panics go on");
+        assert_eq!(panic.downcast_ref::<&'static str>(), Some(&"first"));
+        assert_eq!(last.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
 }
