@@ -791,6 +791,82 @@ fn the_plain_response_port_keeps_a_send_responses_own_content_length() {
     );
 }
 
+/// A response that gives only what a response must: its head and an empty body.
+struct HeadOnly(http::HeaderMap);
+impl TransportResponse for HeadOnly {
+    fn status(&self) -> http::StatusCode {
+        http::StatusCode::OK
+    }
+    fn headers(&self) -> &http::HeaderMap {
+        &self.0
+    }
+    async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
+        Ok(None)
+    }
+}
+
+/// The same, as a send response.
+struct SendHeadOnly(http::HeaderMap);
+impl SendTransportResponse for SendHeadOnly {
+    fn status(&self) -> http::StatusCode {
+        http::StatusCode::OK
+    }
+    fn headers(&self) -> &http::HeaderMap {
+        &self.0
+    }
+    fn chunk(&mut self) -> impl Future<Output = Result<Option<Bytes>, TransportError>> + Send {
+        std::future::ready(Ok(None))
+    }
+}
+
+#[test]
+fn the_response_ports_default_methods_read_the_headers() {
+    let head = |pairs: &[(&'static str, &'static str)]| {
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(*name, HeaderValue::from_static(value));
+        }
+        headers
+    };
+    let seven = head(&[("content-length", "7"), ("x-trace", "t1")]);
+    let chunked = head(&[("content-length", "7"), ("transfer-encoding", "chunked")]);
+    assert_eq!(
+        TransportResponse::content_length(&HeadOnly(seven.clone())),
+        Some(7)
+    );
+    assert_eq!(
+        TransportResponse::content_length(&HeadOnly(chunked.clone())),
+        None
+    );
+    assert_eq!(
+        SendTransportResponse::content_length(&SendHeadOnly(seven.clone())),
+        Some(7)
+    );
+    assert_eq!(
+        SendTransportResponse::content_length(&SendHeadOnly(chunked.clone())),
+        None
+    );
+    // Through the blanket impl, a send response's defaults are its plain ones.
+    assert_eq!(
+        TransportResponse::content_length(&SendHeadOnly(seven.clone())),
+        Some(7)
+    );
+
+    // `take_headers` gives every header, by default a copy.
+    assert_eq!(
+        TransportResponse::take_headers(&mut HeadOnly(seven.clone())),
+        seven
+    );
+    assert_eq!(
+        SendTransportResponse::take_headers(&mut SendHeadOnly(chunked.clone())),
+        chunked
+    );
+    assert_eq!(
+        TransportResponse::take_headers(&mut SendHeadOnly(seven.clone())),
+        seven
+    );
+}
+
 #[test]
 fn transport_error_kinds_have_stable_names() {
     use TransportErrorKind::*;
