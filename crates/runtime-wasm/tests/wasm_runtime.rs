@@ -7,7 +7,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::{Either, select};
-use vantage_api_pool::{Instant, Runtime, timeout_at};
+// Through the runtime's re-export: the same crate a caller of this runtime names.
+use vantage_api_pool_wasm::vantage_api_pool::{Instant, Runtime, timeout_at};
 use vantage_api_pool_wasm::{MissingGlobal, WasmRuntime};
 use wasm_bindgen::JsValue;
 use wasm_bindgen::prelude::wasm_bindgen;
@@ -226,6 +227,59 @@ async fn a_timer_that_fires_early_is_armed_again_until_the_deadline() {
         "{armed} timer(s) armed for a sleep whose first fired early"
     );
     assert_eq!(rt.pending_timers(), 0);
+}
+
+/// Wraps the global `setTimeout`, once, to remember the delay it was last asked for;
+/// returns that delay (`undefined` before any: NaN).
+fn last_set_timeout_delay() -> f64 {
+    let body = "if (globalThis.__lastDelay === undefined) {\
+                    globalThis.__lastDelay = NaN;\
+                    const set = globalThis.setTimeout;\
+                    globalThis.setTimeout = function (f, ms, ...rest) {\
+                        globalThis.__lastDelay = ms;\
+                        return set(f, ms, ...rest);\
+                    };\
+                }\
+                return globalThis.__lastDelay;";
+    js_sys::Function::new_no_args(body)
+        .call0(&JsValue::NULL)
+        .expect("the wrapper runs")
+        .as_f64()
+        .expect("a number")
+}
+
+#[wasm_bindgen_test]
+async fn a_sleep_arms_its_timer_for_the_time_left_rounded_up_to_whole_ms() {
+    // 2.999 ms left (less by the little the first poll comes later): a timer for
+    // 2 ms would fire before the deadline, and be armed again for nothing.
+    let rt = WasmRuntime::new();
+    let _ = last_set_timeout_delay();
+    let mut sleep = Box::pin(rt.sleep(Duration::from_micros(2_999)));
+    assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
+    assert_eq!(last_set_timeout_delay(), 3.0);
+    sleep.await;
+    assert_eq!(rt.pending_timers(), 0);
+}
+
+#[wasm_bindgen_test]
+async fn a_sleep_that_ends_before_its_timer_fired_gives_the_timer_up_at_once() {
+    // The deadline passes while the thread is busy, so the timer has not fired
+    // when the sleep is polled again: the sleep ends, and its timer with it, not
+    // only when the sleep is dropped.
+    let rt = WasmRuntime::new();
+    let mut sleep = Box::pin(rt.sleep(ms(2)));
+    assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
+    assert_eq!(rt.pending_timers(), 1);
+    let deadline = sleep.deadline();
+    while rt.now() < deadline {
+        std::hint::spin_loop();
+    }
+    assert_eq!(futures::poll!(sleep.as_mut()), Poll::Ready(()));
+    assert_eq!(
+        rt.pending_timers(),
+        0,
+        "the ended sleep still holds its timer"
+    );
 }
 
 #[wasm_bindgen_test]
