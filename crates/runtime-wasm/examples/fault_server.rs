@@ -15,7 +15,7 @@
 //! | `OPTIONS` anything | `204`, the CORS allow headers (methods, the requested headers); not counted |
 //! | `GET /flaky/<id>` | first request `503` with `Retry-After: 1`, later ones `200 ok` |
 //! | `GET /missing/<id>` | `404` with the body `no such order` |
-//! | `POST /see-other-busy/<id>` | `303` to `/busy/<id>`: `429` with `retry-after-ms: 10` |
+//! | `POST`, `GET` or `HEAD /see-other-busy/<id>` | `303` to `/busy/<id>`: `429` with `retry-after-ms: 10` |
 //! | `POST /see-other-unauth/<id>` | `303` to `/unauth/<id>`: `401` |
 //! | `GET /elsewhere/<path>` | `302` to `/<path>` on the server's second port: another origin, with the same answers and counts |
 //! | `GET /gzip-stored/<id>` | `200` with 100 `x`, gzip-encoded in 123 bytes (one stored deflate block) |
@@ -34,7 +34,9 @@
 //! Every answer carries `Access-Control-Allow-Origin: *`,
 //! `Access-Control-Expose-Headers: retry-after, retry-after-ms, x-request-id` (so a
 //! browser lets the client read them) and an `x-request-id` naming the path and the
-//! request's number. Every request and preflight is logged to stderr.
+//! request's number. A `HEAD` is answered with the head alone, as HTTP has it (a
+//! body after it would be read as the next answer on the connection). Every request
+//! and preflight is logged to stderr.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -168,7 +170,12 @@ fn serve(stream: TcpStream, counts: &Shared) -> std::io::Result<()> {
             .unwrap_or(0);
         std::io::copy(&mut (&mut reader).take(length), &mut std::io::sink())?;
 
-        let reply = answer(&method, &target, &headers, counts);
+        let mut reply = answer(&method, &target, &headers, counts);
+        if method == "HEAD"
+            && let Some(end) = reply.windows(4).position(|w| w == b"\r\n\r\n")
+        {
+            reply.truncate(end + 4);
+        }
         let stalls = method != "OPTIONS" && STALLING.iter().any(|p| target.starts_with(p));
         // A body cut off: the connection closes after the part that was sent.
         let path = target.split_once('?').map_or(target.as_str(), |(p, _)| p);

@@ -565,6 +565,15 @@ async fn a_credential_a_browser_would_drop_is_config_there_and_goes_out_in_node(
                     .is_some_and(|m| m.contains(&format!("`{name}`"))),
                 "{case}: the error names the header: {message:?}"
             );
+            // A cookie's refusal says how a browser sends cookies instead.
+            let cookie_hint = message
+                .as_deref()
+                .is_some_and(|m| m.contains("sends its own cookies"));
+            assert_eq!(
+                cookie_hint,
+                name.starts_with("cookie"),
+                "{case}: {message:?}"
+            );
             assert_eq!(counted("count", &path).await, 0, "{case}: nothing sent");
         } else {
             let response = result.expect("fetch sends the header");
@@ -768,16 +777,24 @@ async fn a_post_a_303_answered_is_not_sent_again_for_what_its_get_met() {
     assert_eq!(posts, 1, "{result:?}");
     let err = result.expect_err("the 401 is final for the POST");
     assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED));
-    // A GET that the 303 leads to the same 429 is sent again: it is idempotent.
+    // A GET or HEAD that the 303 leads to the same 429 is sent again: fetch kept
+    // its method, so the answer is its own, not marked as a redirect's.
     let client = client(&RecordingObserver::new());
-    let path = fresh("see-other-busy");
-    let url = format!("{}{path}", server());
     let policy = retrying_every_5_ms(1);
-    let err = client
-        .execute_with(&policy, |http| http.get(&url))
-        .await
-        .expect_err("429 twice");
-    assert_eq!((err.attempts(), counted("count", &path).await), (2, 2));
+    for method in [http::Method::GET, http::Method::HEAD] {
+        let path = fresh("see-other-busy");
+        let url = format!("{}{path}", server());
+        let err = client
+            .execute_with(&policy, |http| http.request(method.clone(), &url))
+            .await
+            .expect_err("429 twice");
+        assert_eq!(
+            (err.attempts(), counted("count", &path).await),
+            (2, 2),
+            "{method}"
+        );
+        assert!(!err.answered_by_redirect(), "{method}: {err:?}");
+    }
 }
 
 #[wasm_bindgen_test]
