@@ -15,7 +15,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use vantage_api_pool::auth::{AuthError, token_fn};
 use vantage_api_pool::{
     CallPolicy, ClientBuilder, ClientError, ErrorKind, EventKind, ResilientClient, Runtime,
-    TimeLimit, Transport, TransportErrorKind, TransportEvent,
+    TimeLimit, Transport, TransportError, TransportErrorKind, TransportEvent,
 };
 use vantage_api_pool_reqwest::{MAX_WASM_TIMEOUT, ReqwestResponse, ReqwestTransport, reqwest};
 use vantage_api_pool_testkit::RecordingObserver;
@@ -400,9 +400,10 @@ async fn a_request_timeout_reaches_its_timer_rounded_up_never_cut_down() {
 }
 
 /// Replaces `fetch` with one whose every answer is a 200 whose body fails after its
-/// first chunk with a JavaScript `Error` of `message`; `restore` puts the real one
-/// back. Tests run one at a time, so no other test sees the fake.
-fn fake_fetch_with_failing_body(message: &str, restore: bool) {
+/// first chunk with a JavaScript error named `name` (an `Error`, or a `DOMException`
+/// of that name) holding `message`; `restore` puts the real one back. Tests run one
+/// at a time, so no other test sees the fake.
+fn fake_fetch_with_failing_body(name: &str, message: &str, restore: bool) {
     let body = "if (restore) {\
                     globalThis.fetch = globalThis.__realFetch;\
                     return;\
@@ -412,7 +413,12 @@ fn fake_fetch_with_failing_body(message: &str, restore: bool) {
                     let sent = false;\
                     const stream = new ReadableStream({\
                         pull(controller) {\
-                            if (sent) { controller.error(new Error(message)); return; }\
+                            if (sent) {\
+                                controller.error(name === 'Error'\
+                                    ? new Error(message)\
+                                    : new DOMException(message, name));\
+                                return;\
+                            }\
                             sent = true;\
                             controller.enqueue(new Uint8Array([111, 107]));\
                         }\
@@ -421,28 +427,28 @@ fn fake_fetch_with_failing_body(message: &str, restore: bool) {
                     Object.defineProperty(response, 'url', { value: input.url || String(input) });\
                     return response;\
                 };";
-    js_sys::Function::new_with_args("message, restore", body)
-        .call2(
+    js_sys::Function::new_with_args("name, message, restore", body)
+        .call3(
             &JsValue::NULL,
+            &JsValue::from_str(name),
             &JsValue::from_str(message),
             &JsValue::from_bool(restore),
         )
         .expect("the fake is installed");
 }
 
-#[wasm_bindgen_test]
-async fn a_body_error_that_only_quotes_the_timeout_abort_is_not_a_timeout() {
-    // reqwest's own timeout aborts a fetch with exactly `JsValue("reqwest::errors::
-    // TimedOut")`; a body error whose text merely holds those words (a proxy quoting
-    // it, say) broke the exchange: `Interrupted`.
+/// The error reading a body that a fake `fetch` fails after its first chunk with a
+/// JavaScript error named `name` holding `message` (see
+/// [`fake_fetch_with_failing_body`]).
+async fn body_failing_with(name: &str, message: &str) -> TransportError {
     /// Puts the real `fetch` back however the test ends.
     struct Restore;
     impl Drop for Restore {
         fn drop(&mut self) {
-            fake_fetch_with_failing_body("", true);
+            fake_fetch_with_failing_body("", "", true);
         }
     }
-    fake_fetch_with_failing_body("JsValue(\"reqwest::errors::TimedOut\")", false);
+    fake_fetch_with_failing_body(name, message, false);
     let restore = Restore;
     let transport = ReqwestTransport::new(reqwest::Client::new());
     let request = transport
@@ -458,8 +464,29 @@ async fn a_body_error_that_only_quotes_the_timeout_abort_is_not_a_timeout() {
         Err(e) => Err(e),
     };
     drop(restore);
-    let err = read.expect_err("the body fails");
+    read.expect_err("the body fails")
+}
+
+#[wasm_bindgen_test]
+async fn a_body_error_that_only_quotes_the_timeout_abort_is_not_a_timeout() {
+    // reqwest's own timeout aborts a fetch with exactly `JsValue("reqwest::errors::
+    // TimedOut")`; a body error whose text merely holds those words (a proxy quoting
+    // it, say) broke the exchange: `Interrupted`.
+    let err = body_failing_with("Error", "JsValue(\"reqwest::errors::TimedOut\")").await;
     assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
+    // Nor is an `Error` whose message only starts with an abort's name.
+    let err = body_failing_with("Error", "AbortError: The user aborted a request.").await;
+    assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
+}
+
+#[wasm_bindgen_test]
+async fn a_body_that_fails_with_an_abort_error_was_cut_by_the_timeout() {
+    // Chromium errors the body of a fetch reqwest aborted (only its timeout does,
+    // while the body is still read) with its own `AbortError`, not the abort's
+    // reason: the adapter calls it `TimedOut` in every runtime, not only where a
+    // browser happens to do so.
+    let err = body_failing_with("AbortError", "The user aborted a request.").await;
+    assert_eq!(err.kind(), TransportErrorKind::TimedOut, "{err}");
 }
 
 #[wasm_bindgen_test]

@@ -73,9 +73,9 @@ Cases that cannot be told apart, mapped to the safe kind:
 | what the error says | kind | why |
 |---|---|---|
 | `is_builder()` (bad URL, header or body; a URL with no host) | `Config` | our side, nothing sent (a scheme other than http/https is refused by `prepare`, `Config` too) |
-| `is_timeout()`, or reqwest's timeout abort of the fetch (the request's own `timeout`) | `TimedOut` | the exchange was cut; the server may have acted |
+| `is_timeout()`, or reqwest's timeout abort of the fetch (the request's own `timeout`): its reason, or in a body read any `AbortError` (Chromium errors an aborted body with its own `AbortError`, not the reason; reqwest aborts a fetch it still reads only when the timeout passes) | `TimedOut` | the exchange was cut; the server may have acted |
 | an `io::ErrorKind` in the chain, as natively (`ConnectionRefused`: `Connect`; `ConnectionReset`, `ConnectionAborted`, `BrokenPipe`, `UnexpectedEof`: `Interrupted`) | as said | reqwest's fetch path puts no `io::Error` there, so this row is for errors built by hand |
-| anything else: fetch's `TypeError` (refused, DNS, reset, TLS, CORS), an abort | `Interrupted` | a browser's fetch does not say how far the request got, and the cause Node's gives is lost in reqwest 0.13's text of the error: the safe kind, retried only for idempotent calls |
+| anything else: fetch's `TypeError` (refused, DNS, reset, TLS, CORS), any other abort | `Interrupted` | a browser's fetch does not say how far the request got, and the cause Node's gives is lost in reqwest 0.13's text of the error: the safe kind, retried only for idempotent calls |
 
 The native table (hyper's and h2's signals, `NotSent`, `Connect`, `Tls`,
 `TooLarge`) is in the docs built for a native target.
@@ -360,12 +360,27 @@ fn io_kinds(err: &reqwest::Error) -> impl Iterator<Item = io::ErrorKind> + '_ {
 #[cfg(target_arch = "wasm32")]
 const WASM_TIMEOUT_ABORT: &str = "JsValue(\"reqwest::errors::TimedOut\")";
 
-/// Whether a source of `err` is exactly reqwest's wasm32 timeout abort (never a text
-/// that merely holds it, such as a decode error quoting a body). Native reqwest
+/// How reqwest on wasm32 writes a JavaScript error named `AbortError` (a
+/// `DOMException` of an aborted fetch) into its error's source: `JsValue(`, the
+/// error's name, `: ` and its message. An `Error` whose message merely starts with
+/// those words is written `JsValue(Error: AbortError: …`.
+#[cfg(target_arch = "wasm32")]
+const WASM_ABORT_ERROR: &str = "JsValue(AbortError: ";
+
+/// Whether a source of `err` is reqwest's wasm32 timeout abort: exactly its reason
+/// (never a text that merely holds it, such as a decode error quoting a body), or,
+/// in a body read, an `AbortError`. Chromium (148, for one) errors an aborted
+/// fetch's body stream with its own `AbortError` rather than the abort's reason,
+/// and reqwest aborts the fetch of a response still held for nothing but its
+/// timeout (it offers no other abort; the abort on drop comes when nothing reads
+/// the body any more), so an `AbortError` there is the timeout's. Native reqwest
 /// reports its timeouts through `is_timeout`.
 #[cfg(target_arch = "wasm32")]
 fn aborted_by_timeout(err: &reqwest::Error) -> bool {
-    sources(err).any(|e| e.to_string() == WASM_TIMEOUT_ABORT)
+    sources(err).any(|e| {
+        let text = e.to_string();
+        text == WASM_TIMEOUT_ABORT || text.starts_with(WASM_ABORT_ERROR)
+    })
 }
 
 #[cfg(not(target_arch = "wasm32"))]
