@@ -437,27 +437,30 @@ fn fake_fetch_with_failing_body(name: &str, message: &str, restore: bool) {
         .expect("the fake is installed");
 }
 
+/// Puts the real `fetch` back however a test that faked it ends.
+struct RestoreFetch;
+
+impl Drop for RestoreFetch {
+    fn drop(&mut self) {
+        fake_fetch_with_failing_body("", "", true);
+    }
+}
+
 /// The error reading a body that a fake `fetch` fails after its first chunk with a
 /// JavaScript error named `name` holding `message` (see
-/// [`fake_fetch_with_failing_body`]).
-async fn body_failing_with(name: &str, message: &str) -> TransportError {
-    /// Puts the real `fetch` back however the test ends.
-    struct Restore;
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            fake_fetch_with_failing_body("", "", true);
-        }
-    }
+/// [`fake_fetch_with_failing_body`]), sent through the transport with `timeout` as
+/// the request's own.
+async fn body_failing_with(name: &str, message: &str, timeout: Option<Duration>) -> TransportError {
     fake_fetch_with_failing_body(name, message, false);
-    let restore = Restore;
+    let restore = RestoreFetch;
     let transport = ReqwestTransport::new(reqwest::Client::new());
-    let request = transport
-        .prepare(
-            transport
-                .handle()
-                .get(format!("{}{}", server(), fresh("plain"))),
-        )
-        .expect("a valid request");
+    let mut draft = transport
+        .handle()
+        .get(format!("{}{}", server(), fresh("plain")));
+    if let Some(timeout) = timeout {
+        draft = draft.timeout(timeout);
+    }
+    let request = transport.prepare(draft).expect("a valid request");
     let sent = transport.send(request).await;
     let read = match sent {
         Ok(mut response) => vantage_api_pool::transport::read_body(&mut response, 1000).await,
@@ -467,25 +470,52 @@ async fn body_failing_with(name: &str, message: &str) -> TransportError {
     read.expect_err("the body fails")
 }
 
+/// A timeout that never passes in a test.
+const LONG: Option<Duration> = Some(Duration::from_secs(60));
+
 #[wasm_bindgen_test]
 async fn a_body_error_that_only_quotes_the_timeout_abort_is_not_a_timeout() {
     // reqwest's own timeout aborts a fetch with exactly `JsValue("reqwest::errors::
     // TimedOut")`; a body error whose text merely holds those words (a proxy quoting
-    // it, say) broke the exchange: `Interrupted`.
-    let err = body_failing_with("Error", "JsValue(\"reqwest::errors::TimedOut\")").await;
+    // it, say) broke the exchange: `Interrupted`, though the request had a timeout.
+    let err = body_failing_with("Error", "JsValue(\"reqwest::errors::TimedOut\")", LONG).await;
     assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
     // Nor is an `Error` whose message only starts with an abort's name.
-    let err = body_failing_with("Error", "AbortError: The user aborted a request.").await;
+    let err = body_failing_with("Error", "AbortError: The user aborted a request.", LONG).await;
     assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
 }
 
 #[wasm_bindgen_test]
-async fn a_body_that_fails_with_an_abort_error_was_cut_by_the_timeout() {
-    // Chromium errors the body of a fetch reqwest aborted (only its timeout does,
-    // while the body is still read) with its own `AbortError`, not the abort's
-    // reason: the adapter calls it `TimedOut` in every runtime, not only where a
-    // browser happens to do so.
-    let err = body_failing_with("AbortError", "The user aborted a request.").await;
+async fn a_body_that_fails_with_an_abort_error_was_cut_by_the_timeout_if_it_had_one() {
+    // Chromium errors the body of a fetch reqwest aborted (only the request's
+    // timeout does, while the body is still read) with its own `AbortError`, not
+    // the abort's reason: the adapter calls it `TimedOut` in every runtime, not only
+    // where a browser happens to do so.
+    let abort = "The user aborted a request.";
+    let err = body_failing_with("AbortError", abort, LONG).await;
+    assert_eq!(err.kind(), TransportErrorKind::TimedOut, "{err}");
+    // Without a timeout no abort is reqwest's: the exchange was broken off.
+    let err = body_failing_with("AbortError", abort, None).await;
+    assert_eq!(err.kind(), TransportErrorKind::Interrupted, "{err}");
+    // A response reqwest sent without the adapter cannot tell: its wrapper reads
+    // the body as `body_error` does, the abort a timeout's. (Read in chunks:
+    // Chromium's `arrayBuffer()` of a made-up response turns its stream's error
+    // into a `TypeError`.)
+    fake_fetch_with_failing_body("AbortError", abort, false);
+    let restore = RestoreFetch;
+    let sent = reqwest::Client::new()
+        .get(format!("{}{}", server(), fresh("plain")))
+        .send()
+        .await;
+    let read = match sent {
+        Ok(response) => {
+            let mut response = ReqwestResponse::new(response);
+            vantage_api_pool::transport::read_body(&mut response, 1000).await
+        }
+        Err(e) => Err(vantage_api_pool_reqwest::transport_error(e)),
+    };
+    drop(restore);
+    let err = read.expect_err("the body fails");
     assert_eq!(err.kind(), TransportErrorKind::TimedOut, "{err}");
 }
 

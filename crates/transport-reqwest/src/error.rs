@@ -73,7 +73,7 @@ Cases that cannot be told apart, mapped to the safe kind:
 | what the error says | kind | why |
 |---|---|---|
 | `is_builder()` (bad URL, header or body; a URL with no host) | `Config` | our side, nothing sent (a scheme other than http/https is refused by `prepare`, `Config` too) |
-| `is_timeout()`, or reqwest's timeout abort of the fetch (the request's own `timeout`): its reason, or in a body read any `AbortError` (Chromium errors an aborted body with its own `AbortError`, not the reason; reqwest aborts a fetch it still reads only when the timeout passes) | `TimedOut` | the exchange was cut; the server may have acted |
+| `is_timeout()`, or reqwest's timeout abort of the fetch (the request's own `timeout`) | `TimedOut` | the exchange was cut; the server may have acted |
 | an `io::ErrorKind` in the chain, as natively (`ConnectionRefused`: `Connect`; `ConnectionReset`, `ConnectionAborted`, `BrokenPipe`, `UnexpectedEof`: `Interrupted`) | as said | reqwest's fetch path puts no `io::Error` there, so this row is for errors built by hand |
 | anything else: fetch's `TypeError` (refused, DNS, reset, TLS, CORS), any other abort | `Interrupted` | a browser's fetch does not say how far the request got, and the cause Node's gives is lost in reqwest 0.13's text of the error: the safe kind, retried only for idempotent calls |
 
@@ -145,10 +145,25 @@ pub fn transport_error(err: reqwest::Error) -> TransportError {
 /// [`TransportError`]: `TimedOut` for a timeout (`read_timeout`, the request's
 /// `timeout`), `Interrupted` for everything else (a reset, an early close, a body that
 /// could not be decoded). The head has arrived, so the request reached the server.
+///
+/// On wasm32 the request's `timeout` aborts the fetch, and the body fails with
+/// the abort's reason, which reqwest sets, or (in Chromium, whatever the reason) with
+/// a JavaScript `AbortError`: both are `TimedOut` here. reqwest aborts a fetch whose
+/// body is still read for nothing but its timeout, but this function cannot tell
+/// whether the request had one; the adapter's own responses can, and call an
+/// `AbortError` of a request without a timeout (the page's or the platform's abort)
+/// `Interrupted`.
 #[must_use]
 pub fn body_error(err: reqwest::Error) -> TransportError {
+    body_error_of(err, true)
+}
+
+/// [`body_error`] for a body whose request may have been aborted by its own
+/// `timeout` (`timed`: it had one) or not. Without a timeout no abort is
+/// reqwest's, so none is `TimedOut`.
+pub(crate) fn body_error_of(err: reqwest::Error, timed: bool) -> TransportError {
     let err = err.without_url();
-    let kind = if err.is_timeout() || aborted_by_timeout(&err) {
+    let kind = if err.is_timeout() || (timed && aborted_by_timeout(&err)) {
         TransportErrorKind::TimedOut
     } else {
         TransportErrorKind::Interrupted
@@ -360,21 +375,23 @@ fn io_kinds(err: &reqwest::Error) -> impl Iterator<Item = io::ErrorKind> + '_ {
 #[cfg(target_arch = "wasm32")]
 const WASM_TIMEOUT_ABORT: &str = "JsValue(\"reqwest::errors::TimedOut\")";
 
-/// How reqwest on wasm32 writes a JavaScript error named `AbortError` (a
-/// `DOMException` of an aborted fetch) into its error's source: `JsValue(`, the
-/// error's name, `: ` and its message. An `Error` whose message merely starts with
-/// those words is written `JsValue(Error: AbortError: …`.
+/// The start of the text of a JavaScript error named `AbortError` (the
+/// `DOMException` of an aborted fetch) in a reqwest error's source on wasm32:
+/// reqwest keeps a JavaScript error as its `Debug` text, which wasm-bindgen writes,
+/// for any value that is an `Error`, as `JsValue(` then its name, `: `, its message
+/// and its stack. An `Error` whose message merely starts with those words reads
+/// `JsValue(Error: AbortError: …`.
 #[cfg(target_arch = "wasm32")]
 const WASM_ABORT_ERROR: &str = "JsValue(AbortError: ";
 
-/// Whether a source of `err` is reqwest's wasm32 timeout abort: exactly its reason
-/// (never a text that merely holds it, such as a decode error quoting a body), or,
-/// in a body read, an `AbortError`. Chromium (148, for one) errors an aborted
-/// fetch's body stream with its own `AbortError` rather than the abort's reason,
-/// and reqwest aborts the fetch of a response still held for nothing but its
-/// timeout (it offers no other abort; the abort on drop comes when nothing reads
-/// the body any more), so an `AbortError` there is the timeout's. Native reqwest
-/// reports its timeouts through `is_timeout`.
+/// Whether a source of `err` is reqwest's wasm32 timeout abort of a body read:
+/// exactly its reason (never a text that merely holds it, such as a decode error
+/// quoting a body), or an `AbortError`. Chromium (148 here) errors an aborted
+/// fetch's body stream with its own `AbortError` rather than the abort's reason, and
+/// reqwest aborts the fetch of a response it still reads only when the request's
+/// timeout passes (it offers no abort of its own to callers; the abort on drop
+/// comes when nothing reads the body any more). Native reqwest reports its timeouts
+/// through `is_timeout`.
 #[cfg(target_arch = "wasm32")]
 fn aborted_by_timeout(err: &reqwest::Error) -> bool {
     sources(err).any(|e| {

@@ -793,7 +793,9 @@ macro_rules! transport_impl {
                     let mut url = request.url().clone();
                     url.set_fragment(None);
                     let method = request.method();
-                    (url, method != http::Method::GET && method != http::Method::HEAD)
+                    let answerable =
+                        method != http::Method::GET && method != http::Method::HEAD;
+                    (url, answerable, request.timeout().is_some())
                 };
                 #[cfg(not(target_arch = "wasm32"))]
                 let asked = ();
@@ -982,15 +984,16 @@ pin_project_lite::pin_project! {
         http_url: bool,
         // On wasm32, the request's URL without its fragment and whether a redirect
         // may have turned it into a GET (any method but GET and HEAD): fetch follows
-        // redirects out of sight, and its final URL is all that tells of them.
-        // Nothing natively.
+        // redirects out of sight, and its final URL is all that tells of them; and
+        // whether the request has a `timeout` (only that aborts a fetch whose body
+        // is read). Nothing natively.
         asked: Asked,
     }
 }
 
 /// What [`Sending`] keeps of the request on wasm32 (see `asked`).
 #[cfg(target_arch = "wasm32")]
-type Asked = (reqwest::Url, bool);
+type Asked = (reqwest::Url, bool, bool);
 #[cfg(not(target_arch = "wasm32"))]
 type Asked = ();
 
@@ -1051,10 +1054,10 @@ where
             } else {
                 error::transport_error
             };
-            let (asked, answerable) = &*this.asked;
+            let (asked, answerable, timed) = &*this.asked;
             this.pending.poll(cx).map(|result| {
                 result
-                    .map(|response| ReqwestResponse::fetched(response, asked, *answerable))
+                    .map(|response| ReqwestResponse::fetched(response, asked, *answerable, *timed))
                     .map_err(map_error)
             })
         }

@@ -244,7 +244,7 @@ mod imp {
     use futures::stream::{Stream, StreamExt};
 
     use super::{Bytes, HeaderMap, StatusCode, TransportError, TransportResponse};
-    use crate::error::body_error;
+    use crate::error::body_error_of;
 
     type BodyStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>>>>;
 
@@ -259,12 +259,17 @@ mod imp {
         headers: HeaderMap,
         answered: bool,
         credentials_dropped: bool,
+        // The request may have had a `timeout` (it had one, or it is not known): an
+        // `AbortError` in the body is then the timeout's (`body_error_of`).
+        timed: bool,
         unread: Option<reqwest::Response>,
         body: Option<BodyStream>,
     }
 
     impl ReqwestResponse {
-        /// Wraps a response.
+        /// Wraps a response. Whether its request had a `timeout` is not known here,
+        /// so a body read that fails with an `AbortError` is `TimedOut`, as
+        /// [`body_error`](crate::body_error) reads it.
         #[must_use]
         pub fn new(inner: reqwest::Response) -> Self {
             ReqwestResponse {
@@ -272,6 +277,7 @@ mod imp {
                 headers: inner.headers().clone(),
                 answered: false,
                 credentials_dropped: false,
+                timed: true,
                 unread: Some(inner),
                 body: None,
             }
@@ -286,13 +292,17 @@ mod imp {
         /// 308, which cannot be told apart here, did not, and is counted too: a
         /// request that is not idempotent is then not sent again), and as sent
         /// without the credentials when the final origin is another (fetch drops
-        /// `Authorization` on a hop to another origin).
+        /// `Authorization` on a hop to another origin). `timed`: the request had a
+        /// `timeout`; without one a body's `AbortError` is not reqwest's, and is
+        /// `Interrupted`.
         pub(crate) fn fetched(
             inner: reqwest::Response,
             asked: &reqwest::Url,
             answerable: bool,
+            timed: bool,
         ) -> Self {
             let mut response = ReqwestResponse::new(inner);
+            response.timed = timed;
             if let Some(inner) = &response.unread
                 && !super::same_place(asked, inner.url())
             {
@@ -334,7 +344,8 @@ mod imp {
         /// A failure mapped by [`body_error`](crate::body_error).
         pub async fn bytes(mut self) -> Result<Bytes, TransportError> {
             if let Some(inner) = self.unread.take() {
-                return inner.bytes().await.map_err(body_error);
+                let timed = self.timed;
+                return inner.bytes().await.map_err(|e| body_error_of(e, timed));
             }
             let mut body = Vec::new();
             while let Some(chunk) = self.chunk().await? {
@@ -404,7 +415,11 @@ mod imp {
             let body = self
                 .body
                 .get_or_insert_with(|| Box::pin(futures::stream::empty()));
-            body.next().await.transpose().map_err(body_error)
+            let timed = self.timed;
+            body.next()
+                .await
+                .transpose()
+                .map_err(|e| body_error_of(e, timed))
         }
     }
 }
