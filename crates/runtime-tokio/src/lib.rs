@@ -347,8 +347,9 @@ mod tests {
 
     #[test]
     fn runtimes_made_at_neighbouring_instants_and_counts_get_different_seeds() {
-        // The count is mixed before it meets the clock, so (1 ns, 0th) and (0 ns,
-        // 1st), made a nanosecond apart, do not draw the same jitter.
+        // The count is spread over all 64 bits before it meets the clock (not
+        // added to it or XORed in as it is), so (1 ns, 0th) and (0 ns, 1st), made a
+        // nanosecond apart, do not draw the same jitter.
         let base = 1_700_000_000_000_000_000;
         let seeds: std::collections::HashSet<u64> = (0..64)
             .flat_map(|nanos| (0..64).map(move |count| seed_from(base + nanos, count)))

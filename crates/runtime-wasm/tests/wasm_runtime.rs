@@ -230,7 +230,8 @@ async fn a_timer_that_fires_early_is_armed_again_until_the_deadline() {
 }
 
 /// Wraps the global `setTimeout`, once, to remember the delay it was last asked for;
-/// returns that delay (`undefined` before any: NaN).
+/// returns that delay and forgets it (NaN when no timer was armed since the last
+/// call, so a read never sees an older timer's delay).
 fn last_set_timeout_delay() -> f64 {
     let body = "if (globalThis.__lastDelay === undefined) {\
                     globalThis.__lastDelay = NaN;\
@@ -240,7 +241,9 @@ fn last_set_timeout_delay() -> f64 {
                         return set(f, ms, ...rest);\
                     };\
                 }\
-                return globalThis.__lastDelay;";
+                const delay = globalThis.__lastDelay;\
+                globalThis.__lastDelay = NaN;\
+                return delay;";
     js_sys::Function::new_no_args(body)
         .call0(&JsValue::NULL)
         .expect("the wrapper runs")
@@ -255,9 +258,9 @@ async fn a_sleep_arms_its_timer_for_the_time_left_rounded_up_to_whole_ms() {
     // whose poll came 0.9 ms or more after the sleep was made (the thread was
     // preempted) leaves under 2.1 ms, so it does not count; one of ten is enough.
     let rt = WasmRuntime::new();
-    let _ = last_set_timeout_delay();
     let mut delays = Vec::new();
     for _ in 0..10 {
+        let _ = last_set_timeout_delay();
         let made = rt.now();
         let mut sleep = Box::pin(rt.sleep(Duration::from_micros(2_999)));
         assert_eq!(futures::poll!(sleep.as_mut()), Poll::Pending);
@@ -286,11 +289,17 @@ async fn a_sleep_that_ends_before_its_timer_fired_gives_the_timer_up_at_once() {
     while rt.now() < deadline {
         std::hint::spin_loop();
     }
+    let cleared = clear_timeout_calls();
     assert_eq!(futures::poll!(sleep.as_mut()), Poll::Ready(()));
     assert_eq!(
         rt.pending_timers(),
         0,
         "the ended sleep still holds its timer"
+    );
+    assert_eq!(
+        clear_timeout_calls() - cleared,
+        1.0,
+        "JavaScript's timer is cleared when the sleep ends"
     );
 }
 
