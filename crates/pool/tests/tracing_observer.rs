@@ -50,6 +50,37 @@ impl Subscriber for Capture {
     fn exit(&self, _: &Id) {}
 }
 
+/// The lines of `event` (their `event` field) among `lines`: each one's level, the
+/// values of `names` (empty where a line has none) and its message, as text.
+fn lines_of<const N: usize>(
+    lines: &[(Level, FieldMap)],
+    event: &str,
+    names: [&str; N],
+) -> Vec<(String, [String; N], String)> {
+    let event = format!("{event:?}");
+    lines
+        .iter()
+        .filter(|(_, f)| f.get("event") == Some(&event))
+        .map(|(level, f)| {
+            let get = |name: &str| f.get(name).cloned().unwrap_or_default();
+            (level.to_string(), names.map(get), get("message"))
+        })
+        .collect()
+}
+
+/// `rows` in the form [`lines_of`] returns.
+fn rows<const N: usize>(rows: &[(&str, [&str; N], &str)]) -> Vec<(String, [String; N], String)> {
+    rows.iter()
+        .map(|(level, fields, message)| {
+            (
+                (*level).to_owned(),
+                fields.map(str::to_owned),
+                (*message).to_owned(),
+            )
+        })
+        .collect()
+}
+
 /// A builder over `w` whose client a `TracingObserver` observes, keyed `orders-api`.
 fn traced(w: &World) -> vantage_api_pool::ClientBuilder<ScriptedTransport, VirtualRuntime> {
     vantage_api_pool::ResilientClient::builder(w.transport.clone(), w.rt.clone())
@@ -425,33 +456,25 @@ fn a_token_fetch_is_info_when_it_lands_and_a_warning_when_it_fails() {
             assert!(!value.contains("token endpoint down"), "{fields:?}");
         }
     }
-    let fetched: Vec<_> = lines
-        .iter()
-        .filter(|(_, f)| f["event"] == "\"token_fetch_ended\"")
-        .map(|(level, f)| {
-            let get = |name: &str| f.get(name).cloned().unwrap_or_default();
-            (
-                level.to_string(),
-                [get("api"), get("reason"), get("outcome"), get("generation")],
-                get("message"),
-            )
-        })
-        .collect();
     assert_eq!(
-        fetched,
-        [
+        lines_of(
+            &lines,
+            "token_fetch_ended",
+            ["api", "reason", "outcome", "generation"]
+        ),
+        rows(&[
             (
-                "INFO".to_owned(),
-                ["\"orders-api\"", "\"first\"", "\"fetched\"", "1"].map(str::to_owned),
-                "auth token fetched".to_owned()
+                "INFO",
+                ["\"orders-api\"", "\"first\"", "\"fetched\"", "1"],
+                "auth token fetched"
             ),
             // The source's text stays out of the log.
             (
-                "WARN".to_owned(),
-                ["\"orders-api\"", "\"requested\"", "\"failed\"", ""].map(str::to_owned),
-                "auth token fetch failed".to_owned()
+                "WARN",
+                ["\"orders-api\"", "\"requested\"", "\"failed\"", ""],
+                "auth token fetch failed"
             ),
-        ]
+        ])
     );
 }
 
@@ -471,25 +494,17 @@ fn a_call_a_panic_unwound_through_ends_with_a_warning() {
         assert!(unwound.is_err());
     });
     let lines = capture.0.lock().unwrap().clone();
-    let ends: Vec<_> = lines
-        .iter()
-        .filter(|(_, f)| f["event"] == "\"call_end\"")
-        .map(|(level, f)| {
-            let get = |name: &str| f.get(name).cloned().unwrap_or_default();
-            (
-                level.to_string(),
-                ["outcome", "sends", "attempts", "elapsed_ms"].map(get),
-                get("message"),
-            )
-        })
-        .collect();
     assert_eq!(
-        ends,
-        [(
-            "WARN".to_owned(),
-            ["\"panicked\"", "0", "0", "0.0"].map(str::to_owned),
-            "call unwound by a panic".to_owned()
-        )]
+        lines_of(
+            &lines,
+            "call_end",
+            ["outcome", "sends", "attempts", "elapsed_ms"]
+        ),
+        rows(&[(
+            "WARN",
+            ["\"panicked\"", "0", "0", "0.0"],
+            "call unwound by a panic"
+        )])
     );
 }
 
@@ -538,41 +553,28 @@ fn a_token_fetch_given_up_is_info_and_one_a_panic_unwound_a_warning() {
         assert!(unwound.is_err());
     });
     let lines = capture.0.lock().unwrap().clone();
-    let fetched: Vec<_> = lines
-        .iter()
-        .filter(|(_, f)| f["event"] == "\"token_fetch_ended\"")
-        .map(|(level, f)| {
-            let get = |name: &str| f.get(name).cloned().unwrap_or_default();
+    assert_eq!(
+        lines_of(
+            &lines,
+            "token_fetch_ended",
+            ["reason", "outcome", "lifetime_ms"]
+        ),
+        rows(&[
             (
-                level.to_string(),
-                ["reason", "outcome", "lifetime_ms"].map(get),
-                get("message"),
-            )
-        })
-        .collect();
-    let want = [
-        (
-            "INFO",
-            ["\"first\"", "\"fetched\"", "90000.0"],
-            "auth token fetched",
-        ),
-        (
-            "INFO",
-            ["\"requested\"", "\"abandoned\"", ""],
-            "auth token fetch given up by its caller",
-        ),
-        (
-            "WARN",
-            ["\"requested\"", "\"panicked\"", ""],
-            "auth token fetch unwound by a panic",
-        ),
-    ];
-    let want = want.map(|(level, fields, message)| {
-        (
-            level.to_owned(),
-            fields.map(str::to_owned),
-            message.to_owned(),
-        )
-    });
-    assert_eq!(fetched, want);
+                "INFO",
+                ["\"first\"", "\"fetched\"", "90000.0"],
+                "auth token fetched",
+            ),
+            (
+                "INFO",
+                ["\"requested\"", "\"abandoned\"", ""],
+                "auth token fetch given up by its caller",
+            ),
+            (
+                "WARN",
+                ["\"requested\"", "\"panicked\"", ""],
+                "auth token fetch unwound by a panic",
+            ),
+        ])
+    );
 }
