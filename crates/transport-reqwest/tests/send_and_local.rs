@@ -74,6 +74,33 @@ fn call_futures_are_send(
     ));
 }
 
+/// What a call's future over `ReqwestTransport` + `TokioRuntime` may weigh: 656
+/// bytes when last measured (README, "Speed"), with room for another compiler's
+/// layout. At 768 it held the call's state twice, as an `async fn` copies its
+/// arguments (ARCHITECTURE.md, `Call::run`); every call in flight keeps its future.
+const CALL_FUTURE_BOUND: usize = 720;
+
+#[test]
+fn a_call_future_over_reqwest_and_tokio_stays_small() {
+    let client = ResilientClient::builder(
+        ReqwestTransport::new(reqwest::Client::new()),
+        TokioRuntime::new(),
+    )
+    .build()
+    .unwrap();
+    let policy = CallPolicy::bounded(vantage_api_pool::RetryPolicy::default());
+    let sizes = [
+        std::mem::size_of_val(&client.execute_with(&policy, |http| http.get("http://127.0.0.1/"))),
+        std::mem::size_of_val(&client.execute(|http| http.get("http://127.0.0.1/"))),
+    ];
+    for size in sizes {
+        assert!(
+            size <= CALL_FUTURE_BOUND,
+            "a call's future is {size} bytes, over {CALL_FUTURE_BOUND}"
+        );
+    }
+}
+
 #[cfg(feature = "tokio")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_over_reqwest_and_tokio_can_be_spawned() {
