@@ -1368,3 +1368,141 @@ fn a_check_so_far_still_finds_a_broken_rule() {
     let v = observer.check_contract_so_far().unwrap_err();
     assert_eq!((v.rule, v.index), (ContractRule::TerminalWithoutStarted, 0));
 }
+
+#[test]
+fn nothing_of_a_call_comes_after_its_end_whatever_its_last_event_was() {
+    // A call that ended on a sent failure (a final 404) or a success: neither a
+    // retry nor another send of it may follow its end.
+    let real = recorded(&[Reply::status(404)], false);
+    let EventKind::Failed { error, .. } = real[1].clone() else {
+        panic!("{:?}", real[1]);
+    };
+    let failed = end(5, 5, 1, 1, CallOutcome::Failed { error });
+    assert_eq!(
+        end_violation(
+            vec![(0, 1, started(1, 1)), (4, 1, real[1].clone())],
+            &[failed],
+            vec![(6, 1, retry(2))]
+        ),
+        Some((ContractRule::EventAfterCallEnd, 2))
+    );
+    let ok = CallOutcome::Succeeded {
+        status: StatusCode::OK,
+    };
+    assert_eq!(
+        end_violation(
+            vec![(0, 1, started(1, 1)), (7, 1, succeeded(1, 1))],
+            &[end(7, 7, 1, 1, ok)],
+            vec![(8, 1, started(2, 2))]
+        ),
+        Some((ContractRule::EventAfterCallEnd, 2))
+    );
+}
+
+#[test]
+fn every_event_of_a_call_needs_its_call_id_not_only_a_start() {
+    let real = recorded(&[Reply::fail(TransportErrorKind::NotSent, "stale")], false);
+    assert_eq!(real[2].name(), "redialing");
+    for kind in [retry(2), cancelled(1, 1), real[2].clone()] {
+        let observer = RecordingObserver::new();
+        observer.on_event("api", &TransportEvent::new(at(0), None, kind.clone()));
+        let v = observer.check_contract().unwrap_err();
+        assert_eq!(
+            (v.rule, v.index, v.call),
+            (ContractRule::MissingCallId, 0, None),
+            "{kind:?}"
+        );
+    }
+    // A terminal without its call after a start with one: the terminal is what
+    // lacks the id, not the start its end.
+    let observer = observe(vec![(0, 1, started(1, 1))]);
+    observer.on_event("api", &TransportEvent::new(at(1), None, succeeded(1, 1)));
+    let v = observer.check_contract().unwrap_err();
+    assert_eq!((v.rule, v.index), (ContractRule::MissingCallId, 1));
+}
+
+#[test]
+fn events_without_a_call_keep_time_order_on_their_thread() {
+    // One thread's events of an api keep time order, a call's or not.
+    let observer = RecordingObserver::new();
+    observer.on_event(
+        "api",
+        &TransportEvent::new(at(10), None, EventKind::RowsPulled { n: 1 }),
+    );
+    observer.on_event(
+        "api",
+        &TransportEvent::new(at(5), None, EventKind::WritePushed),
+    );
+    let v = observer.check_contract().unwrap_err();
+    assert_eq!((v.rule, v.index), (ContractRule::TimeWentBackwards, 1));
+    // A call's event after a reset that came later.
+    let observer = RecordingObserver::new();
+    observer.on_event(
+        "api",
+        &TransportEvent::new(at(10), None, EventKind::BreakerReset),
+    );
+    observer.on_event(
+        "api",
+        &TransportEvent::new(at(5), Some(CallId(1)), started(1, 1)),
+    );
+    let v = observer.check_contract_so_far().unwrap_err();
+    assert_eq!((v.rule, v.index), (ContractRule::TimeWentBackwards, 1));
+}
+
+#[test]
+fn a_call_unwound_by_a_panic_may_end_after_any_event() {
+    let panicked =
+        |ms, elapsed, sends, attempts| end(ms, elapsed, sends, attempts, CallOutcome::Panicked);
+    // After a success, before any event, after an announced retry or redial.
+    assert_eq!(
+        end_violation(
+            vec![(2, 1, started(1, 1)), (7, 1, succeeded(1, 1))],
+            &[panicked(9, 7, 1, 1)],
+            vec![]
+        ),
+        None
+    );
+    assert_eq!(end_violation(vec![], &[panicked(3, 3, 0, 0)], vec![]), None);
+    let with_503 = recorded(&[Reply::status(503)], false);
+    let with_not_sent = recorded(&[Reply::fail(TransportErrorKind::NotSent, "stale")], false);
+    for (real, next) in [(with_503, "retry_scheduled"), (with_not_sent, "redialing")] {
+        assert_eq!(real[2].name(), next);
+        let events = timed(real[..3].to_vec());
+        let last_ms = events.last().unwrap().0;
+        assert_eq!(
+            end_violation(events, &[panicked(last_ms, last_ms, 1, 1)], vec![]),
+            None,
+            "after {next}"
+        );
+    }
+}
+
+#[test]
+fn the_first_call_left_without_an_end_is_the_one_reported() {
+    let v = observe(vec![
+        (0, 1, started(1, 1)),
+        (1, 1, cancelled(1, 1)),
+        (2, 2, started(1, 1)),
+        (3, 2, cancelled(1, 1)),
+    ])
+    .check_contract()
+    .unwrap_err();
+    assert_eq!(
+        (v.rule, v.index, v.call),
+        (ContractRule::CallNeverEnded, 0, Some(CallId(1)))
+    );
+}
+
+#[test]
+fn a_retry_right_after_a_redial_breaks_the_redial_rule() {
+    // The redial announced a start; a retry in its place breaks that promise first.
+    let real = recorded(&[Reply::fail(TransportErrorKind::NotSent, "stale")], false);
+    assert_eq!(real[2].name(), "redialing");
+    let mut events = timed(real[..3].to_vec());
+    let last_ms = events.last().unwrap().0;
+    events.push((last_ms, 1, retry(2)));
+    assert_eq!(
+        first_violation(events),
+        (ContractRule::RedialNotFollowedByStart, 3, None)
+    );
+}
