@@ -736,6 +736,40 @@ mod tests {
     }
 
     #[test]
+    fn debug_shows_every_field_but_what_a_log_must_not_hold() {
+        // What goes to logs: every field by value, the body, headers and request id
+        // only by their size or presence (a header's value may be a credential).
+        let mut headers = HeaderMap::new();
+        headers.insert("x-token", "secret-header-value".parse().unwrap());
+        let e = status(429, 2)
+            .with_response(Bytes::from_static(b"busy"), headers)
+            .with_request_id(Some("req-123".into()))
+            .with_retry_after(Some(Duration::from_secs(3)))
+            .with_reached(true)
+            .with_credentials_dropped(true);
+        assert_eq!(
+            format!("{e:?}"),
+            "ClientError { kind: Status(429), attempts: 2, body_len: Some(4), \
+             header_count: Some(1), has_request_id: true, retry_after: Some(3s), \
+             time_limit: None, nothing_sent: false, credentials_dropped: true, \
+             answered_by_redirect: false }"
+        );
+        let e = ClientError::timed_out(TimeLimit::Budget, 1).with_answered_by_redirect(true);
+        assert_eq!(
+            format!("{e:?}"),
+            "ClientError { kind: TimedOut, attempts: 1, body_len: None, \
+             header_count: None, has_request_id: false, retry_after: None, \
+             time_limit: Some(Budget), nothing_sent: true, credentials_dropped: false, \
+             answered_by_redirect: true }"
+        );
+        // Not yet made by the client (no shutdown), but named all the same.
+        assert_eq!(
+            ClientError::new(ErrorKind::Closed, 0).to_string(),
+            "client closed, nothing sent"
+        );
+    }
+
+    #[test]
     fn accessors() {
         let e = status(429, 2)
             .with_request_id(Some("abc".into()))

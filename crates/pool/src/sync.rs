@@ -486,4 +486,40 @@ mod tests {
         );
         assert_eq!(woken(), 3);
     }
+
+    /// A waker that writes `index` into `log` when woken.
+    struct Logged {
+        index: usize,
+        log: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    }
+
+    impl std::task::Wake for Logged {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.log.lock().unwrap().push(self.index);
+        }
+    }
+
+    #[test]
+    fn wakers_are_woken_in_the_order_they_first_waited() {
+        // A seeded simulation replays only if waiters resume the same way each run:
+        // first come, first woken, even for one that registered a new waker since.
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let logged = |index| {
+            Waker::from(std::sync::Arc::new(Logged {
+                index,
+                log: std::sync::Arc::clone(&log),
+            }))
+        };
+        let mut wakers = Wakers::default();
+        let mut keys = [None; 4];
+        for (index, key) in keys.iter_mut().enumerate() {
+            assert!(wakers.register(key, &logged(index)).is_none());
+        }
+        // Waiter 0 polled again with a waker of another task; waiter 2 gave up.
+        let replaced = wakers.register(&mut keys[0], &logged(0));
+        assert!(replaced.is_some(), "a waker of another task is replaced");
+        drop(wakers.remove(keys[2].unwrap()));
+        drop(wakers.take().on_drop());
+        assert_eq!(*log.lock().unwrap(), [0, 1, 3]);
+    }
 }
