@@ -74,11 +74,12 @@ fn call_futures_are_send(
     ));
 }
 
-/// What a call's future over `ReqwestTransport` + `TokioRuntime` may weigh: 656
-/// bytes when last measured with a request closure that borrows its URL, as the
-/// peers bench's does (README, "Speed"), 648 with one that captures nothing (the
-/// closure is part of the future), with room for another compiler's layout. At 768 it held the call's state twice, as an `async fn` copies its
-/// arguments (ARCHITECTURE.md, `Call::run`); every call in flight keeps its future.
+/// What a call's future over `ReqwestTransport` + `TokioRuntime` may weigh, with
+/// room for another compiler's layout: when last measured, 656 bytes with a request
+/// closure that borrows its URL, as the peers bench's does (README, "Speed"), and
+/// 648 with one that captures nothing (the closure is part of the future). At 768
+/// it held the call's state twice, as an `async fn` copies its arguments
+/// (ARCHITECTURE.md, `Call::run`); every call in flight keeps its future.
 const CALL_FUTURE_BOUND: usize = 720;
 
 #[test]
