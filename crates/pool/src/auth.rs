@@ -529,10 +529,13 @@ struct AuthInner {
     /// The newest generation whose header name differs from the token before it
     /// (0: the name never changed).
     renamed_at: u64,
-    /// The newest generation whose 401 asked for a refresh: while that refresh runs
-    /// (or succeeded), a token of it or older is not handed out (callers wait for
-    /// the refresh instead). Lowered again when the refresh fails, so callers that
-    /// only need a token fall back to the cached one rather than fail.
+    /// The newest generation a 401 refused: one whose 401 asked for a refresh (while
+    /// that refresh runs, or once it succeeded), or one a newer token had replaced
+    /// when its 401 came. A token of it or older is not handed out (callers wait for
+    /// the refresh, or take the newer token). A fetch that fails lowers it to just
+    /// below the cached token's generation, if it was not already: callers that only
+    /// need a token fall back to the cached one rather than fail, and the tokens the
+    /// cached one replaced stay refused.
     rejected: u64,
     /// The `fetching` flag: the start of the fetch that runs, if one does.
     fetching: Option<Instant>,
@@ -645,6 +648,21 @@ impl AuthState {
         }
     }
 
+    /// After a 401 answered generation `stale`: if a newer token has replaced it
+    /// already (a renewal, `refresh_token`, another 401's refresh), `stale` and
+    /// every older generation are refused from now on, so a request still built
+    /// with one goes back through the gate instead of drawing another 401. The
+    /// cached token is marked only on the way to its refresh (`token`), which a
+    /// failed fetch takes back.
+    fn refuse_replaced(&self, inner: &mut AuthInner, stale: Option<u64>) {
+        if let Some(g) = stale
+            && g < inner.generation
+            && g > inner.rejected
+        {
+            self.set_rejected(inner, g);
+        }
+    }
+
     /// Sets `inner.rejected` (`inner` is this state's, locked) and its copy.
     fn set_rejected(&self, inner: &mut AuthInner, rejected: u64) {
         inner.rejected = rejected;
@@ -669,9 +687,11 @@ impl AuthState {
     /// `stale` when given) and that has not expired by `now`, without waiting: the
     /// path of every send once a token is cached. `None` too for a token due for
     /// renewal that nobody is renewing: the caller renews it (through
-    /// [`token`](Self::token)).
+    /// [`token`](Self::token)). A `stale` generation already replaced is refused
+    /// from now on ([`refuse_replaced`](Self::refuse_replaced)).
     pub(crate) fn current(&self, stale: Option<u64>, now: Instant) -> Option<Token> {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        self.refuse_replaced(&mut inner, stale);
         let token = inner.usable(stale, now)?;
         if token.due(now) && inner.fetching.is_none() {
             return None;
@@ -699,10 +719,11 @@ impl AuthState {
         inner.usable(Some(held), now).cloned()
     }
 
-    /// Whether a 401 rejected generation `held` (or a newer one) and the refresh it
-    /// asked for has not failed: the gate hands a token of `held` or older to nobody
-    /// now, so a request that carries one must not go out with it either. Takes no
-    /// lock.
+    /// Whether generation `held` is refused: a 401 rejected it or a newer one, and
+    /// either no fetch has failed since or `held` is older than the cached token (a
+    /// failed fetch takes back only the cached token's rejection). The gate hands a
+    /// token of `held` or older to nobody now, so a request that carries one must
+    /// not go out with it either. Takes no lock.
     pub(crate) fn rejected(&self, held: u64) -> bool {
         self.rejected_now.load(Ordering::Acquire) >= held
     }
@@ -731,6 +752,7 @@ impl AuthState {
                         .filter(|(n, _)| *n > seen)
                         .map(|(_, e)| Arc::clone(e))
                 });
+                self.refuse_replaced(&mut inner, stale);
                 let ready = inner.usable(stale, now).cloned();
                 if let Some(token) = ready {
                     // Due for renewal, and nobody renewing it: this caller does, and
@@ -987,8 +1009,13 @@ impl<E: FetchEnv> FetchGuard<'_, E> {
                     let this_fetch = inner.fetches_done;
                     replaced = inner.last_error.replace((this_fetch, Arc::clone(&e)));
                     // No newer token: a call that just needs one sends the cached one
-                    // (it may be answered 401 again; its replay then asks again).
-                    self.state.set_rejected(&mut inner, 0);
+                    // (it may be answered 401 again; its replay then asks again). Only
+                    // the cached token is taken back into use: one it replaced stays
+                    // refused if a 401 refused it, whatever this fetch was for (a
+                    // renewal or `refresh_token` failing after a 401's refresh had
+                    // succeeded let a request built with the old token go out).
+                    let kept = inner.rejected.min(inner.generation.saturating_sub(1));
+                    self.state.set_rejected(&mut inner, kept);
                     inner.back_off_renewal(now);
                     let outcome = match &inner.token {
                         Some(cached) if fall_back && !cached.expired(now) => Ok(cached.clone()),

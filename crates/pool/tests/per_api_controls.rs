@@ -2169,14 +2169,16 @@ fn a_queued_send_whose_token_was_rejected_waits_for_the_refresh() {
     w.assert_contract();
 }
 
-#[test]
-fn a_token_another_calls_401_rejects_while_the_request_closure_runs_never_goes_out() {
-    // Tokens t1, t2 (fetches take 1 s); t1 is answered 401 after 1 s. /a, polled by
-    // hand, sends t1 at 1 s. At 2 s /b takes t1 at the gate, and its request
-    // closure lets /a take in its 401 (on a runtime with threads, another thread
-    // may do so just then): t1 is rejected before /b's request leaves. /b must not
-    // send it (it would only be answered 401, and spend /b's one replay): it goes
-    // back through the gate, waits for /a's refresh, and sends t2 at 3 s.
+/// Runs `/a` and `/b`: `/a`, polled by hand at 0 s and 1 s, sends t1 as soon as its
+/// fetch lands; at 2 s `/b` takes t1 at the gate, and its request closure runs
+/// `during`, handing it what lets `/a` take in its 401, due by then (on a runtime
+/// with threads, another thread may do so just then). Returns how `/b` ended once
+/// both are done.
+fn b_builds_its_request_as_a_takes_its_401<A: vantage_api_pool::TokenSource + 'static>(
+    w: &World,
+    client: &Client<A>,
+    during: impl FnOnce(&mut dyn FnMut()) + 'static,
+) -> Result<(), vantage_api_pool::ClientError> {
     use std::cell::RefCell;
     use std::future::Future;
     use std::pin::Pin;
@@ -2184,9 +2186,6 @@ fn a_token_another_calls_401_rejects_while_the_request_closure_runs_never_goes_o
     use std::task::{Context, Waker};
 
     type Call = Pin<Box<dyn Future<Output = Result<(), vantage_api_pool::ClientError>>>>;
-    let w = World::new();
-    t1_refused_after(&w, secs(1));
-    let (client, fetches) = with_tokens_living(&w, secs(3_600), secs(1), None, |b| b);
     let a: Call = {
         let client = client.clone();
         Box::pin(async move { client.execute(|h| h.get("/a")).await.map(|_| ()) })
@@ -2201,18 +2200,18 @@ fn a_token_another_calls_401_rejects_while_the_request_closure_runs_never_goes_o
             assert!(call.as_mut().poll(&mut cx).is_pending());
         }
     };
-    poll_a(); // the first fetch starts
+    poll_a(); // the first fetch starts (or lands at once, and /a sends t1)
     w.rt.run_until(at(secs(1))).unwrap();
-    poll_a(); // t1 lands; /a sends it
+    poll_a(); // t1 lands and /a sends it (or /a waits for its answer)
     w.rt.run_until(at(secs(2))).unwrap();
 
     let b = {
         let client = client.clone();
-        let mut first = Some(poll_a);
+        let mut first = Some((poll_a, during));
         w.rt.spawn(async move {
             let build = |h: &vantage_api_pool_testkit::ScriptedHttp| {
-                if let Some(poll_a) = first.take() {
-                    poll_a(); // /a takes in its 401 and starts the refresh
+                if let Some((mut poll_a, during)) = first.take() {
+                    during(&mut poll_a);
                 }
                 h.get("/b")
             };
@@ -2226,7 +2225,21 @@ fn a_token_another_calls_401_rejects_while_the_request_closure_runs_never_goes_o
     });
     w.rt.run_until(at(secs(10))).unwrap();
     w.rt.block_on(a).unwrap().unwrap();
-    w.rt.block_on(b).unwrap().unwrap();
+    w.rt.block_on(b).unwrap()
+}
+
+#[test]
+fn a_token_another_calls_401_rejects_while_the_request_closure_runs_never_goes_out() {
+    // Tokens t1, t2 (fetches take 1 s); t1 is answered 401 after 1 s. /a sends t1
+    // at 1 s; /b's request closure lets /a take in its 401 at 2 s: t1 is rejected
+    // before /b's request leaves. /b must not send it (it would only be answered
+    // 401, and spend /b's one replay): it goes back through the gate, waits for
+    // /a's refresh, and sends t2 at 3 s.
+    let w = World::new();
+    t1_refused_after(&w, secs(1));
+    let (client, fetches) = with_tokens_living(&w, secs(3_600), secs(1), None, |b| b);
+    // /a takes in its 401 and starts the refresh.
+    b_builds_its_request_as_a_takes_its_401(&w, &client, |poll_a| poll_a()).unwrap();
     let mut sent_by = sent_tokens(&w);
     sent_by.sort();
     assert_eq!(
@@ -2239,6 +2252,66 @@ fn a_token_another_calls_401_rejects_while_the_request_closure_runs_never_goes_o
     );
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
     w.assert_contract();
+}
+
+#[test]
+fn a_token_a_401_rejected_never_goes_out_once_a_newer_one_is_at_hand() {
+    // As above, with fetches that end at once (/a sends t1 at 0 s, answered 401
+    // after 2 s), and a `refresh_token()` (a timer task's, say) in /b's request
+    // closure besides /a's 401 for t1. /b, built with t1, must go back through the
+    // gate and send t2 either way:
+    // - /a's 401 first (its refresh brings t2), then the refresh_token fails: a
+    //   failed fetch puts the cached token (t2) back in use, and nothing older
+    //   (every failed fetch used to take back every rejection);
+    // - the refresh_token first (it brings t2), then /a's 401 for t1, already
+    //   replaced: that 401 refuses t1 too (it used to refuse nothing, as t2 was at
+    //   hand).
+    // Before either fix /b sent t1 at 2 s, drew a 401 and spent its replay on it.
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    for refresh_first in [false, true] {
+        let w = World::new();
+        // Answered in 10 ms: /a, sending t2 while polled by hand, is still pending.
+        reply_by_path_and_token(&w, |_, token| match token {
+            "Bearer t1" => Reply::status(401).after(secs(2)),
+            _ => Reply::ok().after(ms(10)),
+        });
+        let (client, fetches) = with_tokens_living(&w, secs(3_600), Duration::ZERO, Some(3), |b| b);
+        let during = {
+            let client = client.clone();
+            move |poll_a: &mut dyn FnMut()| {
+                if !refresh_first {
+                    poll_a(); // /a takes in its 401: t2 comes at once; /a sends it
+                }
+                let mut refresh = Box::pin(client.refresh_token());
+                let mut cx = Context::from_waker(Waker::noop());
+                match refresh.as_mut().poll(&mut cx) {
+                    // Fetch 3 fails, fetch 2 brings t2.
+                    Poll::Ready(result) => assert_eq!(result.is_ok(), refresh_first),
+                    Poll::Pending => panic!("a fetch ends at once"),
+                }
+                if refresh_first {
+                    poll_a(); // /a takes in its 401 and sends t2
+                }
+            }
+        };
+        b_builds_its_request_as_a_takes_its_401(&w, &client, during).unwrap();
+        let mut sent_by = sent_tokens(&w);
+        sent_by.sort();
+        assert_eq!(
+            sent_by,
+            [
+                sent(Duration::ZERO, "/a", "t1"),
+                sent(secs(2), "/a", "t2"),
+                sent(secs(2), "/b", "t2"),
+            ],
+            "refresh_token first: {refresh_first}"
+        );
+        let expected_fetches = if refresh_first { 2 } else { 3 };
+        assert_eq!(fetches.load(Ordering::SeqCst), expected_fetches);
+        w.assert_contract();
+    }
 }
 
 #[test]
@@ -2546,8 +2619,16 @@ fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
     // token beside it: it goes back through the gate and is built afresh, with the
     // new token under its name (replacing a header of that name the caller set), so
     // nothing goes out with t1 after its 401. The same for requests that wait for a
-    // rate token (1/s) instead of the permit.
-    for (own_key, rate) in [(None, false), (Some("app"), false), (None, true)] {
+    // rate token (1/s) instead of the permit, also when another fetch (a
+    // `refresh_token()` at 500 ms) fails while they wait: that puts k2 back in use,
+    // not t1.
+    let cases = [
+        (None, false, false),
+        (Some("app"), false, false),
+        (None, true, false),
+        (None, true, true),
+    ];
+    for (own_key, rate, failed_fetch) in cases {
         let w = World::new();
         let api_key = http::HeaderName::from_static("x-api-key");
         w.transport
@@ -2569,11 +2650,11 @@ fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
                 let (rt, header) = (rt.clone(), header.clone());
                 async move {
                     rt.sleep(ms(50)).await;
-                    Ok::<_, AuthError>(if n == 1 {
-                        (AUTHORIZATION, HeaderValue::from_static("Bearer t1"))
-                    } else {
-                        (header, HeaderValue::from_static("k2"))
-                    })
+                    match n {
+                        1 => Ok((AUTHORIZATION, HeaderValue::from_static("Bearer t1"))),
+                        2 => Ok((header, HeaderValue::from_static("k2"))),
+                        _ => Err(AuthError::from("identity provider down")),
+                    }
                 }
             }))
             .build()
@@ -2590,6 +2671,13 @@ fn a_newer_token_under_another_header_is_not_added_to_a_waiting_request() {
                     .await
                     .map(|_| ())
             }));
+        }
+        if failed_fetch {
+            w.rt.run_until(at(ms(500))).unwrap();
+            let client = client.clone();
+            let refresh = w.rt.spawn(async move { client.refresh_token().await });
+            w.rt.run().unwrap();
+            assert!(w.rt.block_on(refresh).unwrap().is_err());
         }
         all_succeed(&w, calls);
         let x: Vec<_> = w
