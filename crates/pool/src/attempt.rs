@@ -784,7 +784,8 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// it. If a 401 rejected the request's own token meanwhile and the refresh is
     /// still running, the send waits for it, holding the permit (a token rejected
     /// while its refresh runs is handed to nobody; a refresh that fails lets the
-    /// request keep its own); so does one whose token expired. Returns the permit,
+    /// request keep its own if it is still the cached token); so does one whose
+    /// token expired. Returns the permit,
     /// the request, the token it now carries and the clock, or `None` if the breaker
     /// turned it back or the new token cannot replace the request's (turned back
     /// through the gate).
@@ -823,10 +824,12 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         // wait for the refresh here, holding the permit (whoever gets it next needs
         // the new token too), rather than send a token the API refused and spend the
         // call's one replay on it; and before the rate token, which stays the last
-        // wait. A refresh that fails lowers the rejection, and the request keeps its
-        // own token, as the gate would hand it out (not an expired one: the fetch's
-        // failure ends the call). A new token under another header name cannot
-        // replace the request's: back through the gate before taking a rate token.
+        // wait. A refresh that fails lowers the rejection to just below the cached
+        // token, and a request that carries it keeps it, as the gate would hand it
+        // out (not an expired one: the fetch's failure ends the call); one that
+        // carries an older token is still refused. A new token under another header
+        // name cannot replace the request's: back through the gate before taking a
+        // rate token.
         let mut held = self.newer_token(self.token, &mut request, now);
         if self.refused(held, now) {
             Box::pin(self.fetch_token(None)).await?;
@@ -1515,6 +1518,17 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         );
         // Reported: the calls a close (by a reachable answer) woke may go now.
         drop(wake);
+        // A final 401 (the call's second) starts no refresh; but if a newer token has
+        // replaced the one it answered, that one is refused from now on, as a
+        // replay's 401 would refuse it, so no other request still built with it
+        // goes out.
+        if verdict.action != Action::Replay
+            && outcome == Outcome::Status(http::StatusCode::UNAUTHORIZED)
+            && !error.credentials_dropped()
+            && let Some(held) = self.token
+        {
+            self.client.auth_state.refuse_if_replaced(held.generation);
+        }
 
         let next = match verdict.action {
             Action::Replay => {

@@ -663,6 +663,14 @@ impl AuthState {
         }
     }
 
+    /// After a call's final 401 for generation `g`, which asks for no refresh: `g`
+    /// and older are refused if a newer token has replaced `g` already
+    /// ([`refuse_replaced`](Self::refuse_replaced)). Starts nothing.
+    pub(crate) fn refuse_if_replaced(&self, g: u64) {
+        let mut inner = self.lock();
+        self.refuse_replaced(&mut inner, Some(g));
+    }
+
     /// Sets `inner.rejected` (`inner` is this state's, locked) and its copy.
     fn set_rejected(&self, inner: &mut AuthInner, rejected: u64) {
         inner.rejected = rejected;

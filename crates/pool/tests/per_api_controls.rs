@@ -2169,40 +2169,51 @@ fn a_queued_send_whose_token_was_rejected_waits_for_the_refresh() {
     w.assert_contract();
 }
 
+type Ended = Result<(), vantage_api_pool::ClientError>;
+
 /// Runs `/a` and `/b`: `/a`, polled by hand at 0 s and 1 s, sends t1 as soon as its
-/// fetch lands; at 2 s `/b` takes t1 at the gate, and its request closure runs
-/// `during`, handing it what lets `/a` take in its 401, due by then (on a runtime
-/// with threads, another thread may do so just then). Returns how `/b` ended once
-/// both are done.
+/// fetch lands (and may take in a 401 at 1 s); at 2 s `/b` takes the token then
+/// current at the gate, and its request closure runs `during`, handing it what
+/// polls `/a` once more, to take in a 401 due by then (on a runtime with threads,
+/// another thread may do so just then). Returns how `/a` and `/b` ended once both
+/// are done.
 fn b_builds_its_request_as_a_takes_its_401<A: vantage_api_pool::TokenSource + 'static>(
     w: &World,
     client: &Client<A>,
     during: impl FnOnce(&mut dyn FnMut()) + 'static,
-) -> Result<(), vantage_api_pool::ClientError> {
+) -> (Ended, Ended) {
     use std::cell::RefCell;
     use std::future::Future;
     use std::pin::Pin;
     use std::rc::Rc;
-    use std::task::{Context, Waker};
+    use std::task::{Context, Poll, Waker};
 
-    type Call = Pin<Box<dyn Future<Output = Result<(), vantage_api_pool::ClientError>>>>;
-    let a: Call = {
+    type Call = Pin<Box<dyn Future<Output = Ended>>>;
+    /// `/a`'s future until it ends, then how it ended.
+    enum A {
+        Running(Call),
+        Ended(Ended),
+    }
+    let a = {
         let client = client.clone();
-        Box::pin(async move { client.execute(|h| h.get("/a")).await.map(|_| ()) })
+        let call: Call = Box::pin(async move { client.execute(|h| h.get("/a")).await.map(|_| ()) });
+        Rc::new(RefCell::new(Some(A::Running(call))))
     };
-    let a = Rc::new(RefCell::new(Some(a)));
     let poll_a = {
         let a = Rc::clone(&a);
         move || {
             let mut cx = Context::from_waker(Waker::noop());
             let mut slot = a.borrow_mut();
-            let call = slot.as_mut().expect("/a is still held here");
-            assert!(call.as_mut().poll(&mut cx).is_pending());
+            if let Some(A::Running(call)) = slot.as_mut()
+                && let Poll::Ready(ended) = call.as_mut().poll(&mut cx)
+            {
+                *slot = Some(A::Ended(ended));
+            }
         }
     };
     poll_a(); // the first fetch starts (or lands at once, and /a sends t1)
     w.rt.run_until(at(secs(1))).unwrap();
-    poll_a(); // t1 lands and /a sends it (or /a waits for its answer)
+    poll_a(); // t1 lands and /a sends it (or /a waits for, or takes in, its answer)
     w.rt.run_until(at(secs(2))).unwrap();
 
     let b = {
@@ -2218,14 +2229,32 @@ fn b_builds_its_request_as_a_takes_its_401<A: vantage_api_pool::TokenSource + 's
             client.execute(build).await.map(|_| ())
         })
     };
-    // /a, from its refresh on, runs as a task of its own.
+    // /a, from then on, runs as a task of its own.
     let a = w.rt.spawn(async move {
-        let call = a.borrow_mut().take().expect("/a");
-        call.await
+        let slot = a.borrow_mut().take();
+        match slot.expect("/a") {
+            A::Running(call) => call.await,
+            A::Ended(ended) => ended,
+        }
     });
     w.rt.run_until(at(secs(10))).unwrap();
-    w.rt.block_on(a).unwrap().unwrap();
-    w.rt.block_on(b).unwrap()
+    (w.rt.block_on(a).unwrap(), w.rt.block_on(b).unwrap())
+}
+
+/// Polls `client.refresh_token()` once, which must end at once: `Ok` or not as
+/// `succeeds` says.
+fn refresh_at_once<A: vantage_api_pool::TokenSource>(client: &Client<A>, succeeds: bool) {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let mut refresh = Box::pin(client.refresh_token());
+    match refresh
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(result) => assert_eq!(result.is_ok(), succeeds, "{result:?}"),
+        Poll::Pending => panic!("a fetch that ends at once"),
+    }
 }
 
 #[test]
@@ -2239,7 +2268,9 @@ fn a_token_another_calls_401_rejects_while_the_request_closure_runs_never_goes_o
     t1_refused_after(&w, secs(1));
     let (client, fetches) = with_tokens_living(&w, secs(3_600), secs(1), None, |b| b);
     // /a takes in its 401 and starts the refresh.
-    b_builds_its_request_as_a_takes_its_401(&w, &client, |poll_a| poll_a()).unwrap();
+    let (a, b) = b_builds_its_request_as_a_takes_its_401(&w, &client, |poll_a| poll_a());
+    a.unwrap();
+    b.unwrap();
     let mut sent_by = sent_tokens(&w);
     sent_by.sort();
     assert_eq!(
@@ -2267,9 +2298,6 @@ fn a_token_a_401_rejected_never_goes_out_once_a_newer_one_is_at_hand() {
     //   replaced: that 401 refuses t1 too (it used to refuse nothing, as t2 was at
     //   hand).
     // Before either fix /b sent t1 at 2 s, drew a 401 and spent its replay on it.
-    use std::future::Future;
-    use std::task::{Context, Poll, Waker};
-
     for refresh_first in [false, true] {
         let w = World::new();
         // Answered in 10 ms: /a, sending t2 while polled by hand, is still pending.
@@ -2284,34 +2312,133 @@ fn a_token_a_401_rejected_never_goes_out_once_a_newer_one_is_at_hand() {
                 if !refresh_first {
                     poll_a(); // /a takes in its 401: t2 comes at once; /a sends it
                 }
-                let mut refresh = Box::pin(client.refresh_token());
-                let mut cx = Context::from_waker(Waker::noop());
-                match refresh.as_mut().poll(&mut cx) {
-                    // Fetch 3 fails, fetch 2 brings t2.
-                    Poll::Ready(result) => assert_eq!(result.is_ok(), refresh_first),
-                    Poll::Pending => panic!("a fetch ends at once"),
-                }
+                // Fetch 3 fails, fetch 2 brings t2.
+                refresh_at_once(&client, refresh_first);
                 if refresh_first {
                     poll_a(); // /a takes in its 401 and sends t2
                 }
             }
         };
-        b_builds_its_request_as_a_takes_its_401(&w, &client, during).unwrap();
+        let (a, b) = b_builds_its_request_as_a_takes_its_401(&w, &client, during);
+        a.unwrap();
+        b.unwrap();
+        let expected = [
+            sent(Duration::ZERO, "/a", "t1"),
+            sent(secs(2), "/a", "t2"),
+            sent(secs(2), "/b", "t2"),
+        ];
         let mut sent_by = sent_tokens(&w);
         sent_by.sort();
-        assert_eq!(
-            sent_by,
-            [
-                sent(Duration::ZERO, "/a", "t1"),
-                sent(secs(2), "/a", "t2"),
-                sent(secs(2), "/b", "t2"),
-            ],
-            "refresh_token first: {refresh_first}"
-        );
+        assert_eq!(sent_by, expected, "refresh_token first: {refresh_first}");
         let expected_fetches = if refresh_first { 2 } else { 3 };
         assert_eq!(fetches.load(Ordering::SeqCst), expected_fetches);
         w.assert_contract();
     }
+}
+
+#[test]
+fn a_final_401_for_a_token_already_replaced_refuses_it_too() {
+    // Fetches end at once; t1 and t2 are answered 401 after 1 s. /a sends t1 at
+    // 0 s, takes its 401 at 1 s and replays with t2. At 2 s /b takes t2 at the
+    // gate; in its request closure a `refresh_token()` brings t3, then /a takes in
+    // its second, final 401, for t2. That 401 starts no refresh, but t2 has been
+    // replaced: it refuses t2, and /b goes back through the gate and sends t3
+    // (it sent t2, drew a 401 and spent its replay on it; from an outside review).
+    let w = World::new();
+    reply_by_path_and_token(&w, |_, token| match token {
+        "Bearer t1" | "Bearer t2" => Reply::status(401).after(secs(1)),
+        _ => Reply::ok().after(ms(10)),
+    });
+    let (client, fetches) = with_tokens_living(&w, secs(3_600), Duration::ZERO, None, |b| b);
+    let during = {
+        let client = client.clone();
+        move |poll_a: &mut dyn FnMut()| {
+            refresh_at_once(&client, true);
+            poll_a();
+        }
+    };
+    let (a, b) = b_builds_its_request_as_a_takes_its_401(&w, &client, during);
+    assert_eq!(
+        a.map_err(|e| e.kind()),
+        Err(ErrorKind::Status(StatusCode::UNAUTHORIZED))
+    );
+    b.unwrap();
+    let mut sent_by = sent_tokens(&w);
+    sent_by.sort();
+    assert_eq!(
+        sent_by,
+        [
+            sent(Duration::ZERO, "/a", "t1"),
+            sent(secs(1), "/a", "t2"),
+            sent(secs(2), "/b", "t3"),
+        ]
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    w.assert_contract();
+}
+
+#[test]
+fn a_401_replay_that_waited_on_a_failed_fetch_refuses_its_token_once_replaced() {
+    // t1 comes at once; fetch 2, a `refresh_token()` at 500 ms, takes 1 s and
+    // fails; fetch 3 brings t3 at once. /a sends t1 at 0 s; its 401 at 1 s waits
+    // for fetch 2, whose failure at 1.5 s takes t1's rejection back (t1 is the
+    // cached token again). At 2 s /b takes t1 at the gate; in its request closure
+    // a `refresh_token()` brings t3 before /a looks again: /a's replay finds t1
+    // replaced, refuses it, and sends t3, and /b goes back through the gate and
+    // sends t3 too, not t1.
+    let w = World::new();
+    reply_by_path_and_token(&w, |_, token| match token {
+        "Bearer t1" => Reply::status(401).after(secs(1)),
+        _ => Reply::ok().after(ms(10)),
+    });
+    let rt = w.rt.clone();
+    let fetches = Arc::new(AtomicU32::new(0));
+    let counter = Arc::clone(&fetches);
+    let client = w
+        .builder()
+        .auth(token_fn(move || {
+            let rt = rt.clone();
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n == 2 {
+                    rt.sleep(secs(1)).await;
+                    return Err(AuthError::from("identity provider down"));
+                }
+                AuthToken::bearer(&format!("t{n}"))
+            }
+        }))
+        .build()
+        .unwrap();
+    let refresh = {
+        let (client, rt) = (client.clone(), w.rt.clone());
+        w.rt.spawn(async move {
+            rt.sleep(ms(500)).await;
+            client.refresh_token().await
+        })
+    };
+    let during = {
+        let client = client.clone();
+        move |poll_a: &mut dyn FnMut()| {
+            refresh_at_once(&client, true);
+            poll_a();
+        }
+    };
+    let (a, b) = b_builds_its_request_as_a_takes_its_401(&w, &client, during);
+    assert!(w.rt.block_on(refresh).unwrap().is_err());
+    a.unwrap();
+    b.unwrap();
+    let mut sent_by = sent_tokens(&w);
+    sent_by.sort();
+    assert_eq!(
+        sent_by,
+        [
+            sent(Duration::ZERO, "/a", "t1"),
+            sent(secs(2), "/a", "t3"),
+            sent(secs(2), "/b", "t3"),
+        ]
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 3);
+    w.assert_contract();
 }
 
 #[test]
