@@ -359,11 +359,11 @@ pub struct TransportEvent {
     /// emission: for `Started`, the reading at which the gate let the send through
     /// (taken before the request closure ran, or after a permit or rate wait), so
     /// neither the closure nor the callback counts into `ms`; for a send's outcome
-    /// and what it caused (`Succeeded`, `Failed`, `RetryScheduled`, a breaker
-    /// transition), the reading at its response head, at the end of its error body
-    /// or failure, or (a call that reads its body) at the end of its success body;
-    /// for `TokenFetchEnded`, the reading as the fetch ended; otherwise the reading
-    /// as the event was emitted.
+    /// and what it caused (`Succeeded`, `Failed`, `RetryScheduled`, `Redialing`, a
+    /// breaker transition), the reading at its response head, at the end of its
+    /// error body or failure, or (a call that reads its body) at the end of its
+    /// success body; for `TokenFetchEnded`, the reading as the fetch ended;
+    /// otherwise the reading as the event was emitted.
     pub at: Instant,
     /// The call the event is about; `None` for events reported through
     /// `ResilientClient::report`, for `BreakerReset` and for `TokenFetchEnded`.

@@ -2019,6 +2019,15 @@ fn a_redial_that_finds_the_budget_spent_builds_no_request() {
     assert_eq!(err.time_limit(), Some(TimeLimit::Budget));
     assert_eq!(built, 1, "the redial built a request with no time left");
     assert_eq!(w.transport.request_count(), 1);
+    // `Redialing` carries the failure's reading, as what a send's outcome caused
+    // does, not the clock after the slow callback.
+    let redialing: Vec<_> = w
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e.kind, EventKind::Redialing { .. }))
+        .map(|e| e.at.since_origin())
+        .collect();
+    assert_eq!(redialing, [secs(1)]);
 }
 
 #[test]
