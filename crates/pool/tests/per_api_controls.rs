@@ -2241,6 +2241,30 @@ fn b_builds_its_request_as_a_takes_its_401<A: vantage_api_pool::TokenSource + 's
     (w.rt.block_on(a).unwrap(), w.rt.block_on(b).unwrap())
 }
 
+/// [`b_builds_its_request_as_a_takes_its_401`] where `/b`'s request closure first
+/// has a `refresh_token()` bring a newer token (at once), then lets `/a` take in its
+/// 401.
+fn b_builds_its_request_as_a_refresh_and_a_401_come<A: vantage_api_pool::TokenSource + 'static>(
+    w: &World,
+    client: &Client<A>,
+) -> (Ended, Ended) {
+    let during = {
+        let client = client.clone();
+        move |poll_a: &mut dyn FnMut()| {
+            refresh_at_once(&client, true);
+            poll_a();
+        }
+    };
+    b_builds_its_request_as_a_takes_its_401(w, client, during)
+}
+
+/// [`sent_tokens`], in time order (then by path).
+fn sent_tokens_sorted(w: &World) -> Vec<(Duration, String, String)> {
+    let mut sent_by = sent_tokens(w);
+    sent_by.sort();
+    sent_by
+}
+
 /// Polls `client.refresh_token()` once, which must end at once: `Ok` or not as
 /// `succeeds` says.
 fn refresh_at_once<A: vantage_api_pool::TokenSource>(client: &Client<A>, succeeds: bool) {
@@ -2271,10 +2295,8 @@ fn a_token_another_calls_401_rejects_while_the_request_closure_runs_never_goes_o
     let (a, b) = b_builds_its_request_as_a_takes_its_401(&w, &client, |poll_a| poll_a());
     a.unwrap();
     b.unwrap();
-    let mut sent_by = sent_tokens(&w);
-    sent_by.sort();
     assert_eq!(
-        sent_by,
+        sent_tokens_sorted(&w),
         [
             sent(secs(1), "/a", "t1"),
             sent(secs(3), "/a", "t2"),
@@ -2327,9 +2349,11 @@ fn a_token_a_401_rejected_never_goes_out_once_a_newer_one_is_at_hand() {
             sent(secs(2), "/a", "t2"),
             sent(secs(2), "/b", "t2"),
         ];
-        let mut sent_by = sent_tokens(&w);
-        sent_by.sort();
-        assert_eq!(sent_by, expected, "refresh_token first: {refresh_first}");
+        assert_eq!(
+            sent_tokens_sorted(&w),
+            expected,
+            "refresh_token first: {refresh_first}"
+        );
         let expected_fetches = if refresh_first { 2 } else { 3 };
         assert_eq!(fetches.load(Ordering::SeqCst), expected_fetches);
         w.assert_contract();
@@ -2350,23 +2374,14 @@ fn a_final_401_for_a_token_already_replaced_refuses_it_too() {
         _ => Reply::ok().after(ms(10)),
     });
     let (client, fetches) = with_tokens_living(&w, secs(3_600), Duration::ZERO, None, |b| b);
-    let during = {
-        let client = client.clone();
-        move |poll_a: &mut dyn FnMut()| {
-            refresh_at_once(&client, true);
-            poll_a();
-        }
-    };
-    let (a, b) = b_builds_its_request_as_a_takes_its_401(&w, &client, during);
+    let (a, b) = b_builds_its_request_as_a_refresh_and_a_401_come(&w, &client);
     assert_eq!(
         a.map_err(|e| e.kind()),
         Err(ErrorKind::Status(StatusCode::UNAUTHORIZED))
     );
     b.unwrap();
-    let mut sent_by = sent_tokens(&w);
-    sent_by.sort();
     assert_eq!(
-        sent_by,
+        sent_tokens_sorted(&w),
         [
             sent(Duration::ZERO, "/a", "t1"),
             sent(secs(1), "/a", "t2"),
@@ -2416,21 +2431,12 @@ fn a_401_replay_that_waited_on_a_failed_fetch_refuses_its_token_once_replaced() 
             client.refresh_token().await
         })
     };
-    let during = {
-        let client = client.clone();
-        move |poll_a: &mut dyn FnMut()| {
-            refresh_at_once(&client, true);
-            poll_a();
-        }
-    };
-    let (a, b) = b_builds_its_request_as_a_takes_its_401(&w, &client, during);
+    let (a, b) = b_builds_its_request_as_a_refresh_and_a_401_come(&w, &client);
     assert!(w.rt.block_on(refresh).unwrap().is_err());
     a.unwrap();
     b.unwrap();
-    let mut sent_by = sent_tokens(&w);
-    sent_by.sort();
     assert_eq!(
-        sent_by,
+        sent_tokens_sorted(&w),
         [
             sent(Duration::ZERO, "/a", "t1"),
             sent(secs(2), "/a", "t3"),
