@@ -785,10 +785,9 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
     /// still running, the send waits for it, holding the permit (a token rejected
     /// while its refresh runs is handed to nobody; a refresh that fails lets the
     /// request keep its own if it is still the cached token); so does one whose
-    /// token expired. Returns the permit,
-    /// the request, the token it now carries and the clock, or `None` if the breaker
-    /// turned it back or the new token cannot replace the request's (turned back
-    /// through the gate).
+    /// token expired. Returns the permit, the request, the token it now carries and
+    /// the clock, or `None` if the breaker turned it back or the new token cannot
+    /// replace the request's (turned back through the gate).
     async fn wait_to_send(
         &self,
         held: Option<Permit<'c>>,
@@ -1518,12 +1517,11 @@ impl<'c, T: Transport, R: Runtime, A: TokenSource, P: Borrow<CallPolicy>> Call<'
         );
         // Reported: the calls a close (by a reachable answer) woke may go now.
         drop(wake);
-        // A final 401 (the call's second) starts no refresh; but if a newer token has
-        // replaced the one it answered, that one is refused from now on, as a
-        // replay's 401 would refuse it, so no other request still built with it
-        // goes out.
-        if verdict.action != Action::Replay
-            && outcome == Outcome::Status(http::StatusCode::UNAUTHORIZED)
+        // A 401 for a token a newer one has replaced already (a renewal,
+        // `refresh_token`, another 401's refresh) refuses it from now on, whether
+        // this call replays or not (its final 401 starts no refresh), so no other
+        // request still built with it goes out.
+        if outcome == Outcome::Status(http::StatusCode::UNAUTHORIZED)
             && !error.credentials_dropped()
             && let Some(held) = self.token
         {

@@ -649,11 +649,11 @@ impl AuthState {
     }
 
     /// After a 401 answered generation `stale`: if a newer token has replaced it
-    /// already (a renewal, `refresh_token`, another 401's refresh), `stale` and
-    /// every older generation are refused from now on, so a request still built
-    /// with one goes back through the gate instead of drawing another 401. The
-    /// cached token is marked only on the way to its refresh (`token`), which a
-    /// failed fetch takes back.
+    /// (a renewal, `refresh_token`, another 401's refresh), `stale` and every older
+    /// generation are refused from now on, so a request still built with one goes
+    /// back through the gate instead of drawing another 401. The cached token is
+    /// marked only on the way to its refresh (`token`), which a failed fetch takes
+    /// back.
     fn refuse_replaced(&self, inner: &mut AuthInner, stale: Option<u64>) {
         if let Some(g) = stale
             && g < inner.generation
@@ -663,9 +663,10 @@ impl AuthState {
         }
     }
 
-    /// After a call's final 401 for generation `g`, which asks for no refresh: `g`
-    /// and older are refused if a newer token has replaced `g` already
-    /// ([`refuse_replaced`](Self::refuse_replaced)). Starts nothing.
+    /// As a 401 for generation `g` comes in (replayed or final): `g` and older are
+    /// refused if a newer token has replaced `g` already
+    /// ([`refuse_replaced`](Self::refuse_replaced)). Starts nothing. A replay
+    /// that then waits for a fetch looks again as the fetch ends (`token`).
     pub(crate) fn refuse_if_replaced(&self, g: u64) {
         let mut inner = self.lock();
         self.refuse_replaced(&mut inner, Some(g));
@@ -695,11 +696,9 @@ impl AuthState {
     /// `stale` when given) and that has not expired by `now`, without waiting: the
     /// path of every send once a token is cached. `None` too for a token due for
     /// renewal that nobody is renewing: the caller renews it (through
-    /// [`token`](Self::token)). A `stale` generation already replaced is refused
-    /// from now on ([`refuse_replaced`](Self::refuse_replaced)).
+    /// [`token`](Self::token)).
     pub(crate) fn current(&self, stale: Option<u64>, now: Instant) -> Option<Token> {
-        let mut inner = self.lock();
-        self.refuse_replaced(&mut inner, stale);
+        let inner = self.lock();
         let token = inner.usable(stale, now)?;
         if token.due(now) && inner.fetching.is_none() {
             return None;
