@@ -17,16 +17,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Rng, ms, secs};
-use http::{HeaderValue, header::AUTHORIZATION};
+use http::{HeaderMap, HeaderName, HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, AuthToken, token_fn};
 use vantage_api_pool::bytes::Bytes;
 use vantage_api_pool::{
     BreakerMode, BreakerState, CallEnd, CallId, CallOutcome, CallPolicy, ClientError, ErrorKind,
-    EventKind, Instant, Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit, TransportError,
-    TransportErrorKind, TransportEvent, TransportObserver,
+    EventKind, Instant, Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit,
+    TokenFetchOutcome, TokenFetchReason, TransportError, TransportErrorKind, TransportEvent,
+    TransportObserver,
 };
 use vantage_api_pool_testkit::{
-    RecordingObserver, Reply, ScriptedHttp, ScriptedTransport, VirtualRuntime,
+    RecordedRequest, RecordingObserver, Reply, ScriptedHttp, ScriptedTransport, VirtualRuntime,
 };
 
 /// One call's plan and what became of it.
@@ -352,9 +353,121 @@ fn check_probes(events: &[TransportEvent], threshold: u32, problems: &mut Vec<St
     }
 }
 
-/// The token each completed fetch replaced (`None` for the first), with the fetch's
-/// start, in order.
-type Replacements = Arc<Mutex<Vec<(Option<String>, Instant)>>>;
+/// Every completed fetch, in order.
+type Replacements = Arc<Mutex<Vec<Replacement>>>;
+
+/// A completed token fetch: the token it replaced (`None` for the first), when it
+/// started and ended, and the token it brought.
+struct Replacement {
+    previous: Option<String>,
+    start: Instant,
+    end: Instant,
+    token: String,
+}
+
+/// The header some seeds' sources put every other token under instead of
+/// `Authorization`: a request built with a token under one name cannot take a newer
+/// one under the other, and goes back through the gate if its own is refused.
+const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// The token a request carries, under either name.
+fn token_in(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(AUTHORIZATION)
+        .or_else(|| headers.get(API_KEY))
+        .map(|v| v.to_str().unwrap())
+}
+
+/// Why each completed token fetch ran, by the generation it brought (1 for the first).
+fn fetch_reasons(events: &[TransportEvent]) -> HashMap<u64, TokenFetchReason> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::TokenFetchEnded {
+                reason,
+                outcome: TokenFetchOutcome::Fetched { generation, .. },
+                ..
+            } => Some((*generation, *reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// No send leaves with a token a 401 rejected while the refresh it started runs, or
+/// once a newer token is at hand:
+/// - after a refresh a 401 started (`Rejected`) replaced a token, no request carries
+///   it from that fetch's start, when the 401 was taken in;
+/// - once a 401 for a token already replaced is taken in (its `Failed`), no request
+///   carries it.
+///
+/// Only what happens strictly later counts: a send that left at the very instant the
+/// 401 came may have been handed to the transport first.
+fn check_rejected_tokens(
+    requests: &[RecordedRequest],
+    events: &[TransportEvent],
+    fetches: &[Replacement],
+    reasons: &HashMap<u64, TokenFetchReason>,
+    problems: &mut Vec<String>,
+) {
+    let token_of = |request: &RecordedRequest| token_in(&request.headers).map(str::to_owned);
+    let mut refused_from: HashMap<String, (Instant, String)> = HashMap::new();
+    let mut refuse = |token: &String, at: Instant, why: String| {
+        let entry = refused_from
+            .entry(token.clone())
+            .or_insert((at, why.clone()));
+        if at < entry.0 {
+            *entry = (at, why);
+        }
+    };
+    for (i, fetch) in fetches.iter().enumerate() {
+        let generation = i as u64 + 1;
+        if let (Some(previous), Some(TokenFetchReason::Rejected)) =
+            (&fetch.previous, reasons.get(&generation))
+        {
+            let why = format!(
+                "the 401 that started generation {generation}'s fetch at {:?}",
+                fetch.start
+            );
+            refuse(previous, fetch.start, why);
+        }
+    }
+    for event in events {
+        let EventKind::Failed { error, .. } = &event.kind else {
+            continue;
+        };
+        if error.status() != Some(http::StatusCode::UNAUTHORIZED) {
+            continue;
+        }
+        let Some(token) = error
+            .body()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+        else {
+            continue;
+        };
+        if let Some(newer) = fetches
+            .iter()
+            .find(|fetch| fetch.previous.as_ref() == Some(&token))
+            && newer.end < event.at
+        {
+            let why = format!(
+                "a 401 taken in at {:?}, after {} replaced it at {:?}",
+                event.at, newer.token, newer.end
+            );
+            refuse(&token, event.at, why);
+        }
+    }
+    for request in requests {
+        if let Some(token) = token_of(request)
+            && let Some((from, why)) = refused_from.get(&token)
+            && request.at > *from
+        {
+            problems.push(format!(
+                "request {} left at {:?} with {token}, refused since {why}",
+                request.index, request.at
+            ));
+        }
+    }
+}
 
 struct Both(RecordingObserver, Arc<LiveChecks>);
 
@@ -395,6 +508,33 @@ fn run_seed(seed: u64) -> Result<u64, String> {
         let mut draws = Rng(seed ^ 0x11FE);
         (use_auth && draws.chance(50)).then(|| secs(2) + draws.ms(18_000))
     };
+    // Some seeds with auth also call `refresh_token()` now and then, or every 100 ms
+    // to 2 s as a timer task would (some of those calls dropped part-way), and some
+    // have a source that fails now and then though their tokens have no lifetime:
+    // tokens are then replaced while requests built with the old ones wait, and
+    // failed fetches follow successful refreshes. (A stream of its own again.)
+    let mut refreshes = Rng(seed ^ 0x2EF2);
+    let refresh_at: Vec<Duration> = match refreshes.below(4) {
+        _ if !use_auth => Vec::new(),
+        0 => Vec::new(),
+        1 => (0..1 + refreshes.below(4))
+            .map(|_| refreshes.ms(20_000))
+            .collect(),
+        _ => {
+            let period = ms(100) + refreshes.ms(1_900);
+            let first = refreshes.ms(2_000);
+            (0..)
+                .map(|k| first + period * k)
+                .take_while(|&at| at < secs(20))
+                .collect()
+        }
+    };
+    let refresh_at: Vec<(Duration, Option<Duration>)> = refresh_at
+        .into_iter()
+        .map(|at| (at, refreshes.chance(20).then(|| at + refreshes.ms(1_000))))
+        .collect();
+    let flaky_source = use_auth && refreshes.chance(30);
+    let renames = use_auth && refreshes.chance(30);
     // Each token's fetch start, to tell when it was due for renewal and when it
     // expired; and the requests that went out with a token past its expiry.
     let issued: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -418,8 +558,7 @@ fn run_seed(seed: u64) -> Result<u64, String> {
         );
         let (issued, sent_expired, rt) = (issued.clone(), sent_expired.clone(), rt.clone());
         transport.respond_with(move |req, _| {
-            if let (Some(lifetime), Some(token)) = (lifetime, req.headers().get(AUTHORIZATION)) {
-                let token = token.to_str().unwrap();
+            if let (Some(lifetime), Some(token)) = (lifetime, token_in(req.headers())) {
                 let start = issued.lock().unwrap().get(token).copied();
                 if start.is_some_and(|start| rt.now() >= start.saturating_add(lifetime)) {
                     let at = rt.now().since_origin();
@@ -435,21 +574,20 @@ fn run_seed(seed: u64) -> Result<u64, String> {
             let mut rng = faults.lock().unwrap();
             let auth_ok = !use_auth || {
                 let want = format!("Bearer t{}-", server_token.load(Ordering::SeqCst));
-                req.headers()
-                    .get(AUTHORIZATION)
-                    .is_some_and(|v| v.to_str().unwrap().starts_with(&want))
+                token_in(req.headers()).is_some_and(|token| token.starts_with(&want))
             };
             if use_auth && rng.chance(3) {
                 server_token.fetch_add(1, Ordering::SeqCst);
             }
-            let reply = fault(&mut rng, auth_ok);
+            let mut reply = fault(&mut rng, auth_ok);
             if reply.status_code().is_some_and(|s| s == 401)
-                && let Some(token) = req.headers().get(AUTHORIZATION)
+                && let Some(token) = token_in(req.headers())
             {
-                got_401
-                    .lock()
-                    .unwrap()
-                    .insert(token.to_str().unwrap().to_owned());
+                let token = token.to_owned();
+                // The 401 names the token it answered, so the checks can tell from
+                // its `Failed` when the client took that answer in.
+                reply = reply.body(token.clone());
+                got_401.lock().unwrap().insert(token);
             }
             reply
         });
@@ -488,9 +626,10 @@ fn run_seed(seed: u64) -> Result<u64, String> {
             let mix = (seed ^ (fetch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
                 .wrapping_mul(0xBF58_476D_1CE4_E5B9);
             let latency = ms(20 + (mix >> 33) % 1_480);
-            // With lifetimes, one fetch in six fails until the API recovers: failed
-            // renewals (and their back-off) and expiries with no new token join in.
-            let fails = lifetime.is_some() && (mix >> 20).is_multiple_of(6);
+            // With lifetimes, or a flaky source, one fetch in six fails until the
+            // API recovers: failed renewals (and their back-off), expiries with no
+            // new token, and failed refreshes after a 401's join in.
+            let fails = (lifetime.is_some() || flaky_source) && (mix >> 20).is_multiple_of(6);
             async move {
                 rt.sleep(latency).await;
                 if fails && !healthy.load(Ordering::SeqCst) {
@@ -499,11 +638,22 @@ fn run_seed(seed: u64) -> Result<u64, String> {
                 completed.fetch_add(1, Ordering::SeqCst);
                 let n = server_token.load(Ordering::SeqCst);
                 let token = format!("Bearer t{n}-{fetch}");
-                replaced.lock().unwrap().push((previous, start));
+                replaced.lock().unwrap().push(Replacement {
+                    previous,
+                    start,
+                    end: rt.now(),
+                    token: token.clone(),
+                });
                 *current.lock().unwrap() = Some(token.clone());
                 issued.lock().unwrap().insert(token.clone(), start);
                 let value = HeaderValue::from_str(&token).unwrap();
-                let auth = AuthToken::new(AUTHORIZATION, value);
+                // Seeds that rename put every other token under `x-api-key`.
+                let name = if renames && (mix >> 50) & 1 == 1 {
+                    API_KEY
+                } else {
+                    AUTHORIZATION
+                };
+                let auth = AuthToken::new(name, value);
                 Ok::<_, AuthError>(match lifetime {
                     // One token in three keeps the default margin; the others get
                     // one of their own, from none to the whole lifetime (cut to
@@ -576,6 +726,9 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     for (plan, record) in plans.iter().zip(&records) {
         let fut = client.call(plan, record.clone(), ids.clone(), rt.clone());
         handles.push((rt.spawn(fut), plan.drop_at));
+    }
+    for &(at, drop_at) in &refresh_at {
+        handles.push((rt.spawn(client.refresh(at, rt.clone())), drop_at));
     }
     // Drop callers at their planned times, then let the rest finish (`run` returns
     // Ok only once every task has).
@@ -1018,17 +1171,24 @@ fn run_seed(seed: u64) -> Result<u64, String> {
             ));
         }
         // Completed fetches: one abandoned by a dropped caller makes no generation.
-        // (With lifetimes, renewals add fetches: the per-token check below holds.)
+        // (With lifetimes, renewals add fetches: the per-token check below holds;
+        // `refresh_token()` adds its own.)
+        let reasons = fetch_reasons(&events);
+        let requested = reasons
+            .values()
+            .filter(|&&reason| reason == TokenFetchReason::Requested)
+            .count();
         let fetched = completed.load(Ordering::SeqCst);
         let generations = got_401.lock().unwrap().len();
-        if lifetime.is_none() && fetched > 1 + generations {
+        if lifetime.is_none() && fetched > 1 + generations + requested {
             problems.push(format!(
-                "{fetched} token fetches for {generations} generations that drew a 401"
+                "{fetched} token fetches for {generations} generations that drew a 401 \
+                 and {requested} refresh_token()"
             ));
         }
         // Per generation: each completed fetch replaced a token that drew a 401, or
-        // was due for renewal when the fetch started (or was the first), and no token
-        // was replaced twice.
+        // was due for renewal when the fetch started (or was the first, or was asked
+        // for by `refresh_token()`), and no token was replaced twice.
         let replaced = replaced.lock().unwrap();
         let got_401 = got_401.lock().unwrap();
         let issued = issued.lock().unwrap();
@@ -1047,11 +1207,18 @@ fn run_seed(seed: u64) -> Result<u64, String> {
             })
         };
         let mut seen = HashSet::new();
-        for (previous, start) in replaced.iter() {
+        for (
+            generation,
+            Replacement {
+                previous, start, ..
+            },
+        ) in (1..).zip(replaced.iter())
+        {
             if !seen.insert(previous.clone()) {
                 problems.push(format!("{previous:?} was replaced twice"));
             }
             if let Some(token) = previous
+                && reasons.get(&generation) != Some(&TokenFetchReason::Requested)
                 && !got_401.contains(token)
                 && !due(token, *start)
             {
@@ -1060,6 +1227,13 @@ fn run_seed(seed: u64) -> Result<u64, String> {
                 ));
             }
         }
+        check_rejected_tokens(
+            &transport.requests(),
+            &events,
+            &replaced,
+            &reasons,
+            &mut problems,
+        );
         // No request left with a token past its expiry.
         for sent in sent_expired.lock().unwrap().iter() {
             problems.push(format!("sent with an expired token: {sent}"));
@@ -1105,11 +1279,7 @@ fn digest(transport: &ScriptedTransport, recorder: &RecordingObserver) -> u64 {
     let mut hasher = DefaultHasher::new();
     for request in transport.requests() {
         (request.at, request.method.as_str(), &*request.path).hash(&mut hasher);
-        request
-            .headers
-            .get(AUTHORIZATION)
-            .map(HeaderValue::as_bytes)
-            .hash(&mut hasher);
+        token_in(&request.headers).hash(&mut hasher);
     }
     for recorded in recorder.events() {
         let event = &recorded.event;
@@ -1125,6 +1295,12 @@ trait SimClient {
         plan: &CallPlan,
         record: Arc<Mutex<CallRecord>>,
         ids: Arc<AtomicU64>,
+        rt: VirtualRuntime,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+    /// `refresh_token()` at `at`, as a timer task of the service would.
+    fn refresh(
+        &self,
+        at: Duration,
         rt: VirtualRuntime,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
     fn in_flight(&self) -> usize;
@@ -1167,6 +1343,19 @@ impl<A: vantage_api_pool::TokenSource + 'static> SimClient
             r.ended = Some(rt.now());
             r.result = Some(result);
             r.body = body;
+        })
+    }
+    fn refresh(
+        &self,
+        at: Duration,
+        rt: VirtualRuntime,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> {
+        let client = self.clone();
+        Box::pin(async move {
+            rt.sleep(at).await;
+            // A failed refresh leaves the token in use as it was; the checks read
+            // what became of it from the events.
+            let _ = client.refresh_token().await;
         })
     }
     fn in_flight(&self) -> usize {
