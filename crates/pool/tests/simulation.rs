@@ -1,6 +1,6 @@
 //! Seeded simulation: thousands of generated fault schedules, policy mixes, numbers of
 //! concurrent callers and cancellation points, with the client's promises checked on
-//! every run.
+//! every run, among them that `HealthObserver` shows what the events say.
 //!
 //! - CI runs `SIM_SEEDS` seeds (default 2,000).
 //! - `SIM_SEEDS=100000 cargo test --release -p vantage-api-pool --test simulation`
@@ -20,6 +20,7 @@ use common::{Rng, ms, secs};
 use http::{HeaderMap, HeaderName, HeaderValue, header::AUTHORIZATION};
 use vantage_api_pool::auth::{AuthError, AuthToken, token_fn};
 use vantage_api_pool::bytes::Bytes;
+use vantage_api_pool::health::{ApiHealth, BreakerView, HealthObserver};
 use vantage_api_pool::{
     BreakerMode, BreakerState, CallEnd, CallId, CallOutcome, CallPolicy, ClientError, ErrorKind,
     EventKind, Instant, Jitter, ResilientClient, RetryMode, RetryPolicy, TimeLimit,
@@ -469,16 +470,286 @@ fn check_rejected_tokens(
     }
 }
 
-struct Both(RecordingObserver, Arc<LiveChecks>);
+/// What `HealthObserver` should show for one API (or one label of it), worked out
+/// again from the recorded events and call ends, for a window that holds the whole
+/// run: every count, sum and latest value it keeps.
+#[derive(Debug, Default, PartialEq)]
+struct Figures {
+    in_flight: u32,
+    sends: u32,
+    successes: u32,
+    refused: u32,
+    latency_sum: u64,
+    latency_max: Option<u64>,
+    last_status: Option<http::StatusCode>,
+    /// The last failure's time and `Debug`, and the last sent one's.
+    last_error: Option<(Instant, String)>,
+    last_send_error: Option<(Instant, String)>,
+    retries: u64,
+    redials: u64,
+    cancelled: u64,
+    calls: u32,
+    call_successes: u32,
+    call_ms_sum: u64,
+    call_ms_max: Option<u64>,
+    calls_cancelled: u64,
+    tokens_fetched: u64,
+    token_fetches_failed: u64,
+    token_fetches_abandoned: u64,
+    last_token_fetched_at: Option<Instant>,
+    last_token_error: Option<(Instant, TokenFetchReason)>,
+    breaker: Option<BreakerView>,
+    /// The latest event's or end's time (or the client's attachment's).
+    updated_at: Instant,
+    /// Everything since the origin: the run is younger than the window.
+    covered: Duration,
+}
+
+impl Figures {
+    /// The figures of `events` and `ends` (in the order they were reported; this
+    /// run has one thread, so that is time order).
+    fn of(events: &[TransportEvent], ends: &[CallEnd]) -> Figures {
+        let mut f = Figures::default();
+        for event in events {
+            f.updated_at = f.updated_at.max(event.at);
+            match &event.kind {
+                EventKind::Started { .. } => f.in_flight += 1,
+                EventKind::Succeeded { status, ms, .. } => {
+                    f.in_flight -= 1;
+                    f.sends += 1;
+                    f.successes += 1;
+                    f.latency_sum += ms;
+                    f.latency_max = f.latency_max.max(Some(*ms));
+                    f.last_status = Some(*status);
+                    f.breaker = Some(BreakerView::Closed);
+                }
+                EventKind::Failed {
+                    error, ms, sent, ..
+                } => {
+                    f.in_flight -= 1;
+                    let seen = Some((event.at, format!("{error:?}")));
+                    if *sent {
+                        f.sends += 1;
+                        f.latency_sum += ms;
+                        f.latency_max = f.latency_max.max(Some(*ms));
+                        if let Some(status) = error.status() {
+                            f.last_status = Some(status);
+                        }
+                        f.last_send_error = seen.clone();
+                    } else {
+                        f.refused += 1;
+                    }
+                    f.last_error = seen;
+                }
+                EventKind::Cancelled { .. } => {
+                    f.in_flight -= 1;
+                    f.cancelled += 1;
+                }
+                EventKind::Redialing { .. } => f.redials += 1,
+                EventKind::RetryScheduled { .. } => f.retries += 1,
+                EventKind::BreakerOpened { cooldown } => {
+                    f.breaker = Some(BreakerView::Open {
+                        since: event.at,
+                        cooldown: *cooldown,
+                    });
+                }
+                EventKind::BreakerClosed | EventKind::BreakerReset => {
+                    f.breaker = Some(BreakerView::Closed);
+                }
+                EventKind::TokenFetchEnded {
+                    reason, outcome, ..
+                } => match outcome {
+                    TokenFetchOutcome::Fetched { .. } => {
+                        f.tokens_fetched += 1;
+                        f.last_token_fetched_at = Some(event.at);
+                    }
+                    TokenFetchOutcome::Failed { .. } => {
+                        f.token_fetches_failed += 1;
+                        f.last_token_error = Some((event.at, *reason));
+                    }
+                    _ => f.token_fetches_abandoned += 1,
+                },
+                _ => {}
+            }
+        }
+        for end in ends {
+            f.updated_at = f.updated_at.max(end.at);
+            // Whole milliseconds, cut.
+            let ms = u64::try_from(end.elapsed().as_millis()).unwrap();
+            match end.outcome {
+                CallOutcome::Succeeded { .. } | CallOutcome::Failed { .. } => {
+                    f.calls += 1;
+                    f.call_ms_sum += ms;
+                    f.call_ms_max = f.call_ms_max.max(Some(ms));
+                    if matches!(end.outcome, CallOutcome::Succeeded { .. }) {
+                        f.call_successes += 1;
+                    }
+                }
+                _ => f.calls_cancelled += 1,
+            }
+        }
+        f
+    }
+
+    /// The same figures read off a snapshot; the estimated percentiles are checked
+    /// against the exact extremes.
+    fn shown(h: &ApiHealth, problems: &mut Vec<String>, whose: &str) -> Figures {
+        let mean = |sum: Option<f64>, n: u32| sum.map(|mean| (mean * f64::from(n)).round() as u64);
+        for (name, p50, p90, p99, max) in [
+            (
+                "send",
+                h.p50_latency_ms,
+                h.p90_latency_ms,
+                h.p99_latency_ms,
+                h.max_latency_ms,
+            ),
+            (
+                "call",
+                h.p50_call_ms,
+                h.p90_call_ms,
+                h.p99_call_ms,
+                h.max_call_ms,
+            ),
+        ] {
+            let ordered = match (p50, p90, p99, max) {
+                (Some(p50), Some(p90), Some(p99), Some(max)) => {
+                    p50 <= p90 && p90 <= p99 && p99 <= max
+                }
+                (None, None, None, None) => true,
+                _ => false,
+            };
+            if !ordered {
+                problems.push(format!(
+                    "{whose}: {name} percentiles {p50:?} {p90:?} {p99:?} out of order or past the slowest {max:?}"
+                ));
+            }
+        }
+        let rate = |n: u32, of: u32| (of > 0).then(|| f64::from(n) / f64::from(of));
+        if h.success_rate != rate(h.successes_in_window, h.sends_in_window)
+            || h.call_success_rate != rate(h.call_successes_in_window, h.calls_in_window)
+        {
+            problems.push(format!("{whose}: success rates do not match their counts"));
+        }
+        Figures {
+            in_flight: h.in_flight,
+            sends: h.sends_in_window,
+            successes: h.successes_in_window,
+            refused: h.refused_in_window,
+            latency_sum: mean(h.mean_latency_ms, h.sends_in_window).unwrap_or(0),
+            latency_max: h.max_latency_ms,
+            last_status: h.last_status,
+            last_error: h
+                .last_error
+                .as_ref()
+                .map(|e| (e.at, format!("{:?}", e.error))),
+            last_send_error: h
+                .last_send_error
+                .as_ref()
+                .map(|e| (e.at, format!("{:?}", e.error))),
+            retries: h.retries,
+            redials: h.redials,
+            cancelled: h.cancelled,
+            calls: h.calls_in_window,
+            call_successes: h.call_successes_in_window,
+            call_ms_sum: mean(h.mean_call_ms, h.calls_in_window).unwrap_or(0),
+            call_ms_max: h.max_call_ms,
+            calls_cancelled: h.calls_cancelled,
+            tokens_fetched: h.tokens_fetched,
+            token_fetches_failed: h.token_fetches_failed,
+            token_fetches_abandoned: h.token_fetches_abandoned,
+            last_token_fetched_at: h.last_token_fetched_at,
+            last_token_error: h.last_token_error.as_ref().map(|e| (e.at, e.reason)),
+            breaker: Some(h.breaker),
+            updated_at: h.updated_at,
+            covered: h.covered,
+        }
+    }
+}
+
+/// `HealthObserver`'s figures, for the API and per label, are what the recorded
+/// events and call ends say.
+fn check_health(
+    health: &HealthObserver,
+    recorder: &RecordingObserver,
+    now: Instant,
+    problems: &mut Vec<String>,
+) {
+    let events: Vec<TransportEvent> = recorder.events().into_iter().map(|r| r.event).collect();
+    let ends: Vec<CallEnd> = recorder.call_ends().into_iter().map(|r| r.end).collect();
+    let compare = |whose: &str,
+                   shown: Option<ApiHealth>,
+                   mut expected: Figures,
+                   problems: &mut Vec<String>| {
+        let Some(shown) = shown else {
+            problems.push(format!("{whose}: no figures"));
+            return;
+        };
+        // A breaker no event has spoken of yet shows closed.
+        expected.breaker.get_or_insert(BreakerView::Closed);
+        expected.covered = now.since_origin();
+        let shown = Figures::shown(&shown, problems, whose);
+        if shown != expected {
+            problems.push(format!(
+                "{whose}: HealthObserver shows\n{shown:?}\nthe events say\n{expected:?}"
+            ));
+        }
+    };
+    let api = Figures::of(&events, &ends);
+    // One breaker serves every label: each label's figures show the API's.
+    let breaker = api.breaker.unwrap_or(BreakerView::Closed);
+    compare("sim", health.snapshot_at("sim", now), api, problems);
+    let labels: BTreeMap<&str, ApiHealth> =
+        health.label_snapshots_at("sim", now).into_iter().collect();
+    let mut expected_labels: Vec<&str> = ends.iter().filter_map(|end| end.label).collect();
+    expected_labels.extend(events.iter().filter_map(|event| event.label));
+    expected_labels.sort_unstable();
+    expected_labels.dedup();
+    if labels.keys().copied().collect::<Vec<_>>() != expected_labels {
+        problems.push(format!(
+            "labels {:?} in HealthObserver, {expected_labels:?} in the events",
+            labels.keys().collect::<Vec<_>>()
+        ));
+    }
+    for label in expected_labels {
+        let events: Vec<TransportEvent> = events
+            .iter()
+            .filter(|event| event.label == Some(label))
+            .cloned()
+            .collect();
+        let ends: Vec<CallEnd> = ends
+            .iter()
+            .filter(|end| end.label == Some(label))
+            .cloned()
+            .collect();
+        let figures = Figures {
+            breaker: Some(breaker),
+            ..Figures::of(&events, &ends)
+        };
+        compare(
+            &format!("label {label}"),
+            labels.get(label).cloned(),
+            figures,
+            problems,
+        );
+    }
+}
+
+struct Both(RecordingObserver, Arc<LiveChecks>, Arc<HealthObserver>);
 
 impl TransportObserver for Both {
+    fn on_attach(&self, api: &str, at: Instant) {
+        self.2.on_attach(api, at);
+    }
+
     fn on_event(&self, api: &str, event: &TransportEvent) {
         self.0.on_event(api, event);
         self.1.on_event(api, event);
+        self.2.on_event(api, event);
     }
 
     fn on_call_end(&self, api: &str, end: &CallEnd) {
         self.0.on_call_end(api, end);
+        self.2.on_call_end(api, end);
     }
 }
 
@@ -490,6 +761,8 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     let rt = VirtualRuntime::new().with_seed(seed);
     let transport = ScriptedTransport::new(&rt);
     let recorder = RecordingObserver::new();
+    // A window longer than any run: every send and call counts in it.
+    let health = Arc::new(HealthObserver::new(secs(86_400)).per_label());
     let max_parallel = 1 + rng.below(8) as usize;
     let threshold = 1 + rng.below(5) as u32;
     let cooldown = secs(1) + rng.ms(4000);
@@ -604,7 +877,10 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     let mut builder = ResilientClient::builder(transport.clone(), rt.clone())
         .max_parallel(max_parallel)
         .breaker(threshold, cooldown, max_cooldown)
-        .observer("sim", Arc::new(Both(recorder.clone(), live.clone())));
+        .observer(
+            "sim",
+            Arc::new(Both(recorder.clone(), live.clone(), health.clone())),
+        );
     if let Some((rate, burst)) = rate {
         builder = builder.rate_limit_with_burst(rate, burst);
     }
@@ -746,6 +1022,7 @@ fn run_seed(seed: u64) -> Result<u64, String> {
 
     let events: Vec<TransportEvent> = recorder.events().into_iter().map(|r| r.event).collect();
     let mut problems = live.over_the_cap(&events);
+    check_health(&health, &recorder, rt.now(), &mut problems);
     if live.transport.peak_in_flight() > max_parallel {
         problems.push(format!(
             "{} sends in flight at once, over the cap of {max_parallel}",
@@ -1265,6 +1542,7 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     if client.in_flight() != 0 {
         problems.push("in flight after recovery".into());
     }
+    check_health(&health, &recorder, rt.now(), &mut problems);
     if problems.is_empty() {
         Ok(digest(&transport, &recorder))
     } else {
