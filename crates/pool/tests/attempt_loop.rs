@@ -2021,13 +2021,7 @@ fn a_redial_that_finds_the_budget_spent_builds_no_request() {
     assert_eq!(w.transport.request_count(), 1);
     // `Redialing` carries the failure's reading, as what a send's outcome caused
     // does, not the clock after the slow callback.
-    let redialing: Vec<_> = w
-        .events()
-        .into_iter()
-        .filter(|e| matches!(e.kind, EventKind::Redialing { .. }))
-        .map(|e| e.at.since_origin())
-        .collect();
-    assert_eq!(redialing, [secs(1)]);
+    assert_eq!(w.times_of("redialing"), [secs(1)]);
 }
 
 #[test]
@@ -2186,13 +2180,7 @@ fn started_carries_the_gates_reading_not_the_clock_after_a_slow_request_closure(
     }))
     .unwrap()
     .unwrap();
-    let events = w.events();
-    let started: Vec<_> = events
-        .iter()
-        .filter(|e| matches!(e.kind, EventKind::Started { .. }))
-        .map(|e| e.at.since_origin())
-        .collect();
-    assert_eq!(started, [ms(0)]);
+    assert_eq!(w.times_of("started"), [ms(0)]);
     assert_eq!(w.sent_at(), [ms(300)]);
     w.assert_contract();
 }

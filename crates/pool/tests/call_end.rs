@@ -84,13 +84,7 @@ fn the_time_runs_from_the_first_reading_at_the_gate_waits_included() {
         times,
         [(CallId(1), ms(10), ms(10)), (CallId(2), ms(1010), ms(1010))]
     );
-    let started: Vec<_> = w
-        .events()
-        .iter()
-        .filter(|e| matches!(e.kind, EventKind::Started { .. }))
-        .map(|e| e.at.since_origin())
-        .collect();
-    assert_eq!(started, [ms(0), ms(1000)]);
+    assert_eq!(w.times_of("started"), [ms(0), ms(1000)]);
     w.assert_contract();
 }
 

@@ -3245,13 +3245,7 @@ fn probe_granted_then_closed_and_reopened_while_it_waits(
         .filter(|r| r.path == "/probe")
         .map(|r| r.at.since_origin())
         .collect();
-    let opened_at = w
-        .events()
-        .iter()
-        .filter(|e| matches!(e.kind, EventKind::BreakerOpened { .. }))
-        .map(|e| e.at.since_origin())
-        .collect();
-    (result, sent, opened_at)
+    (result, sent, w.times_of("breaker_opened"))
 }
 
 #[test]
@@ -3647,13 +3641,7 @@ fn a_budget_equal_to_the_attempt_timeout_still_opens_on_an_api_that_never_answer
         assert_eq!(error.kind(), ErrorKind::TimedOut);
     }
     assert_eq!(w.transport.requests().len(), 5);
-    let opened_at: Vec<Duration> = w
-        .events()
-        .iter()
-        .filter(|e| matches!(e.kind, EventKind::BreakerOpened { .. }))
-        .map(|e| e.at.since_origin())
-        .collect();
-    assert_eq!(opened_at, [secs(10)]);
+    assert_eq!(w.times_of("breaker_opened"), [secs(10)]);
     w.assert_contract();
 }
 

@@ -412,12 +412,10 @@ fn check_rejected_tokens(
 ) {
     let token_of = |request: &RecordedRequest| token_in(&request.headers).map(str::to_owned);
     let mut refused_from: HashMap<String, (Instant, String)> = HashMap::new();
+    // The earliest refusal of each token counts.
     let mut refuse = |token: &String, at: Instant, why: String| {
-        let entry = refused_from
-            .entry(token.clone())
-            .or_insert((at, why.clone()));
-        if at < entry.0 {
-            *entry = (at, why);
+        if refused_from.get(token).is_none_or(|(from, _)| at < *from) {
+            refused_from.insert(token.clone(), (at, why));
         }
     };
     for (i, fetch) in fetches.iter().enumerate() {
@@ -787,10 +785,9 @@ fn run_seed(seed: u64) -> Result<u64, String> {
     // tokens are then replaced while requests built with the old ones wait, and
     // failed fetches follow successful refreshes. (A stream of its own again.)
     let mut refreshes = Rng(seed ^ 0x2EF2);
-    let refresh_at: Vec<Duration> = match refreshes.below(4) {
-        _ if !use_auth => Vec::new(),
-        0 => Vec::new(),
-        1 => (0..1 + refreshes.below(4))
+    let refresh_at: Vec<Duration> = match (use_auth, refreshes.below(4)) {
+        (false, _) | (true, 0) => Vec::new(),
+        (true, 1) => (0..1 + refreshes.below(4))
             .map(|_| refreshes.ms(20_000))
             .collect(),
         _ => {

@@ -76,6 +76,16 @@ impl World {
             .collect()
     }
 
+    /// When each event named `name` (`EventKind::name`: "started", "redialing", …)
+    /// happened, in order.
+    pub fn times_of(&self, name: &str) -> Vec<Duration> {
+        self.events()
+            .iter()
+            .filter(|e| e.kind.name() == name)
+            .map(|e| e.at.since_origin())
+            .collect()
+    }
+
     /// (send, attempt) of every `Started`, in order.
     pub fn started(&self) -> Vec<(u32, u32)> {
         self.events()
